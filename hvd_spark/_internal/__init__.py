@@ -1,0 +1,1 @@
+"""Implementation modules of hvd_spark. Nothing here is public API."""

@@ -1,0 +1,74 @@
+"""Entry point of one rank's process: ``python -m hvd_spark._internal.child WORKDIR``.
+
+Reads ``WORKDIR/payload.pkl`` (``fn, args, kwargs``, cloudpickled), runs the function and
+writes ``result-<rank>.pkl`` on success or ``error-<rank>.pkl`` (type, message, traceback,
+the time it happened and, when it pickles, the exception itself) on failure. This module
+must stay light: it runs before the user's imports and must not import pyspark.
+"""
+
+import os
+import sys
+import time
+import traceback
+
+
+def _rank() -> int:
+    for name in ("HVD_SPARK_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if os.environ.get(name):
+            return int(os.environ[name])
+    return 0
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def error_record(exc: BaseException) -> dict:
+    """What the driver needs to report a remote exception, in plain types."""
+    import cloudpickle
+
+    record = {
+        "type": f"{type(exc).__module__}.{type(exc).__qualname__}".replace("builtins.", ""),
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "time": time.time(),
+        "pickled": None,
+    }
+    try:
+        record["pickled"] = cloudpickle.dumps(exc)
+    except Exception:
+        pass
+    return record
+
+
+def main(workdir: str) -> int:
+    import cloudpickle
+
+    rank = _rank()
+    os.environ.setdefault("HVD_SPARK_RANK", str(rank))
+    try:
+        with open(os.path.join(workdir, "payload.pkl"), "rb") as f:
+            fn, args, kwargs = cloudpickle.load(f)
+        result = fn(*args, **(kwargs or {}))
+        data = cloudpickle.dumps(result)
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
+        sys.stderr.flush()
+        _write_atomic(os.path.join(workdir, f"error-{rank}.pkl"), cloudpickle.dumps(error_record(exc)))
+        return 1
+    _write_atomic(os.path.join(workdir, f"result-{rank}.pkl"), data)
+    return 0
+
+
+if __name__ == "__main__":
+    import faulthandler
+    import signal
+
+    # SIGUSR1 prints where this rank is (its Python stack): the launcher asks for it on a timeout.
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=False)
+    faulthandler.enable(file=sys.stderr)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,230 @@
+"""A small TCP service on the driver that the job's tasks and ranks talk to.
+
+Tasks say hello when they start (so the driver knows which ones are running), forward their
+rank's output lines, report failure and completion; ranks send progress events. The driver
+can tell every task to abort. Messages are JSON objects, one per line; every connection
+starts with a hello that carries the job's random token, and connections without it are
+dropped.
+"""
+
+import json
+import logging
+import secrets
+import socket
+import socketserver
+import threading
+import time
+from typing import Callable, Dict, List, Optional
+
+logger = logging.getLogger("hvd_spark")
+rank_logger = logging.getLogger("hvd_spark.rank")
+
+
+def send_line(sock: socket.socket, message: dict, lock: Optional[threading.Lock] = None) -> None:
+    data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+    if lock is None:
+        sock.sendall(data)
+    else:
+        with lock:
+            sock.sendall(data)
+
+
+def read_lines(sock: socket.socket):
+    """Yields the JSON messages on ``sock`` until it closes."""
+    buf = sock.makefile("rb")
+    for raw in buf:
+        raw = raw.strip()
+        if raw:
+            try:
+                yield json.loads(raw)
+            except ValueError:
+                return
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    def handle(self):
+        service: DriverService = self.server.service  # type: ignore[attr-defined]
+        sock = self.request
+        sock.settimeout(30)
+        lines = read_lines(sock)
+        try:
+            hello = next(lines)
+        except (StopIteration, OSError):
+            return
+        if not isinstance(hello, dict) or not secrets.compare_digest(str(hello.get("token", "")), service.token):
+            return
+        sock.settimeout(None)
+        role = hello.get("role")
+        conn = _Conn(sock, hello)
+        if role == "task":
+            service._task_connected(conn)
+        try:
+            for msg in lines:
+                service._dispatch(conn, msg)
+        except OSError:
+            pass
+        finally:
+            if role == "task":
+                service._task_disconnected(conn)
+
+
+class _Conn:
+    def __init__(self, sock, hello):
+        self.sock = sock
+        self.hello = hello
+        self.lock = threading.Lock()
+        self.partition = hello.get("partition")
+        self.rank = hello.get("rank")
+
+    def send(self, message: dict) -> bool:
+        try:
+            send_line(self.sock, message, self.lock)
+            return True
+        except OSError:
+            return False
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class DriverService:
+    """The driver's end of a job. Start with :meth:`start`, stop with :meth:`stop`.
+
+    Args:
+        num_proc: number of tasks (and ranks) in the job.
+        on_event: called as ``on_event(rank, payload)`` for each progress event a rank sends.
+        bind: address to listen on ('' for every interface).
+    """
+
+    def __init__(self, num_proc: int, *, on_event: Optional[Callable[[int, dict], None]] = None,
+                 bind: str = ""):
+        self.num_proc = num_proc
+        self.token = secrets.token_hex(16)
+        self._on_event = on_event
+        self._bind = bind
+        self._server: Optional[_Server] = None
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Condition()
+        self.tasks: Dict[int, _Conn] = {}          # partition -> connection
+        self.rank_of_partition: Dict[int, int] = {}
+        self.started: Dict[int, float] = {}        # partition -> time of hello
+        self.done: Dict[int, dict] = {}            # rank -> done message
+        self.failures: List[dict] = []             # in the order they reached the driver
+        self.rank0_partition: Optional[int] = None
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    def start(self) -> int:
+        self._server = _Server((self._bind, 0), _Handler)
+        self._server.service = self  # type: ignore[attr-defined]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="hvd_spark-driver-service",
+                                        daemon=True)
+        self._thread.start()
+        return self.port
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            with self._lock:
+                for conn in self.tasks.values():
+                    try:
+                        conn.sock.close()
+                    except OSError:
+                        pass
+            self._server = None
+
+    # --- called from handler threads ---
+    def _task_connected(self, conn: _Conn) -> None:
+        with self._lock:
+            self.tasks[conn.partition] = conn
+            self.started[conn.partition] = time.time()
+            self._lock.notify_all()
+
+    def _task_disconnected(self, conn: _Conn) -> None:
+        with self._lock:
+            if self.tasks.get(conn.partition) is conn:
+                del self.tasks[conn.partition]
+            self._lock.notify_all()
+
+    def _dispatch(self, conn: _Conn, msg: dict) -> None:
+        kind = msg.get("t")
+        if kind == "log":
+            rank_logger.info("[rank %s] %s", msg.get("rank"), msg.get("line", ""))
+        elif kind == "rank":
+            with self._lock:
+                self.rank_of_partition[conn.partition] = msg["rank"]
+                conn.rank = msg["rank"]
+                if msg["rank"] == 0:
+                    self.rank0_partition = conn.partition
+                self._lock.notify_all()
+        elif kind == "event":
+            if self._on_event is not None:
+                try:
+                    self._on_event(int(msg.get("rank", -1)), msg.get("payload") or {})
+                except Exception:  # a progress callback must never break the job
+                    logger.exception("hvd_spark: progress callback failed")
+        elif kind == "fail":
+            with self._lock:
+                msg["received"] = time.time()
+                self.failures.append(msg)
+                self._lock.notify_all()
+        elif kind == "done":
+            with self._lock:
+                self.done[int(msg["rank"])] = msg
+                self._lock.notify_all()
+
+    # --- called from the driver's main thread ---
+    def wait(self, timeout: float) -> None:
+        with self._lock:
+            self._lock.wait(timeout)
+
+    def broadcast(self, message: dict, partitions=None) -> None:
+        with self._lock:
+            conns = [c for p, c in self.tasks.items() if partitions is None or p in partitions]
+        for conn in conns:
+            conn.send(message)
+
+    def snapshot(self):
+        with self._lock:
+            return (dict(self.started), dict(self.rank_of_partition), dict(self.done), list(self.failures),
+                    set(self.tasks))
+
+
+class TaskClient:
+    """A task's (or a rank's) connection to the driver service."""
+
+    def __init__(self, addr: str, token: str, hello: dict, timeout: float = 30.0):
+        host, port = addr.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.sock.settimeout(None)
+        self._lock = threading.Lock()
+        self.send(dict(hello, t="hello", token=token))
+
+    @property
+    def local_ip(self) -> str:
+        """The address of this end of the connection: the interface that reaches the driver."""
+        return self.sock.getsockname()[0]
+
+    def send(self, message: dict) -> bool:
+        try:
+            send_line(self.sock, message, self._lock)
+            return True
+        except OSError:
+            return False
+
+    def messages(self):
+        try:
+            yield from read_lines(self.sock)
+        except OSError:
+            return
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,164 @@
+"""Keras 3 + Horovod glue: gradient averaging, state broadcast, metric averaging, progress.
+
+``horovod.tensorflow.keras`` does not work with Keras 3 (its optimizer wrapper and
+``broadcast_variables`` touch ``Variable.ref``, which Keras 3 variables lack). What works,
+and is used here: an optimizer whose ``apply`` first averages the gradients with
+``hvd.grouped_allreduce``, and broadcasts through each Keras variable's backing TF variable.
+"""
+
+import contextlib
+from typing import Dict, List, Optional
+
+import keras
+import tensorflow as tf
+
+_DIST_ATTR = "_hvd_spark_base_class"
+
+
+def make_distributed(optimizer: keras.optimizers.Optimizer, *, compression: str = "none"):
+    """Makes ``optimizer`` average its gradients over all Horovod ranks before applying them.
+
+    The instance keeps its state and configuration; only its class is swapped for a subclass
+    with the same name and module whose ``apply`` allreduces the gradients. Use
+    :func:`plain_class` while saving, so that the saved file names the original class and
+    loads anywhere (Keras cannot find a class made at run time).
+
+    Args:
+        optimizer: a Keras 3 optimizer (built or not).
+        compression: ``"none"`` or ``"fp16"`` (gradients sent as float16).
+
+    Returns:
+        The same optimizer object.
+    """
+    import horovod.tensorflow as hvd
+
+    if getattr(optimizer, _DIST_ATTR, None) is not None:
+        return optimizer
+    if compression not in ("none", "fp16"):
+        raise ValueError(f"compression must be 'none' or 'fp16'. Received: {compression!r}.")
+    base = type(optimizer)
+    comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
+
+    def apply(self, grads, trainable_variables=None):
+        if hvd.size() > 1:
+            grads = list(grads)
+            idx = [i for i, g in enumerate(grads) if g is not None]
+            dense = [tf.convert_to_tensor(grads[i]) for i in idx]  # IndexedSlices -> dense
+            if dense:
+                reduced = hvd.grouped_allreduce(dense, op=hvd.Average, compression=comp)
+                for i, g in zip(idx, reduced):
+                    grads[i] = g
+        return base.apply(self, grads, trainable_variables)
+
+    dist = type(base.__name__, (base,), {"apply": apply, "__module__": base.__module__,
+                                         "__qualname__": base.__qualname__})
+    optimizer.__class__ = dist
+    setattr(optimizer, _DIST_ATTR, base)
+    return optimizer
+
+
+@contextlib.contextmanager
+def plain_class(optimizer):
+    """Within the block, ``optimizer`` is an instance of its original class (for saving)."""
+    base = getattr(optimizer, _DIST_ATTR, None) if optimizer is not None else None
+    if base is None:
+        yield optimizer
+        return
+    dist = type(optimizer)
+    optimizer.__class__ = base
+    try:
+        yield optimizer
+    finally:
+        optimizer.__class__ = dist
+
+
+def broadcast_variables(variables, root_rank: int = 0) -> None:
+    """Sets every variable to its value on ``root_rank`` (Keras 3 variables included)."""
+    import horovod.tensorflow as hvd
+
+    for v in variables:
+        value = v.value if hasattr(v, "value") else v
+        v.assign(hvd.broadcast(tf.convert_to_tensor(value), root_rank=root_rank,
+                               name=f"bcast.{v.path if hasattr(v, 'path') else v.name}".replace(":", "_")))
+
+
+def average_logs(logs: Dict[str, float]) -> Dict[str, float]:
+    """Averages scalar metrics over the ranks; every rank must call it with the same keys."""
+    import horovod.tensorflow as hvd
+
+    if not logs or hvd.size() == 1:
+        return dict(logs or {})
+    keys = sorted(k for k, v in logs.items() if _is_number(v))
+    values = tf.constant([float(logs[k]) for k in keys], dtype=tf.float64)
+    averaged = hvd.allreduce(values, op=hvd.Average, name="hvd_spark.metrics").numpy()
+    out = dict(logs)
+    out.update({k: float(v) for k, v in zip(keys, averaged)})
+    return out
+
+
+def _is_number(v) -> bool:
+    try:
+        float(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+class BroadcastStateCallback(keras.callbacks.Callback):
+    """At the start of training, copies rank 0's weights and optimizer state to every rank."""
+
+    def on_train_begin(self, logs=None):
+        model = self.model
+        opt = model.optimizer
+        if opt is not None and not opt.built:
+            opt.build(model.trainable_variables)
+        broadcast_variables(model.variables)
+        if opt is not None:
+            broadcast_variables(opt.variables)
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Replaces each epoch's logs (train and validation) by their average over the ranks.
+
+    Put it before callbacks that read the logs (checkpoints, early stopping, progress).
+    """
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        averaged = average_logs(logs)
+        logs.clear()
+        logs.update(averaged)
+
+
+class EventCallback(keras.callbacks.Callback):
+    """Sends each epoch's (averaged) metrics to the driver as a progress event (rank 0 only)."""
+
+    def __init__(self, total_epochs: int, send):
+        super().__init__()
+        self.total_epochs = total_epochs
+        self._send = send
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._send({"kind": "epoch", "epoch": epoch + 1, "epochs": self.total_epochs,
+                    "logs": {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}})
+
+
+def history_from(logs_per_epoch: List[Dict[str, float]]) -> Dict[str, List[float]]:
+    """Turns a list of per-epoch logs into Keras' ``History.history`` layout."""
+    history: Dict[str, List[float]] = {}
+    for logs in logs_per_epoch:
+        for k, v in logs.items():
+            history.setdefault(k, []).append(float(v))
+    return history
+
+
+def set_threads(num_threads: Optional[int]) -> None:
+    """Applies the rank's thread budget to TensorFlow (before any op runs)."""
+    if not num_threads:
+        return
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(int(num_threads))
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, int(num_threads)))
+    except RuntimeError:
+        pass  # TF already initialized: the environment variables applied instead

@@ -1,0 +1,239 @@
+"""The driver side of a Horovod job on Spark barrier tasks.
+
+:func:`launch` validates the request, starts the driver service, submits one barrier stage
+of ``num_proc`` tasks in a background thread and watches it: tasks that do not start in
+time, ranks that fail (the others are then aborted), and an optional overall timeout. It
+knows nothing about Keras; the estimator builds on it.
+"""
+
+import logging
+import os
+import threading
+import time
+import uuid
+from typing import Any, Callable, Dict, List, Optional
+
+import cloudpickle
+
+from hvd_spark._internal import settings
+from hvd_spark._internal.topology import task_slots
+from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError
+
+logger = logging.getLogger("hvd_spark")
+
+# Failures that follow from another rank's failure (its peer went away), not causes of their own.
+_SECONDARY = ("HorovodInternalError", "HorovodShutdown", "ProcessDied")
+
+
+def available_slots(sc) -> int:
+    """Task slots of the running Spark application, for barrier scheduling."""
+    conf = sc.getConf()
+    return task_slots(sc.master, default_parallelism=sc.defaultParallelism,
+                      task_cpus=int(conf.get("spark.task.cpus", "1")))
+
+
+def _driver_address(sc) -> str:
+    conf = sc.getConf()
+    host = conf.get("spark.driver.host", None) or "127.0.0.1"
+    return host
+
+
+def _controller(use_gloo: Optional[bool], use_mpi: Optional[bool]) -> str:
+    if use_gloo and use_mpi:
+        raise ValueError("Choose one controller: use_gloo=True or use_mpi=True, not both. "
+                         "Received: use_gloo=True, use_mpi=True.")
+    if use_mpi:
+        import horovod.tensorflow as hvd  # noqa: F401 - the build tells whether MPI is there
+
+        if not hvd.mpi_built():
+            raise ValueError("use_mpi=True needs Horovod built with MPI, and this Horovod was built without it. "
+                             "Install OpenMPI (apt-get install openmpi-bin libopenmpi-dev) and rerun "
+                             "scripts/setup.sh, or use the Gloo controller (use_gloo=True).")
+        return "mpi"
+    return "gloo"
+
+
+def _pick_failure(failures: List[dict]) -> dict:
+    """The failure that caused the others: not a peer-lost error if there is one, then the earliest."""
+    def key(rec):
+        secondary = any(s in (rec.get("type") or "") for s in _SECONDARY)
+        return (secondary, rec.get("time") or float("inf"), rec["rank"])
+    return sorted(failures, key=key)[0]
+
+
+def _raise_failure(rec: dict) -> None:
+    err = RankFailedError(rec["rank"], rec.get("type", "?"), rec.get("message", ""), rec.get("traceback", ""))
+    cause = None
+    if rec.get("pickled"):
+        try:
+            cause = cloudpickle.loads(rec["pickled"])
+        except Exception:  # the exception's class may not exist on the driver
+            cause = None
+    if isinstance(cause, BaseException):
+        raise err from cause
+    raise err
+
+
+def _where_ranks_were(records: List[dict], ranks: List[int]) -> str:
+    """The innermost Python frames of each listed rank, from the stacks they printed on abort."""
+    out = []
+    for rec in sorted(records, key=lambda r: r["rank"]):
+        if rec["rank"] not in ranks or not rec.get("tail"):
+            continue
+        tail = rec["tail"]
+        starts = [i for i, line in enumerate(tail) if line.startswith(("Stack (most recent call first)",
+                                                                       "Current thread"))]
+        if not starts:
+            continue
+        frames = [line.strip() for line in tail[starts[-1] + 1:] if line.strip().startswith("File ")]
+        out.append(f"  rank {rec['rank']}: " + " <- ".join(frames[:6]))
+    return "\n".join(out)
+
+
+def launch(fn: Callable, args=(), kwargs=None, *, num_proc: int, spark=None,
+           use_gloo: Optional[bool] = None, use_mpi: Optional[bool] = None,
+           env: Optional[Dict[str, str]] = None, num_threads: Optional[int] = None,
+           start_timeout: Optional[float] = None,
+           timeout: Optional[float] = None, on_event: Optional[Callable[[int, dict], None]] = None,
+           description: str = "hvd_spark job") -> List[Any]:
+    """Runs ``fn`` on ``num_proc`` Horovod ranks; see :func:`hvd_spark.run` for the arguments."""
+    from pyspark import InheritableThread
+    from pyspark.sql import SparkSession
+
+    if not callable(fn):
+        raise TypeError(f"fn must be callable. Received: {type(fn).__name__}.")
+    spark = spark or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+    sc = spark.sparkContext
+    conf = sc.getConf()
+    slots = available_slots(sc)
+    if num_proc is None:
+        num_proc = slots
+    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
+        raise ValueError(f"num_proc must be a positive integer. Received: num_proc={num_proc!r}.")
+    if num_proc > slots:
+        raise ValueError(
+            f"num_proc must be at most the number of task slots ({slots}) for a barrier stage. Received: "
+            f"num_proc={num_proc}. Lower num_proc or add executors / cores (master={sc.master}, "
+            f"spark.task.cpus={conf.get('spark.task.cpus', '1')}).")
+    if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise TypeError("env must map str to str.")
+    controller = _controller(use_gloo, use_mpi)
+    start_timeout = settings.seconds_setting(start_timeout, settings.ENV_START_TIMEOUT,
+                                             conf.get(settings.CONF_START_TIMEOUT, None),
+                                             settings.DEFAULT_START_TIMEOUT, "start_timeout")
+    if timeout is not None:
+        timeout = settings.parse_seconds("timeout", timeout)
+    abort_grace = settings.seconds_setting(None, settings.ENV_ABORT_GRACE, None, settings.DEFAULT_ABORT_GRACE,
+                                           "abort_grace")
+    gloo_timeout = settings.seconds_setting(None, settings.ENV_GLOO_TIMEOUT, None, settings.DEFAULT_GLOO_TIMEOUT,
+                                            "gloo_timeout")
+    if num_threads is None:
+        num_threads = int(conf.get("spark.task.cpus", "1"))
+    try:
+        payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    except Exception as e:
+        raise TypeError(f"fn and its arguments must be picklable with cloudpickle: {e}") from e
+
+    from hvd_spark._internal.driver_service import DriverService
+
+    service = DriverService(num_proc, on_event=on_event)
+    port = service.start()
+    spec = {
+        "driver_addr": f"{_driver_address(sc)}:{port}", "token": service.token, "payload": payload,
+        "controller": controller, "env": dict(env or {}), "num_threads": int(num_threads),
+        "gloo_timeout": gloo_timeout, "abort_grace": abort_grace,
+    }
+    group = f"hvd_spark-{uuid.uuid4().hex[:12]}"
+    box: Dict[str, Any] = {}
+
+    def task_fn(_):
+        from hvd_spark._internal.task import run_task
+
+        return run_task(spec)
+
+    def submit():
+        sc.setJobGroup(group, f"{description}: {num_proc} Horovod ranks", interruptOnCancel=True)
+        try:
+            box["records"] = sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(task_fn).collect()
+        except BaseException as e:  # noqa: BLE001 - re-raised below, with what the driver knows
+            box["error"] = e
+
+    logger.info("hvd_spark: starting %d ranks (%s) on %s", num_proc, controller, sc.master)
+    t0 = time.monotonic()
+    thread = InheritableThread(target=submit, name=f"{group}-submit")
+    thread.daemon = True
+    thread.start()
+    problem: Optional[BaseException] = None
+    aborted_at: Optional[float] = None
+    cancelled = False
+    all_done_sent = False
+    try:
+        while thread.is_alive():
+            service.wait(0.2)
+            now = time.monotonic()
+            started, rank_of, done, failures, _ = service.snapshot()
+            if failures and aborted_at is None:
+                first = failures[0]
+                logger.error("hvd_spark: rank %s failed (%s); stopping the other ranks", first["rank"], first["type"])
+                service.broadcast({"t": "abort", "reason": f"rank {first['rank']} failed"})
+                aborted_at = now
+            if len(done) == num_proc and not all_done_sent:
+                service.broadcast({"t": "all_done"})
+                all_done_sent = True
+            if problem is None and len(started) < num_proc and now - t0 > start_timeout:
+                missing = sorted(set(range(num_proc)) - set(started))
+                problem = JobTimeoutError(
+                    f"{len(missing)} of {num_proc} barrier tasks did not start within start_timeout="
+                    f"{start_timeout:g}s (tasks/partitions {missing}). Spark could not schedule them all at once: "
+                    f"check that {num_proc} task slots are free (master={sc.master}) or raise start_timeout "
+                    f"({settings.ENV_START_TIMEOUT}).", ranks=missing)
+            if problem is None and timeout is not None and now - t0 > timeout:
+                missing = sorted(set(range(num_proc)) - set(done))
+                problem = JobTimeoutError(
+                    f"the job did not finish within timeout={timeout:g}s; ranks {missing} had not finished.",
+                    ranks=missing)
+            if problem is not None and aborted_at is None:
+                service.broadcast({"t": "abort", "reason": str(problem), "dump": True})
+                aborted_at = now
+            if aborted_at is not None and not cancelled and now - aborted_at > abort_grace + 10:
+                # Tasks that do not react to the abort are cancelled through Spark.
+                logger.warning("hvd_spark: cancelling Spark job group %s", group)
+                sc.cancelJobGroup(group)
+                cancelled = True
+            if cancelled and now - aborted_at > abort_grace + 70:
+                logger.error("hvd_spark: Spark job group %s did not stop after cancellation", group)
+                break
+    except KeyboardInterrupt:
+        service.broadcast({"t": "abort", "reason": "interrupted on the driver"})
+        sc.cancelJobGroup(group)
+        raise
+    finally:
+        service.stop()
+    elapsed = time.monotonic() - t0
+    _, _, _, failures, _ = service.snapshot()
+
+    records: List[dict] = [cloudpickle.loads(b) for b in box.get("records") or []]
+    errors = [r for r in records if r["status"] == "error"]
+    if errors:
+        _raise_failure(_pick_failure(errors))
+    if failures:
+        # A failure was reported, but its task's record did not come back (the job was cancelled).
+        rec = _pick_failure([dict(f, traceback="") for f in failures])
+        raise RankFailedError(rec["rank"], rec.get("type", "?"), rec.get("message", ""))
+    if problem is not None:
+        if isinstance(problem, JobTimeoutError) and records:
+            where = _where_ranks_were(records, problem.ranks)
+            if where:
+                problem = JobTimeoutError(f"{problem}\nWhere each unfinished rank was:\n{where}", ranks=problem.ranks)
+        raise problem
+    if "error" in box:
+        raise LaunchError(f"the Spark barrier stage of {description} failed: {box['error']}") from box["error"]
+    by_rank = {r["rank"]: r for r in records}
+    missing = sorted(set(range(num_proc)) - set(by_rank))
+    if missing:
+        raise LaunchError(f"ranks {missing} returned no result (job ended after {elapsed:.1f}s).")
+    not_ok = [r for r in by_rank.values() if r["status"] != "ok"]
+    if not_ok:
+        raise LaunchError(f"ranks {sorted(r['rank'] for r in not_ok)} were aborted without a reported failure.")
+    logger.info("hvd_spark: %d ranks finished in %.1fs", num_proc, elapsed)
+    return [cloudpickle.loads(by_rank[r]["result"]) for r in range(num_proc)]

@@ -1,0 +1,57 @@
+"""Named settings: environment variables, Spark conf keys and their defaults, in one place."""
+
+import os
+
+# Environment variables read by hvd_spark (names start with HVD_SPARK_).
+ENV_START_TIMEOUT = "HVD_SPARK_START_TIMEOUT"          # seconds for all ranks to start
+ENV_GLOO_TIMEOUT = "HVD_SPARK_GLOO_TIMEOUT"            # seconds for Gloo's rendezvous and collectives set-up
+ENV_ABORT_GRACE = "HVD_SPARK_ABORT_GRACE"              # seconds ranks get to stop after an abort
+
+# Set by the launcher in each rank's process (read by hvd_spark's worker side).
+ENV_DRIVER_ADDR = "HVD_SPARK_DRIVER_ADDR"
+ENV_JOB_TOKEN = "HVD_SPARK_JOB_TOKEN"
+ENV_RANK = "HVD_SPARK_RANK"
+ENV_NUM_THREADS = "HVD_SPARK_NUM_THREADS"
+
+# Spark conf keys (spark.hvd_spark.*), read on the driver; the environment wins over them.
+CONF_START_TIMEOUT = "spark.hvd_spark.startTimeout"
+
+DEFAULT_START_TIMEOUT = 600.0
+DEFAULT_GLOO_TIMEOUT = 120.0
+DEFAULT_ABORT_GRACE = 10.0
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_bool(name: str, value: str) -> bool:
+    """Parses a boolean setting strictly; anything but the usual spellings is an error."""
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ValueError(
+        f"{name} must be one of {sorted(_TRUE | _FALSE)}. Received: {value!r}.")
+
+
+def parse_seconds(name: str, value) -> float:
+    """Parses a positive number of seconds, naming the setting in the error."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number of seconds. Received: {value!r}.") from None
+    if not seconds > 0:
+        raise ValueError(f"{name} must be greater than 0 seconds. Received: {value!r}.")
+    return seconds
+
+
+def seconds_setting(explicit, env_name: str, conf_value, default: float, param: str) -> float:
+    """Resolves a timeout: the explicit argument, else the environment, else Spark conf, else default."""
+    if explicit is not None:
+        return parse_seconds(param, explicit)
+    if os.environ.get(env_name):
+        return parse_seconds(env_name, os.environ[env_name])
+    if conf_value:
+        return parse_seconds(param, conf_value)
+    return default

@@ -1,0 +1,134 @@
+"""Pure functions that decide the layout of a Horovod job: slots, ranks, environment.
+
+Nothing here touches Spark, sockets or the process environment, so all of it is tested
+without a cluster.
+"""
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where one Spark barrier task sits in the Horovod job."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    host: str
+
+
+def assign_ranks(hosts: Sequence[str]) -> List[RankInfo]:
+    """Assigns Horovod ranks to barrier tasks from the host each task runs on.
+
+    Ranks are contiguous per host (hosts in order of first appearance, tasks in partition
+    order within a host), which is the layout Horovod's hierarchical operations expect.
+
+    Args:
+        hosts: ``hosts[i]`` is the host key of barrier task (partition) ``i``.
+
+    Returns:
+        ``result[i]`` is the :class:`RankInfo` of task ``i``.
+    """
+    if not hosts:
+        raise ValueError("assign_ranks needs at least one host. Received: [].")
+    order: List[str] = []
+    tasks_of: Dict[str, List[int]] = {}
+    for task, host in enumerate(hosts):
+        if host not in tasks_of:
+            order.append(host)
+            tasks_of[host] = []
+        tasks_of[host].append(task)
+    size = len(hosts)
+    infos: List[Optional[RankInfo]] = [None] * size
+    rank = 0
+    for host in order:
+        local_size = len(tasks_of[host])
+        for local_rank, task in enumerate(tasks_of[host]):
+            # Hosts that have this local rank, in host order: cross communicator.
+            peers = [h for h in order if len(tasks_of[h]) > local_rank]
+            infos[task] = RankInfo(rank=rank, size=size, local_rank=local_rank,
+                                   local_size=local_size, cross_rank=peers.index(host),
+                                   cross_size=len(peers), host=host)
+            rank += 1
+    return infos  # type: ignore[return-value]
+
+
+def horovod_env(info: RankInfo, *, rendezvous_addr: str, rendezvous_port: int, iface: str,
+                controller: str = "gloo", gloo_timeout: float = 120.0, num_threads: int = 1) -> Dict[str, str]:
+    """The environment that makes ``hvd.init()`` join the job as ``info.rank`` over Gloo.
+
+    Args:
+        info: the rank's place in the job.
+        rendezvous_addr, rendezvous_port: where rank 0's task serves Gloo's HTTP rendezvous.
+        iface: network interface that carries this task's address (``lo`` on one machine).
+        controller: ``"gloo"``; MPI jobs get their ranks from ``mpirun`` instead.
+        gloo_timeout: seconds Gloo waits for its peers while connecting.
+        num_threads: intra-op threads for the rank's compute libraries (TF, OpenMP).
+    """
+    if controller != "gloo":
+        raise ValueError(f"horovod_env builds Gloo environments only. Received: controller={controller!r}.")
+    env = {
+        "HOROVOD_RANK": str(info.rank),
+        "HOROVOD_SIZE": str(info.size),
+        "HOROVOD_LOCAL_RANK": str(info.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(info.local_size),
+        "HOROVOD_CROSS_RANK": str(info.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(info.cross_size),
+        "HOROVOD_HOSTNAME": info.host,
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_addr,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(int(rendezvous_port)),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_IFACE": iface,
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(max(1, round(gloo_timeout)))),
+    }
+    env.update(threads_env(num_threads))
+    return env
+
+
+def threads_env(num_threads: int) -> Dict[str, str]:
+    """Caps the compute threads of one rank so that ranks sharing a host do not oversubscribe it."""
+    n = str(max(1, int(num_threads)))
+    return {"OMP_NUM_THREADS": n, "TF_NUM_INTRAOP_THREADS": n, "TF_NUM_INTEROP_THREADS": n,
+            "HVD_SPARK_NUM_THREADS": n}
+
+
+_LOCAL = re.compile(r"^local(?:\[(\*|\d+)(?:,\s*\d+)?\])?$")
+_LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]$")
+
+
+def task_slots(master: str, *, default_parallelism: int, task_cpus: int = 1,
+               cpu_count: Optional[int] = None) -> int:
+    """How many barrier tasks can run at once on this Spark application.
+
+    Local masters are read from the master URL; other cluster managers report their total
+    cores as ``defaultParallelism`` (unless ``spark.default.parallelism`` overrides it).
+
+    Args:
+        master: the Spark master URL.
+        default_parallelism: ``SparkContext.defaultParallelism``.
+        task_cpus: ``spark.task.cpus``.
+        cpu_count: cores of this machine (for ``local[*]``); defaults to ``os.cpu_count()``.
+    """
+    task_cpus = max(1, int(task_cpus))
+    m = _LOCAL.match(master.strip())
+    if m:
+        n = m.group(1)
+        if n is None:
+            cores = 1
+        elif n == "*":
+            cores = cpu_count or os.cpu_count() or 1
+        else:
+            cores = int(n)
+        return max(1, cores // task_cpus) if cores >= task_cpus else 0
+    m = _LOCAL_CLUSTER.match(master.strip())
+    if m:
+        workers, cores = int(m.group(1)), int(m.group(2))
+        return workers * (cores // task_cpus)
+    return max(0, int(default_parallelism) // task_cpus)

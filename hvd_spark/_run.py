@@ -1,0 +1,61 @@
+"""``hvd_spark.run``: run any Horovod function on Spark barrier tasks."""
+
+from typing import Any, Callable, Dict, List, Optional
+
+from hvd_spark._internal.launcher import launch
+
+
+def run(fn: Callable, args=(), kwargs: Optional[Dict[str, Any]] = None, num_proc: Optional[int] = None, *,
+        spark=None, use_gloo: Optional[bool] = None, use_mpi: Optional[bool] = None,
+        env: Optional[Dict[str, str]] = None, num_threads: Optional[int] = None,
+        start_timeout: Optional[float] = None, timeout: Optional[float] = None, verbose: int = 1) -> List[Any]:
+    """Runs ``fn(*args, **kwargs)`` on ``num_proc`` Horovod ranks as one Spark barrier stage.
+
+    Each barrier task starts one rank in a child process with the Horovod environment set,
+    so ``fn`` calls ``hvd.init()`` and finds its rank, size and peers. Rank 0's task serves
+    Gloo's rendezvous. The ranks' output reaches the driver's ``hvd_spark.rank`` logger,
+    prefixed with the rank.
+
+    Args:
+        fn: the function each rank runs; it and its arguments must pickle with cloudpickle.
+        args: positional arguments for ``fn``.
+        kwargs: keyword arguments for ``fn``.
+        num_proc: number of ranks; defaults to the application's task slots. Must not exceed them.
+        spark: the SparkSession to use; defaults to the active one.
+        use_gloo: use Horovod's Gloo controller (the default on CPU).
+        use_mpi: use the MPI controller (``mpirun`` started by rank 0's task; all tasks on one
+            host). Needs Horovod built with MPI.
+        env: extra environment variables for every rank.
+        num_threads: compute threads per rank (TF intra/inter-op, OpenMP); defaults to
+            ``spark.task.cpus``.
+        start_timeout: seconds for all barrier tasks to start (default 600; also
+            ``HVD_SPARK_START_TIMEOUT`` or ``spark.hvd_spark.startTimeout``).
+        timeout: seconds for the whole job (default: no limit). When it runs out, every rank
+            prints its Python stack, the job is stopped, and the error names the ranks that had
+            not finished and where each one was (e.g. waiting in an allreduce, or in user code).
+        verbose: 1 shows the ranks' output and progress on stderr when logging is not configured.
+
+    Returns:
+        The return values of ``fn``, ordered by rank.
+
+    Raises:
+        ValueError: ``num_proc`` < 1 or larger than the task slots; MPI asked for but not built.
+        RankFailedError: a rank raised or died; the other ranks were stopped.
+        JobTimeoutError: tasks did not start, or the job did not finish, in time.
+        LaunchError: the Spark stage failed for another reason.
+
+    Example:
+        >>> def allreduce():
+        ...     import horovod.tensorflow as hvd
+        ...     import tensorflow as tf
+        ...     hvd.init()
+        ...     return hvd.allreduce(tf.constant([hvd.rank() + 1.0]), op=hvd.Sum).numpy().tolist()
+        >>> hvd_spark.run(allreduce, num_proc=2)   # doctest: +SKIP
+        [[3.0], [3.0]]
+    """
+    from hvd_spark._internal.logs import ensure_visible
+
+    ensure_visible(verbose)
+    return launch(fn, args, kwargs, num_proc=num_proc, spark=spark, use_gloo=use_gloo, use_mpi=use_mpi, env=env,
+                  num_threads=num_threads, start_timeout=start_timeout,
+                  timeout=timeout, description="hvd_spark.run")

@@ -1,0 +1,50 @@
+"""Errors raised by hvd_spark at run time.
+
+Argument problems raise the built-in ``ValueError`` / ``TypeError``. Failures of a running
+job raise a subclass of :class:`HvdSparkError`; each is picklable, since errors cross the
+executor / driver boundary.
+"""
+
+
+class HvdSparkError(RuntimeError):
+    """Base class of hvd_spark's run-time errors."""
+
+
+class LaunchError(HvdSparkError):
+    """The Horovod job could not be started or was lost (tasks not scheduled, not answering)."""
+
+
+class RankFailedError(HvdSparkError):
+    """A rank's function raised, or its process died.
+
+    Attributes:
+        rank: the Horovod rank that failed first.
+        exc_type: qualified name of the remote exception type, or a description of how the
+            process ended (e.g. ``"killed by signal 9 (SIGKILL)"``).
+        remote_message: the remote exception's message.
+        remote_traceback: the remote traceback as text (or the rank's last output lines).
+    """
+
+    def __init__(self, rank: int, exc_type: str, remote_message: str, remote_traceback: str = ""):
+        self.rank = rank
+        self.exc_type = exc_type
+        self.remote_message = remote_message
+        self.remote_traceback = remote_traceback
+        text = f"rank {rank} failed with {exc_type}: {remote_message}"
+        if remote_traceback:
+            text += "\n\nRemote traceback (rank %d):\n%s" % (rank, remote_traceback.rstrip())
+        super().__init__(text)
+
+    def __reduce__(self):
+        return (type(self), (self.rank, self.exc_type, self.remote_message, self.remote_traceback))
+
+
+class JobTimeoutError(HvdSparkError):
+    """A wait on other processes ran out of time. ``ranks`` lists the ranks (or tasks) that did not answer."""
+
+    def __init__(self, message: str, ranks=()):
+        self.ranks = list(ranks)
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.ranks))

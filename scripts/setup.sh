@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Idempotent set-up of everything hvd_spark needs, safe to rerun:
+#   1. Debian packages: a Java runtime for Spark, OpenMPI for Horovod's MPI controller;
+#   2. a virtual environment with the pinned stack (constraints/spark-<line>.txt);
+#   3. Horovod 0.28.1 built from its sdist against the installed TensorFlow, cached as a wheel;
+#   4. a check that prints which Horovod controllers and tensor operations are available.
+#
+# Settings (environment):
+#   HVD_SPARK_SPARK   Spark line to install: 3.5 (default) or 4.0
+#   HVD_SPARK_VENV    virtual environment path (default: .venv, or .venv-spark<line> when not 3.5)
+#   HVD_SPARK_CACHE   where built Horovod wheels are kept (default: ~/.cache/hvd_spark)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SPARK_LINE="${HVD_SPARK_SPARK:-3.5}"
+case "$SPARK_LINE" in
+  3.5|4.0) ;;
+  *) echo "setup: HVD_SPARK_SPARK must be 3.5 or 4.0. Received: '$SPARK_LINE'." >&2; exit 2 ;;
+esac
+if [ "$SPARK_LINE" = "3.5" ]; then DEFAULT_VENV="$ROOT/.venv"; else DEFAULT_VENV="$ROOT/.venv-spark$SPARK_LINE"; fi
+VENV="${HVD_SPARK_VENV:-$DEFAULT_VENV}"
+CACHE="${HVD_SPARK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_spark}"
+CONSTRAINTS="$ROOT/constraints/spark-$SPARK_LINE.txt"
+HOROVOD_VERSION=0.28.1
+PY="${PYTHON:-python3}"
+
+log() { echo "[setup $(date +%H:%M:%S)] $*"; }
+t0=$(date +%s)
+
+# --- 1. Debian packages ---------------------------------------------------------------------
+need_apt=()
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+command -v mpicc >/dev/null 2>&1 || need_apt+=(openmpi-bin libopenmpi-dev)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing Debian packages: ${need_apt[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  else
+    log "WARNING: missing ${need_apt[*]} and cannot apt-get (not root): Spark needs Java; MPI is optional."
+  fi
+fi
+command -v java >/dev/null 2>&1 || { echo "setup: Java is required for Spark and is not installed." >&2; exit 1; }
+
+# --- 2. virtual environment and pinned stack ---------------------------------------------------
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating virtual environment $VENV"
+  "$PY" -m venv "$VENV"
+fi
+VPY="$VENV/bin/python"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+stamp="$VENV/.hvd_spark-stamp"
+want=$(cat "$ROOT/pyproject.toml" "$CONSTRAINTS" | sha256sum | cut -c1-16)
+extras="test,bench"
+command -v mpicc >/dev/null 2>&1 && extras="$extras,mpi"
+want="$want-$extras"
+if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+  log "installing the Spark $SPARK_LINE stack into $VENV (extras: $extras)"
+  "$VPY" -m pip install -q --upgrade pip "setuptools>=68,<80" wheel "cmake<4"
+  "$VPY" -m pip install -q -c "$CONSTRAINTS" -e "$ROOT[$extras]"
+  echo "$want" > "$stamp"
+else
+  log "Python stack up to date in $VENV"
+fi
+
+# --- 3. Horovod, built against this TensorFlow and cached --------------------------------------
+tf_version=$("$VPY" -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))')
+py_tag=$("$VPY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+if command -v mpicc >/dev/null 2>&1; then with_mpi=1; mpi_tag=mpi; else with_mpi=0; mpi_tag=nompi; fi
+wheel_dir="$CACHE/wheels/horovod-$HOROVOD_VERSION-tf$tf_version-$py_tag-$mpi_tag"
+have_hvd=$("$VPY" - <<PYEOF 2>/dev/null || true
+import importlib.metadata as m
+try:
+    print("yes" if m.version("horovod") == "$HOROVOD_VERSION" else "no")
+except m.PackageNotFoundError:
+    print("no")
+PYEOF
+)
+hvd_stamp="$VENV/.horovod-stamp"
+if [ "$have_hvd" != "yes" ] || [ "$(cat "$hvd_stamp" 2>/dev/null || true)" != "$wheel_dir" ]; then
+  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+    log "building Horovod $HOROVOD_VERSION against TensorFlow $tf_version (gloo, mpi=$with_mpi); takes a few minutes"
+    build=$(mktemp -d)
+    trap 'rm -rf "$build"' EXIT
+    "$VPY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$build"
+    tar xzf "$build/horovod-$HOROVOD_VERSION.tar.gz" -C "$build"
+    src="$build/horovod-$HOROVOD_VERSION"
+    # xla_mpi_ops.cc includes XLA headers that moved in TF >= 2.16; it only serves
+    # jit_compile=True on GPUs, so it is left out of the build.
+    sed -i '/xla_mpi_ops.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
+    mpi_flag=HOROVOD_WITHOUT_MPI
+    [ "$with_mpi" = 1 ] && mpi_flag=HOROVOD_WITH_MPI
+    mkdir -p "$wheel_dir.tmp"
+    env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+        HOROVOD_WITH_GLOO=1 "$mpi_flag=1" MAKEFLAGS="-j$(nproc)" \
+        PATH="$VENV/bin:$PATH" \
+      "$VPY" -m pip wheel -q --no-build-isolation --no-deps -w "$wheel_dir.tmp" "$src"
+    rm -rf "$wheel_dir" && mv "$wheel_dir.tmp" "$wheel_dir"
+    rm -rf "$build"; trap - EXIT
+  else
+    log "using cached Horovod wheel from $wheel_dir"
+  fi
+  "$VPY" -m pip install -q --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
+  # Horovod's own requirements (without the pinned stack being touched).
+  "$VPY" -m pip install -q -c "$CONSTRAINTS" cloudpickle psutil pyyaml packaging
+  echo "$wheel_dir" > "$hvd_stamp"
+else
+  log "Horovod $HOROVOD_VERSION already installed from $wheel_dir"
+fi
+
+# --- 4. check ---------------------------------------------------------------------------------
+"$VPY" -m hvd_spark.check_build
+log "done in $(( $(date +%s) - t0 )) s; interpreter: $VPY"

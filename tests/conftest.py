@@ -1,0 +1,35 @@
+"""Shared fixtures: one local[2] SparkSession for the whole test run (Spark is slow to start)."""
+
+import os
+import sys
+
+import pytest
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    import hvd_spark
+
+    local_dir = tmp_path_factory.mktemp("spark-local")
+    session = hvd_spark.local_session("local[2]", app_name="hvd_spark-tests", conf={
+        "spark.local.dir": str(local_dir),
+        "spark.sql.warehouse.dir": str(local_dir / "warehouse"),
+        "spark.driver.memory": "2g",
+    })
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def horovod_mpi_built() -> bool:
+    try:
+        import horovod.tensorflow as hvd
+
+        return bool(hvd.mpi_built())
+    except ImportError:
+        return False

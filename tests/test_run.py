@@ -1,0 +1,200 @@
+"""hvd_spark.run on real Spark (local[2]) with real Horovod processes over Gloo."""
+
+import logging
+import os
+import sys
+import time
+
+import cloudpickle
+import pytest
+
+import hvd_spark
+from hvd_spark import JobTimeoutError, RankFailedError
+
+from conftest import horovod_mpi_built
+
+# The functions below run in the ranks' processes, which cannot import this test module.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def collectives():
+    import horovod.tensorflow as hvd
+    import numpy as np
+    import tensorflow as tf
+
+    hvd.init()
+    r = hvd.rank()
+    summed = hvd.allreduce(tf.constant([r + 1.0, 10.0 * (r + 1)]), op=hvd.Sum).numpy()
+    averaged = hvd.allreduce(tf.constant([float(r)]), op=hvd.Average).numpy()
+    gathered = hvd.allgather(tf.constant([[r, r * r]], dtype=tf.int32)).numpy()
+    from_root = hvd.broadcast(tf.constant([r * 7.0 + 3.0]), root_rank=0).numpy()
+    big = hvd.allreduce(tf.fill([1 << 18], float(r + 1)), op=hvd.Sum).numpy()
+    return {"rank": r, "size": hvd.size(), "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
+            "summed": summed.tolist(), "averaged": averaged.tolist(), "gathered": gathered.tolist(),
+            "from_root": from_root.tolist(), "big_ok": bool(np.all(big == 3.0)), "pid": os.getpid(),
+            "threads": os.environ.get("TF_NUM_INTRAOP_THREADS")}
+
+
+def test_collectives_exact_values_ordered_by_rank(spark):
+    results = hvd_spark.run(collectives, num_proc=2, spark=spark)
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:
+        assert r["size"] == 2 and r["local_size"] == 2 and r["local_rank"] == r["rank"]
+        assert r["summed"] == [3.0, 30.0]
+        assert r["averaged"] == [0.5]
+        assert r["gathered"] == [[0, 0], [1, 1]]
+        assert r["from_root"] == [3.0]
+        assert r["big_ok"]
+        assert r["threads"] == "1"
+    assert results[0]["pid"] != results[1]["pid"]
+
+
+def rank_output():
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    print(f"hello from the child of rank {hvd.rank()}", flush=True)
+    return hvd.rank()
+
+
+def test_output_reaches_driver_log_with_rank_prefix(spark, caplog):
+    with caplog.at_level(logging.INFO, logger="hvd_spark.rank"):
+        assert hvd_spark.run(rank_output, num_proc=2, spark=spark, verbose=0) == [0, 1]
+    lines = [r.getMessage() for r in caplog.records if r.name == "hvd_spark.rank"]
+    assert "[rank 0] hello from the child of rank 0" in lines
+    assert "[rank 1] hello from the child of rank 1" in lines
+
+
+def args_and_kwargs(a, b, *, scale):
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    return (a + b) * scale + hvd.rank()
+
+
+def test_args_kwargs_and_default_num_proc(spark):
+    # num_proc defaults to the task slots of local[2].
+    assert hvd_spark.run(args_and_kwargs, args=(1, 2), kwargs={"scale": 10}, spark=spark) == [30, 31]
+
+
+def fail_on_rank_one(pid_dir):
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    with open(os.path.join(pid_dir, f"pid-{hvd.rank()}"), "w") as f:
+        f.write(str(os.getpid()))
+    if hvd.rank() == 1:
+        raise ValueError("rank one cannot go on: bad shard")
+    # Rank 0 waits in a collective that rank 1 never joins, then sleeps: only the abort ends it.
+    try:
+        hvd.allreduce(tf.constant([1.0]))
+    except Exception:
+        pass
+    time.sleep(600)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_failing_rank_is_reported_and_others_stopped(spark, tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError, match="rank 1 failed with ValueError: rank one cannot go on") as info:
+        hvd_spark.run(fail_on_rank_one, args=(str(tmp_path),), num_proc=2, spark=spark)
+    elapsed = time.monotonic() - t0
+    err = info.value
+    assert err.rank == 1 and err.exc_type == "ValueError"
+    assert "fail_on_rank_one" in err.remote_traceback
+    assert isinstance(err.__cause__, ValueError)
+    assert elapsed < 120, f"the failure took {elapsed:.0f}s to surface"
+    pids = [int((tmp_path / f"pid-{r}").read_text()) for r in (0, 1)]
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if _alive(p)], "a rank process survived the failed job"
+    # Spark is usable afterwards: the next job runs.
+    assert hvd_spark.run(rank_output, num_proc=2, spark=spark, verbose=0) == [0, 1]
+
+
+def crash_rank_zero():
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    if hvd.rank() == 0:
+        os._exit(3)
+    time.sleep(600)
+
+
+def test_rank_process_dying_without_exception(spark):
+    with pytest.raises(RankFailedError, match="rank 0 failed with ProcessDied: process exited with code 3"):
+        hvd_spark.run(crash_rank_zero, num_proc=2, spark=spark)
+
+
+def stall_rank_one():
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    if hvd.rank() == 1:
+        time.sleep(600)  # never joins the collective
+    return hvd.allreduce(tf.constant([1.0])).numpy().tolist()
+
+
+def test_stalled_collective_is_reported_by_rank(spark):
+    t0 = time.monotonic()
+    with pytest.raises(JobTimeoutError, match=r"ranks \[0, 1\] had not finished") as info:
+        hvd_spark.run(stall_rank_one, num_proc=2, spark=spark, timeout=15)
+    assert time.monotonic() - t0 < 120
+    assert info.value.ranks == [0, 1]
+    where = {int(line.split(":")[0].split()[-1]): line for line in str(info.value).splitlines()
+             if line.startswith("  rank ")}
+    # Rank 0 waits inside Horovod's allreduce; rank 1 never left its own code (the sleep).
+    assert "allreduce" in where[0] and "stall_rank_one" in where[0]
+    assert "stall_rank_one" in where[1] and "allreduce" not in where[1]
+
+
+def test_too_many_processes_fails_fast(spark):
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"num_proc must be at most the number of task slots \(2\) for a barrier stage\. "
+                                         r"Received: num_proc=3"):
+        hvd_spark.run(rank_output, num_proc=3, spark=spark)
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_bad_num_proc(spark, bad):
+    with pytest.raises(ValueError, match="num_proc must be a positive integer"):
+        hvd_spark.run(rank_output, num_proc=bad, spark=spark)
+
+
+def test_bad_arguments(spark):
+    with pytest.raises(TypeError, match="fn must be callable"):
+        hvd_spark.run("not a function", num_proc=1, spark=spark)
+    with pytest.raises(ValueError, match="not both"):
+        hvd_spark.run(rank_output, num_proc=1, spark=spark, use_gloo=True, use_mpi=True)
+    with pytest.raises(ValueError, match="start_timeout must be greater than 0"):
+        hvd_spark.run(rank_output, num_proc=1, spark=spark, start_timeout=0)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not horovod_mpi_built(), reason="Horovod built without MPI (no OpenMPI on this machine)")
+def test_mpi_controller_allreduce(spark):
+    results = hvd_spark.run(collectives, num_proc=2, spark=spark, use_mpi=True)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["summed"] == [3.0, 30.0] and r["gathered"] == [[0, 0], [1, 1]] for r in results)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not horovod_mpi_built(), reason="Horovod built without MPI (no OpenMPI on this machine)")
+def test_mpi_controller_failure(spark, tmp_path):
+    with pytest.raises(RankFailedError, match="rank 1 failed with ValueError"):
+        hvd_spark.run(fail_on_rank_one, args=(str(tmp_path),), num_proc=2, spark=spark, use_mpi=True)
