@@ -1,18 +1,39 @@
 """hvd_spark: train Keras 3 models on Spark DataFrames with Horovod ring-allreduce.
 
 Public API:
+    HorovodEstimator: fit a Keras 3 model on a DataFrame; returns a TFTransformer.
+    TFTransformer: adds the model's predictions to a DataFrame (pandas UDF).
+    Store: shared storage for data, checkpoints and models.
     run: run any Horovod function on Spark barrier tasks.
     local_session: a SparkSession for one machine, set up for barrier jobs.
     HvdSparkError, RankFailedError, JobTimeoutError, LaunchError: run-time errors.
 """
 
+from hvd_spark._internal.store import Store
 from hvd_spark._run import run
 from hvd_spark._session import local_session
 from hvd_spark.errors import HvdSparkError, JobTimeoutError, LaunchError, RankFailedError
 
+_LAZY = {
+    "HorovodEstimator": "hvd_spark._internal.estimator",
+    "TFTransformer": "hvd_spark._internal.transformer",
+}
+
+
+def __getattr__(name):
+    # The estimator and transformer import pyspark.ml and Keras; rank processes must not pay for that.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hvd_spark' has no attribute {name!r}")
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "HorovodEstimator",
+    "TFTransformer",
+    "Store",
     "run",
     "local_session",
     "HvdSparkError",

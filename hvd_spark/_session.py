@@ -28,6 +28,7 @@ def local_session(master: str = "local[*]", *, app_name: str = "hvd_spark",
                .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
                .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
                .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "4")
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                .config("spark.python.worker.reuse", "true"))

@@ -167,7 +167,7 @@ class DriverService:
                 try:
                     self._on_event(int(msg.get("rank", -1)), msg.get("payload") or {})
                 except Exception:  # a progress callback must never break the job
-                    logger.exception("hvd_spark: progress callback failed")
+                    logger.exception("progress callback failed")
         elif kind == "fail":
             with self._lock:
                 msg["received"] = time.time()

@@ -158,7 +158,7 @@ def launch(fn: Callable, args=(), kwargs=None, *, num_proc: int, spark=None,
         except BaseException as e:  # noqa: BLE001 - re-raised below, with what the driver knows
             box["error"] = e
 
-    logger.info("hvd_spark: starting %d ranks (%s) on %s", num_proc, controller, sc.master)
+    logger.info("starting %d ranks (%s) on %s", num_proc, controller, sc.master)
     t0 = time.monotonic()
     thread = InheritableThread(target=submit, name=f"{group}-submit")
     thread.daemon = True
@@ -174,7 +174,7 @@ def launch(fn: Callable, args=(), kwargs=None, *, num_proc: int, spark=None,
             started, rank_of, done, failures, _ = service.snapshot()
             if failures and aborted_at is None:
                 first = failures[0]
-                logger.error("hvd_spark: rank %s failed (%s); stopping the other ranks", first["rank"], first["type"])
+                logger.error("rank %s failed (%s); stopping the other ranks", first["rank"], first["type"])
                 service.broadcast({"t": "abort", "reason": f"rank {first['rank']} failed"})
                 aborted_at = now
             if len(done) == num_proc and not all_done_sent:
@@ -197,11 +197,11 @@ def launch(fn: Callable, args=(), kwargs=None, *, num_proc: int, spark=None,
                 aborted_at = now
             if aborted_at is not None and not cancelled and now - aborted_at > abort_grace + 10:
                 # Tasks that do not react to the abort are cancelled through Spark.
-                logger.warning("hvd_spark: cancelling Spark job group %s", group)
+                logger.warning("cancelling Spark job group %s", group)
                 sc.cancelJobGroup(group)
                 cancelled = True
             if cancelled and now - aborted_at > abort_grace + 70:
-                logger.error("hvd_spark: Spark job group %s did not stop after cancellation", group)
+                logger.error("Spark job group %s did not stop after cancellation", group)
                 break
     except KeyboardInterrupt:
         service.broadcast({"t": "abort", "reason": "interrupted on the driver"})
@@ -235,5 +235,5 @@ def launch(fn: Callable, args=(), kwargs=None, *, num_proc: int, spark=None,
     not_ok = [r for r in by_rank.values() if r["status"] != "ok"]
     if not_ok:
         raise LaunchError(f"ranks {sorted(r['rank'] for r in not_ok)} were aborted without a reported failure.")
-    logger.info("hvd_spark: %d ranks finished in %.1fs", num_proc, elapsed)
+    logger.info("%d ranks finished in %.1fs", num_proc, elapsed)
     return [cloudpickle.loads(by_rank[r]["result"]) for r in range(num_proc)]

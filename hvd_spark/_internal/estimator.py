@@ -1,0 +1,304 @@
+"""``HorovodEstimator``: fit a Keras 3 model on a Spark DataFrame with Horovod ring-allreduce."""
+
+import logging
+import time
+import uuid
+from typing import Dict, List
+
+import cloudpickle
+from pyspark import keyword_only
+from pyspark.ml import Estimator
+
+from hvd_spark._internal import data as data_mod
+from hvd_spark._internal.params import EstimatorParams
+from hvd_spark._internal.specs import assign_files, specs_to_dicts, steps_per_epoch
+from hvd_spark._internal.store import Store, validate_run_id
+from hvd_spark._internal.transformer import TFTransformer
+from hvd_spark.errors import HvdSparkError
+
+logger = logging.getLogger("hvd_spark")
+
+
+class HorovodEstimator(Estimator, EstimatorParams):
+    """Trains a Keras 3 model on a DataFrame with data-parallel synchronous SGD over Horovod.
+
+    ``fit(df)`` checks the DataFrame against the model, writes the needed columns to Parquet in
+    the store (reused by later fits of the same data), runs ``num_proc`` Horovod ranks as one
+    Spark barrier stage, each training on its own files with gradients averaged by
+    ring-allreduce, checkpoints after every epoch and returns a :class:`TFTransformer`.
+
+    Parameter names and meanings follow ``horovod.spark.keras.KerasEstimator``; differences:
+    an existing ``run_id`` resumes at the next epoch (``epochs`` is the total), the learning
+    rate is used as given (never scaled by ``num_proc``: scale it yourself if you want the
+    linear-scaling rule), ``validation`` may be a fraction or a column, and ``backend`` is
+    ``"gloo"`` or ``"mpi"``.
+
+    Args:
+        num_proc: ranks; default the application's task slots.
+        store: path / URL / :class:`hvd_spark.Store` reachable from every executor (required).
+        model: a built Keras 3 model (required).
+        optimizer, loss, loss_weights, metrics: as for ``model.compile``; default: the
+            model's compiled ones.
+        custom_objects: custom Keras objects needed to load the model.
+        feature_cols: one column per model input (numeric, array, or Vector).
+        label_cols: one column per model output.
+        sample_weight_col: optional per-row weight.
+        validation: fraction in [0, 1) or the name of a boolean / 0-1 column.
+        callbacks: Keras callbacks, run on every rank after metrics are averaged.
+        batch_size: rows per batch per rank (default 32); val_batch_size: default batch_size.
+        epochs: total epochs (default 1).
+        train_steps_per_epoch, validation_steps_per_epoch: default one pass over the data.
+        shuffle: default True; shuffle_buffer_size: default 10000; random_seed: default 0.
+        run_id: run folder name; default a new one per fit.
+        verbose: 0, 1 (default: per-epoch progress in the driver's log) or 2.
+        backend: "gloo" (default) or "mpi".
+        output_cols: prediction columns; default "<label>__output".
+        start_timeout: seconds for all ranks to start (default 600).
+
+    Example:
+        >>> est = HorovodEstimator(num_proc=2, store="/tmp/store", model=model, optimizer="adam",
+        ...                        loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+        ...                        feature_cols=["features"], label_cols=["label"], epochs=5)  # doctest: +SKIP
+        >>> predictions = est.fit(train_df).transform(test_df)    # doctest: +SKIP
+    """
+
+    @keyword_only
+    def __init__(self, *, num_proc=None, store=None, model=None, optimizer=None, loss=None, loss_weights=None,
+                 metrics=None, custom_objects=None, feature_cols=None, label_cols=None, sample_weight_col=None,
+                 validation=None, callbacks=None, batch_size=32, val_batch_size=None, epochs=1,
+                 train_steps_per_epoch=None, validation_steps_per_epoch=None, shuffle=True,
+                 shuffle_buffer_size=10000, random_seed=0, run_id=None, verbose=1, backend="gloo",
+                 output_cols=None, start_timeout=None):
+        super().__init__()
+        self._setDefault(num_proc=None, store=None, model=None, optimizer=None, loss=None, loss_weights=None,
+                         metrics=None, custom_objects=None, feature_cols=None, label_cols=None, validation=None,
+                         sample_weight_col=None,
+                         callbacks=None, batch_size=32, val_batch_size=None, epochs=1, train_steps_per_epoch=None,
+                         validation_steps_per_epoch=None, shuffle=True, shuffle_buffer_size=10000, random_seed=0,
+                         run_id=None, verbose=1, backend="gloo", output_cols=None, start_timeout=None)
+        self.setParams(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, **kwargs):
+        """Sets any of the constructor's parameters."""
+        unknown = [k for k in kwargs if not self.hasParam(k)]
+        if unknown:
+            raise TypeError(f"Unknown HorovodEstimator parameters: {unknown}.")
+        return self._set(**kwargs)
+
+    def _get(self, name):
+        return self.getOrDefault(name)
+
+    # --- validation (before any work) ---
+    def _check_params(self) -> Dict:
+        p = {param.name: self.getOrDefault(param) for param in self.params}
+        if p["store"] is None:
+            raise ValueError("store is required: a path, URL or hvd_spark.Store reachable from every executor. "
+                             "Received: store=None.")
+        if p["model"] is None:
+            raise ValueError("model is required: a built Keras 3 model. Received: model=None.")
+        if not p["feature_cols"]:
+            raise ValueError("feature_cols must name at least one column. Received: feature_cols=None.")
+        if not p["label_cols"]:
+            raise ValueError("label_cols must name at least one column. Received: label_cols=None.")
+        for name in ("batch_size", "epochs", "shuffle_buffer_size"):
+            if p[name] < 1:
+                raise ValueError(f"{name} must be at least 1. Received: {name}={p[name]}.")
+        for name in ("val_batch_size", "train_steps_per_epoch", "validation_steps_per_epoch", "num_proc"):
+            if p[name] is not None and p[name] < 1:
+                raise ValueError(f"{name} must be at least 1 (or None). Received: {name}={p[name]}.")
+        v = p["validation"]
+        if v is not None and not isinstance(v, str):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+                raise ValueError(f"validation must be a fraction in [0, 1) or a column name. Received: validation={v!r}.")
+        if p["backend"] not in ("gloo", "mpi"):
+            raise ValueError(f"backend must be 'gloo' or 'mpi'. Received: backend={p['backend']!r}.")
+        if p["run_id"] is not None:
+            validate_run_id(p["run_id"])
+        if p["verbose"] not in (0, 1, 2):
+            raise ValueError(f"verbose must be 0, 1 or 2. Received: verbose={p['verbose']!r}.")
+        if p["callbacks"] is not None and not isinstance(p["callbacks"], (list, tuple)):
+            raise TypeError(f"callbacks must be a list of keras.callbacks.Callback. Received: {type(p['callbacks'])}.")
+        return p
+
+    # --- fit ---
+    def _fit(self, dataset):
+        from hvd_spark._internal.launcher import available_slots, launch
+        from hvd_spark._internal.logs import ensure_visible
+        from hvd_spark._internal.model_info import is_compiled, model_fingerprint, model_specs
+        from hvd_spark._internal.serde import dumps_keras_obj, model_to_bytes
+        from hvd_spark._internal.worker import train
+
+        t_start = time.time()
+        p = self._check_params()
+        ensure_visible(p["verbose"])
+        model = p["model"]
+        inputs, outputs = model_specs(model)
+        features, labels = p["feature_cols"], p["label_cols"]
+        if len(features) != len(inputs):
+            raise ValueError(f"feature_cols must name one column per model input ({len(inputs)}: "
+                             f"{[s.name for s in inputs]}). Received: {features}.")
+        if len(labels) != len(outputs):
+            raise ValueError(f"label_cols must name one column per model output ({len(outputs)}: "
+                             f"{[s.name for s in outputs]}). Received: {labels}.")
+        if p["output_cols"] and len(p["output_cols"]) != len(outputs):
+            raise ValueError(f"output_cols must name one column per model output ({len(outputs)}). "
+                             f"Received: {p['output_cols']}.")
+        if not is_compiled(model) and (p["optimizer"] is None or p["loss"] is None):
+            raise ValueError("The model is not compiled, so optimizer and loss are required. Received: "
+                             f"optimizer={p['optimizer']!r}, loss={p['loss']!r}. Pass both, or compile the model.")
+        f_infos = [data_mod.column_info(dataset, c, "feature") for c in features]
+        l_infos = [data_mod.column_info(dataset, c, "label") for c in labels]
+        w_info = data_mod.column_info(dataset, p["sample_weight_col"], "sample weight") \
+            if p["sample_weight_col"] else None
+        if w_info is not None and w_info.kind != "scalar":
+            raise TypeError(f"sample weight column '{w_info.name}' must be numeric. Received an {w_info.kind} column.")
+        validation = p["validation"] or None
+        if isinstance(validation, str):
+            vinfo = data_mod.column_info(dataset, validation, "validation")
+            if vinfo.kind != "scalar":
+                raise TypeError(f"validation column '{validation}' must be boolean or 0/1. Received an {vinfo.kind} "
+                                "column.")
+        spark = dataset.sparkSession
+        slots = available_slots(spark.sparkContext)
+        num_proc = p["num_proc"] or slots
+        if num_proc > slots:
+            raise ValueError(f"num_proc must be at most the number of task slots ({slots}). Received: "
+                             f"num_proc={num_proc}. Lower num_proc or add executors / cores.")
+        store = Store.create(p["store"])
+        store.check_writable()
+        run_id = p["run_id"] or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        fingerprint = model_fingerprint(model)
+        run_json = f"{store.run_path(run_id)}/run.json"
+        resume = None
+        history_so_far: List[Dict] = []
+        if store.exists(run_json):
+            info = store.read_json(run_json)
+            if info.get("model_fingerprint") != fingerprint:
+                raise ValueError(f"run_id '{run_id}' in {store.prefix} holds a different model (architecture "
+                                 f"{info.get('model_fingerprint')}, this model is {fingerprint}). Use a new run_id to "
+                                 "start a new run, or pass the same model architecture to resume.")
+            if info.get("feature_cols") != features or info.get("label_cols") != labels:
+                raise ValueError(f"run_id '{run_id}' was trained with feature_cols={info.get('feature_cols')}, "
+                                 f"label_cols={info.get('label_cols')}. Received: feature_cols={features}, "
+                                 f"label_cols={labels}. Use a new run_id for different columns.")
+            resume = store.latest_checkpoint(run_id)
+            if resume is not None:
+                history_so_far = store.read_json(resume[2])["history"]
+        if resume is not None and resume[0] >= p["epochs"]:
+            logger.info("run '%s' already has %d of %d epochs; returning its model without training",
+                        run_id, resume[0], p["epochs"])
+            model_path = store.model_path(run_id) if resume[0] == p["epochs"] and store.exists(
+                store.model_path(run_id)) else resume[1]
+            return self._transformer(store, model_path, run_id, history_so_far[:p["epochs"]], inputs, outputs, p)
+
+        seed = int(p["random_seed"])
+        prepared = data_mod.prepare(dataset, f_infos, l_infos, w_info, validation, seed)
+        stats = data_mod.column_stats(prepared, f_infos + l_infos + ([w_info] if w_info else []), validation)
+        data_mod.check_stats(stats, f_infos, l_infos, w_info, inputs, outputs, validation, num_proc)
+        key = data_mod.dataset_key(prepared, f_infos + l_infos + ([w_info] if w_info else []), validation, seed)
+        row_values = sum((s.elements or 1) for s in inputs) + sum((s.elements or 1) for s in outputs) + 1
+        t_mat = time.time()
+        meta = data_mod.materialize(prepared, store, key, stats, row_values * 4, num_proc)
+        t_mat = time.time() - t_mat
+
+        train_files, _ = assign_files(meta["train_files"], num_proc)
+        if len(meta["train_files"]) < num_proc:
+            logger.warning("%d training rows in %d file(s) for %d processes: some ranks read the same rows",
+                           meta["train_rows"], len(meta["train_files"]), num_proc)
+        val_files = assign_files(meta["val_files"], num_proc)[0] if meta["val_rows"] else None
+        batch_size = int(p["batch_size"])
+        val_batch = int(p["val_batch_size"] or batch_size)
+        steps = p["train_steps_per_epoch"] or steps_per_epoch(meta["train_rows"], batch_size, num_proc)
+        val_steps = (p["validation_steps_per_epoch"] or steps_per_epoch(meta["val_rows"], val_batch, num_proc)) \
+            if val_files else None
+
+        if not store.exists(run_json):
+            store.write_json(run_json, {"run_id": run_id, "model_fingerprint": fingerprint, "feature_cols": features,
+                                        "label_cols": labels, "created": time.time(), "data_key": key})
+        comp = {k: (dumps_keras_obj(p[k]) if p[k] is not None else None) for k in ("optimizer", "loss", "metrics")}
+        comp["loss_weights"] = p["loss_weights"]
+        cfg = {
+            "store": store.to_config(), "run_id": run_id, "epochs": int(p["epochs"]),
+            "initial_epoch": resume[0] if resume else 0, "resume_ckpt": resume[1] if resume else None,
+            "history_so_far": history_so_far,
+            "model_bytes": None if resume else model_to_bytes(model), "compile": comp,
+            "custom_objects": cloudpickle.dumps(p["custom_objects"]) if p["custom_objects"] else None,
+            "callbacks": cloudpickle.dumps(list(p["callbacks"])) if p["callbacks"] else None,
+            "features": [i.to_dict() for i in f_infos], "labels": [i.to_dict() for i in l_infos],
+            "weight": w_info.to_dict() if w_info else None,
+            "inputs": specs_to_dicts(inputs), "outputs": specs_to_dicts(outputs),
+            "train_files": train_files, "val_files": val_files, "batch_size": batch_size, "val_batch_size": val_batch,
+            "steps_per_epoch": int(steps), "validation_steps": int(val_steps) if val_steps else None,
+            "shuffle": bool(p["shuffle"]), "shuffle_buffer_size": int(p["shuffle_buffer_size"]), "seed": seed,
+            "verbose": int(p["verbose"]),
+            "num_threads": int(spark.sparkContext.getConf().get("spark.task.cpus", "1")),
+        }
+        if resume:
+            logger.info("resuming run '%s' from epoch %d of %d", run_id, resume[0], p["epochs"])
+        logger.info("training run '%s' on %d ranks: %d train rows, %d val rows, %d steps/epoch, "
+                    "batch %d per rank", run_id, num_proc, meta["train_rows"], meta["val_rows"], steps, batch_size)
+        progress = _Progress(p["verbose"])
+        t_train = time.time()
+        results = launch(train, args=(cfg,), num_proc=num_proc, spark=spark, use_mpi=p["backend"] == "mpi",
+                         start_timeout=p["start_timeout"], on_event=progress, description="HorovodEstimator.fit")
+        t_train = time.time() - t_train
+        digests = {r["weights_digest"] for r in results}
+        if len(digests) != 1:
+            raise HvdSparkError(f"Ranks ended training with different weights ({len(digests)} distinct digests); "
+                                "gradient averaging did not hold. Please report this with your model.")
+        epoch_logs = results[0]["epoch_logs"]
+        from hvd_spark._internal.keras_hvd import history_from
+
+        logger.info("fit of run '%s' took %.1fs (materialize %.1fs, training job %.1fs)", run_id,
+                    time.time() - t_start, t_mat, t_train)
+        self._last_fit = {"run_id": run_id, "results": results, "materialize_seconds": t_mat,
+                          "train_job_seconds": t_train, "data_key": key, "steps_per_epoch": steps}
+        return self._transformer(store, store.model_path(run_id), run_id, epoch_logs, inputs, outputs, p,
+                                 history=history_from(epoch_logs))
+
+    def _transformer(self, store, model_path, run_id, epoch_logs, inputs, outputs, p, history=None):
+        from hvd_spark._internal.keras_hvd import history_from
+
+        t = TFTransformer(model_url=store.url(model_path), storage_options=store.storage_options,
+                          feature_cols=p["feature_cols"], label_cols=p["label_cols"], output_cols=p["output_cols"],
+                          input_specs=specs_to_dicts(inputs), output_specs=specs_to_dicts(outputs),
+                          history=history if history is not None else history_from(epoch_logs), run_id=run_id,
+                          custom_objects=p["custom_objects"])
+        return t
+
+    # --- persistence ---
+    @classmethod
+    def read(cls):
+        from hvd_spark._internal.persistence import EstimatorReader
+
+        return EstimatorReader(cls)
+
+    def write(self):
+        from hvd_spark._internal.persistence import EstimatorWriter
+
+        return EstimatorWriter(self)
+
+    def save(self, path: str) -> None:
+        self.write().save(path)
+
+    @classmethod
+    def load(cls, path: str) -> "HorovodEstimator":
+        return cls.read().load(path)
+
+
+class _Progress:
+    """Driver-side: logs each epoch's metrics as rank 0 reports them."""
+
+    def __init__(self, verbose: int):
+        self.verbose = verbose
+        self.t0 = time.time()
+        self.last = self.t0
+
+    def __call__(self, rank: int, payload: dict) -> None:
+        if payload.get("kind") != "epoch" or not self.verbose:
+            return
+        now = time.time()
+        logs = " - ".join(f"{k}: {v:.4f}" for k, v in sorted(payload["logs"].items()))
+        logger.info("epoch %d/%d - %.1fs - %s", payload["epoch"], payload["epochs"], now - self.last, logs)
+        self.last = now

@@ -1,0 +1,129 @@
+"""MLWritable / MLReadable for the estimator and the transformer.
+
+Plain parameters go to Spark's standard metadata (``DefaultParamsWriter``); the model goes
+beside it as ``model.keras``; Keras objects and Python callables (optimizer, loss, metrics,
+callbacks, custom objects) as ``objects.pkl``. Paths are local paths or URLs that fsspec reads.
+"""
+
+import posixpath
+
+import cloudpickle
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
+
+_OBJECT_PARAMS = ("store", "model", "optimizer", "loss", "loss_weights", "metrics", "custom_objects", "callbacks")
+
+
+def _fs(path: str):
+    import fsspec
+
+    return fsspec.core.url_to_fs(path)
+
+
+def _json_params(instance, skip):
+    return {p.name: v for p, v in instance._paramMap.items() if p.name not in skip}
+
+
+class EstimatorWriter(MLWriter):
+    def __init__(self, instance):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        from hvd_spark._internal.serde import dumps_keras_obj, model_to_bytes
+        from hvd_spark._internal.store import Store
+
+        inst = self.instance
+        DefaultParamsWriter.saveMetadata(inst, path, self.sc, paramMap=_json_params(inst, _OBJECT_PARAMS))
+        fs, root = _fs(path)
+        objects = {}
+        for name in _OBJECT_PARAMS:
+            if not inst.isSet(name):
+                continue
+            value = inst.getOrDefault(name)
+            if name == "model":
+                with fs.open(posixpath.join(root, "model.keras"), "wb") as f:
+                    f.write(model_to_bytes(value))
+            elif name == "store":
+                objects[name] = ("store", Store.create(value).to_config())
+            elif name in ("optimizer", "loss", "metrics"):
+                objects[name] = ("keras_obj", dumps_keras_obj(value))
+            else:
+                objects[name] = ("pickle", cloudpickle.dumps(value))
+        with fs.open(posixpath.join(root, "objects.pkl"), "wb") as f:
+            f.write(cloudpickle.dumps(objects))
+
+
+class EstimatorReader(MLReader):
+    def __init__(self, cls):
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str):
+        from hvd_spark._internal.serde import loads_keras_obj, model_from_bytes
+        from hvd_spark._internal.store import Store
+
+        metadata = DefaultParamsReader.loadMetadata(path, self.sc)
+        inst = self.cls()
+        inst._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(inst, metadata)
+        fs, root = _fs(path)
+        with fs.open(posixpath.join(root, "objects.pkl"), "rb") as f:
+            objects = cloudpickle.loads(f.read())
+        custom = cloudpickle.loads(objects["custom_objects"][1]) if "custom_objects" in objects else None
+        values = {}
+        for name, (kind, data) in objects.items():
+            if kind == "store":
+                values[name] = Store.from_config(data)
+            elif kind == "keras_obj":
+                values[name] = loads_keras_obj(data, custom)
+            else:
+                values[name] = cloudpickle.loads(data)
+        model_file = posixpath.join(root, "model.keras")
+        if fs.exists(model_file):
+            with fs.open(model_file, "rb") as f:
+                values["model"] = model_from_bytes(f.read(), custom_objects=custom, compile=True)
+        inst._set(**values)
+        return inst
+
+
+class TransformerWriter(MLWriter):
+    def __init__(self, instance):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        import fsspec
+
+        inst = self.instance
+        skip = ("custom_objects", "model_url", "storage_options")
+        DefaultParamsWriter.saveMetadata(inst, path, self.sc, paramMap=_json_params(inst, skip))
+        fs, root = _fs(path)
+        src_fs, src = fsspec.core.url_to_fs(inst.getModelUrl(), **(inst.getOrDefault("storage_options") or {}))
+        with src_fs.open(src, "rb") as f_in, fs.open(posixpath.join(root, "model.keras"), "wb") as f_out:
+            while True:
+                chunk = f_in.read(8 << 20)
+                if not chunk:
+                    break
+                f_out.write(chunk)
+        with fs.open(posixpath.join(root, "objects.pkl"), "wb") as f:
+            f.write(cloudpickle.dumps({"custom_objects": inst.getOrDefault("custom_objects")}))
+
+
+class TransformerReader(MLReader):
+    def __init__(self, cls):
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str):
+        metadata = DefaultParamsReader.loadMetadata(path, self.sc)
+        inst = self.cls()
+        inst._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(inst, metadata)
+        fs, root = _fs(path)
+        with fs.open(posixpath.join(root, "objects.pkl"), "rb") as f:
+            objects = cloudpickle.loads(f.read())
+        model_url = fs.unstrip_protocol(posixpath.join(root, "model.keras"))
+        inst._set(model_url=model_url, storage_options={})
+        if objects.get("custom_objects"):
+            inst._set(custom_objects=objects["custom_objects"])
+        return inst

@@ -1,0 +1,116 @@
+"""Plain descriptions of a model's inputs and outputs and of the columns that feed them.
+
+Pure functions (no Spark, no TensorFlow): the checks of column shapes against the model,
+the assignment of Parquet files to ranks, and steps per epoch.
+"""
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output: its shape without the batch axis, and dtype name."""
+
+    name: str
+    shape: Tuple[Optional[int], ...]
+    dtype: str
+
+    @property
+    def elements(self) -> Optional[int]:
+        if any(d is None for d in self.shape):
+            return None
+        return int(math.prod(self.shape)) if self.shape else 1
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TensorSpec":
+        return cls(d["name"], tuple(d["shape"]), d["dtype"])
+
+
+@dataclass(frozen=True)
+class ColumnInfo:
+    """How a DataFrame column is stored: kind 'scalar' | 'array' | 'vector', and its element type."""
+
+    name: str
+    kind: str
+    element_type: str
+    is_integer: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_feature_lengths(col: str, spec: TensorSpec, min_len: Optional[int], max_len: Optional[int],
+                          kind: str) -> None:
+    """Raises ValueError when a feature column's rows do not fill the model input ``spec``."""
+    expected = spec.elements
+    if kind == "scalar":
+        if expected is not None and expected != 1:
+            raise ValueError(f"Model input '{spec.name}' expects {expected} values per row (shape "
+                             f"{_shape(spec.shape)}); column '{col}' is a scalar column with 1 value per row. "
+                             "Use an array or Vector column, or assemble columns with VectorAssembler.")
+        return
+    if min_len != max_len:
+        raise ValueError(f"Column '{col}' has ragged arrays: rows have between {min_len} and {max_len} values. "
+                         f"Model input '{spec.name}' expects {expected if expected is not None else 'a fixed number of'} "
+                         "values in every row.")
+    if expected is not None and min_len != expected:
+        raise ValueError(f"Model input '{spec.name}' expects {expected} values per row (shape {_shape(spec.shape)}); "
+                         f"column '{col}' has rows of length {min_len}.")
+
+
+def check_label_lengths(col: str, spec: TensorSpec, min_len: Optional[int], max_len: Optional[int],
+                        kind: str) -> None:
+    """Labels must hold one value per row (a class index or a scalar) or as many as the output."""
+    n = 1 if kind == "scalar" else min_len
+    if kind != "scalar" and min_len != max_len:
+        raise ValueError(f"Label column '{col}' has ragged arrays: rows have between {min_len} and {max_len} values.")
+    expected = spec.elements
+    if expected is None or n == expected or n == 1:
+        return
+    raise ValueError(f"Model output '{spec.name}' has shape {_shape(spec.shape)} ({expected} values per row); "
+                     f"label column '{col}' has {n} values per row. Expected 1 (a class index or a scalar) "
+                     f"or {expected}.")
+
+
+def _shape(shape) -> str:
+    return "(None, " + ", ".join("None" if d is None else str(d) for d in shape) + ")" if shape else "(None,)"
+
+
+def assign_files(files: Sequence[Tuple[str, int]], num_proc: int) -> Tuple[List[List[str]], List[int]]:
+    """Spreads Parquet files over ranks, balancing rows (largest file to the lightest rank).
+
+    A rank left without a file (fewer non-empty files than ranks) reads the smallest file
+    as well, so that every rank has data; the caller warns about it.
+
+    Returns:
+        (files per rank, rows per rank).
+    """
+    nonempty = sorted([(rows, path) for path, rows in files if rows > 0], key=lambda t: (-t[0], t[1]))
+    if not nonempty:
+        raise ValueError("assign_files needs at least one non-empty file.")
+    per_rank: List[List[str]] = [[] for _ in range(num_proc)]
+    load = [0] * num_proc
+    for rows, path in nonempty:
+        r = min(range(num_proc), key=lambda i: (load[i], i))
+        per_rank[r].append(path)
+        load[r] += rows
+    smallest_rows, smallest = nonempty[-1]
+    for r in range(num_proc):
+        if not per_rank[r]:
+            per_rank[r].append(smallest)
+            load[r] += smallest_rows
+    return per_rank, load
+
+
+def steps_per_epoch(rows: int, batch_size: int, num_proc: int) -> int:
+    """Steps every rank runs per epoch so that, together, the ranks see each row about once."""
+    return max(1, math.ceil(rows / (batch_size * num_proc)))
+
+
+def specs_to_dicts(specs: Sequence[TensorSpec]) -> List[Dict]:
+    return [s.to_dict() for s in specs]

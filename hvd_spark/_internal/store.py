@@ -1,0 +1,224 @@
+"""Shared storage for materialized data, checkpoints, logs and models.
+
+A :class:`Store` is a prefix on a filesystem that every executor and the driver can reach:
+a local path (one machine, or a shared mount), ``file://``, ``hdfs://``, ``s3://`` ... through
+fsspec. It knows nothing about Spark.
+
+Layout under the prefix::
+
+    data/<dataset-key>/{train,val}/    Parquet files, and _hvd_spark_meta.json once complete
+    runs/<run_id>/run.json             what the run trains (model fingerprint, columns)
+    runs/<run_id>/checkpoints/         epoch-NNNN.keras + epoch-NNNN.json (the JSON marks it complete)
+    runs/<run_id>/logs/                TensorBoard event files
+    runs/<run_id>/model.keras          the final model
+"""
+
+import json
+import os
+import posixpath
+import re
+import tempfile
+import uuid
+from typing import Any, Dict, List, Optional, Tuple
+
+_CKPT = re.compile(r"^epoch-(\d{4,})\.json$")
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class Store:
+    """A location on shared storage.
+
+    Args:
+        prefix: a local path or a URL (``file://``, ``hdfs://``, ``s3://``, ...).
+        storage_options: keyword arguments for the fsspec filesystem (e.g. an S3 endpoint).
+
+    Example:
+        >>> store = Store("/tmp/hvd_spark_store")   # doctest: +SKIP
+        >>> est = HorovodEstimator(store=store, ...)  # doctest: +SKIP
+    """
+
+    def __init__(self, prefix: str, *, storage_options: Optional[Dict[str, Any]] = None):
+        if not isinstance(prefix, str) or not prefix.strip():
+            raise ValueError(f"store must be a non-empty path or URL. Received: {prefix!r}.")
+        import fsspec
+
+        self.storage_options = dict(storage_options or {})
+        if "://" not in prefix:
+            prefix = os.path.abspath(os.path.expanduser(prefix))
+        self.fs, self.root = fsspec.core.url_to_fs(prefix, **self.storage_options)
+        self.root = self.root.rstrip("/") or "/"
+        self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        self.prefix = prefix
+
+    @classmethod
+    def create(cls, store) -> "Store":
+        """A Store from a Store, a path or a URL."""
+        if isinstance(store, Store):
+            return store
+        if isinstance(store, (str, os.PathLike)):
+            return cls(os.fspath(store))
+        raise TypeError(f"store must be a path, a URL or a hvd_spark.Store. Received: {type(store).__name__}.")
+
+    def __repr__(self) -> str:
+        return f"Store({self.prefix!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Store) and other.to_config() == self.to_config()
+
+    def __hash__(self) -> int:
+        return hash(self.prefix)
+
+    # --- plain-data form, for workers and persistence ---
+    def to_config(self) -> Dict[str, Any]:
+        return {"prefix": self.prefix, "storage_options": self.storage_options}
+
+    @classmethod
+    def from_config(cls, config: Dict[str, Any]) -> "Store":
+        return cls(config["prefix"], storage_options=config.get("storage_options"))
+
+    # --- paths ---
+    def path(self, *parts: str) -> str:
+        return posixpath.join(self.root, *parts)
+
+    def url(self, path: str) -> str:
+        """A URL for ``path`` that Spark and Petastorm understand."""
+        return self.fs.unstrip_protocol(path)
+
+    def data_path(self, key: str) -> str:
+        return self.path("data", key)
+
+    def run_path(self, run_id: str) -> str:
+        validate_run_id(run_id)
+        return self.path("runs", run_id)
+
+    def checkpoints_path(self, run_id: str) -> str:
+        return posixpath.join(self.run_path(run_id), "checkpoints")
+
+    def logs_path(self, run_id: str) -> str:
+        return posixpath.join(self.run_path(run_id), "logs")
+
+    def model_path(self, run_id: str) -> str:
+        return posixpath.join(self.run_path(run_id), "model.keras")
+
+    # --- file operations ---
+    def exists(self, path: str) -> bool:
+        return self.fs.exists(path)
+
+    def makedirs(self, path: str) -> None:
+        self.fs.makedirs(path, exist_ok=True)
+
+    def read_bytes(self, path: str) -> bytes:
+        with self.fs.open(path, "rb") as f:
+            return f.read()
+
+    def read_json(self, path: str) -> Any:
+        return json.loads(self.read_bytes(path).decode())
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Writes ``data`` to ``path`` atomically: to a temporary name beside it, then a rename."""
+        parent = posixpath.dirname(path)
+        self.makedirs(parent)
+        tmp = posixpath.join(parent, f".tmp-{uuid.uuid4().hex}-{posixpath.basename(path)}")
+        with self.fs.open(tmp, "wb") as f:
+            f.write(data)
+        try:
+            self.fs.mv(tmp, path)
+        except Exception:
+            self.rm(tmp)
+            raise
+
+    def write_json(self, path: str, obj: Any) -> None:
+        self.write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+
+    def upload_file(self, local: str, path: str) -> None:
+        """Copies a local file to ``path`` atomically."""
+        parent = posixpath.dirname(path)
+        self.makedirs(parent)
+        tmp = posixpath.join(parent, f".tmp-{uuid.uuid4().hex}-{posixpath.basename(path)}")
+        self.fs.put_file(local, tmp)
+        try:
+            self.fs.mv(tmp, path)
+        except Exception:
+            self.rm(tmp)
+            raise
+
+    def download_file(self, path: str, local: str) -> str:
+        self.fs.get_file(path, local)
+        return local
+
+    def upload_dir(self, local_dir: str, path: str) -> None:
+        """Copies the files under a local folder to ``path`` (for TensorBoard logs)."""
+        for dirpath, _, files in os.walk(local_dir):
+            rel = os.path.relpath(dirpath, local_dir)
+            for name in files:
+                dest = posixpath.normpath(posixpath.join(path, rel.replace(os.sep, "/"), name))
+                self.makedirs(posixpath.dirname(dest))
+                self.fs.put_file(os.path.join(dirpath, name), dest)
+
+    def rm(self, path: str) -> None:
+        try:
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def rename(self, src: str, dst: str) -> None:
+        self.fs.mv(src, dst, recursive=True)
+
+    def listdir(self, path: str) -> List[str]:
+        try:
+            return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(path, detail=False))
+        except FileNotFoundError:
+            return []
+
+    def check_writable(self) -> None:
+        """Raises ValueError, leaving nothing behind, when the store cannot be written."""
+        probe = self.path(f".hvd_spark-probe-{uuid.uuid4().hex}")
+        try:
+            self.makedirs(self.root)
+            with self.fs.open(probe, "wb") as f:
+                f.write(b"ok")
+        except Exception as e:
+            raise ValueError(f"store must be writable by hvd_spark. Received: {self.prefix!r}, which failed "
+                             f"with {type(e).__name__}: {e}. Choose a path every executor can write.") from e
+        finally:
+            try:
+                self.fs.rm(probe)
+            except Exception:
+                pass
+
+    # --- checkpoints ---
+    def checkpoints(self, run_id: str) -> List[Tuple[int, str, str]]:
+        """Complete checkpoints of a run, oldest first: (epoch, model path, metadata path)."""
+        ckpt_dir = self.checkpoints_path(run_id)
+        names = set(self.listdir(ckpt_dir))
+        out = []
+        for name in names:
+            m = _CKPT.match(name)
+            if m and f"epoch-{m.group(1)}.keras" in names:
+                out.append((int(m.group(1)), posixpath.join(ckpt_dir, f"epoch-{m.group(1)}.keras"),
+                            posixpath.join(ckpt_dir, name)))
+        return sorted(out)
+
+    def latest_checkpoint(self, run_id: str) -> Optional[Tuple[int, str, str]]:
+        ckpts = self.checkpoints(run_id)
+        return ckpts[-1] if ckpts else None
+
+    def local_copy(self, path: str) -> str:
+        """Downloads ``path`` to a local temporary file (or returns it, on a local store)."""
+        if self.protocol in ("file", "local"):
+            return path
+        fd, local = tempfile.mkstemp(suffix=posixpath.basename(path))
+        os.close(fd)
+        return self.download_file(path, local)
+
+
+def checkpoint_names(epoch: int) -> Tuple[str, str]:
+    return f"epoch-{epoch:04d}.keras", f"epoch-{epoch:04d}.json"
+
+
+def validate_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        raise ValueError("run_id must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit. "
+                         f"Received: {run_id!r}.")
+    return run_id

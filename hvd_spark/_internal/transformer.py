@@ -1,0 +1,279 @@
+"""``TFTransformer``: batch prediction with a trained Keras model through a pandas UDF.
+
+The UDF is of the iterator form: each Python worker loads the model once (cached by model
+URL and version) and predicts whole Arrow batches, cut into ``batch_size`` chunks.
+"""
+
+import logging
+import os
+import tempfile
+import threading
+from typing import Any, Dict, Iterator, List, Optional
+
+import numpy as np
+import pandas as pd
+from pyspark.ml import Model
+from pyspark.ml.param import TypeConverters
+
+from hvd_spark._internal.params import ColumnParams, _param
+from hvd_spark._internal.specs import TensorSpec
+
+logger = logging.getLogger("hvd_spark")
+
+_MODEL_CACHE: Dict[str, Any] = {}
+_MODEL_LOCK = threading.Lock()
+
+
+def _load_cached(key: str, model_url: str, storage_options: Dict, custom_objects_bytes: Optional[bytes],
+                 num_threads: int):
+    """The model at ``model_url``, loaded once per Python worker and model version (``key``)."""
+    with _MODEL_LOCK:
+        model = _MODEL_CACHE.get(key)
+        if model is not None:
+            return model
+        import cloudpickle
+        import fsspec
+
+        from hvd_spark._internal.keras_hvd import set_threads
+        from hvd_spark._internal.serde import load_model_file
+
+        set_threads(num_threads)
+        custom_objects = cloudpickle.loads(custom_objects_bytes) if custom_objects_bytes else None
+        fs, path = fsspec.core.url_to_fs(model_url, **storage_options)
+        if fs.protocol in ("file", "local") or "file" in fs.protocol:
+            model = load_model_file(path, custom_objects=custom_objects, compile=False)
+        else:
+            with tempfile.TemporaryDirectory() as d:
+                local = os.path.join(d, "model.keras")
+                fs.get_file(path, local)
+                model = load_model_file(local, custom_objects=custom_objects, compile=False)
+        _MODEL_CACHE.clear()  # one model per worker at a time: older versions are dropped
+        _MODEL_CACHE[key] = model
+        return model
+
+
+def predict_batches(model, frames: Iterator[pd.DataFrame], inputs: List[TensorSpec], outputs: List[TensorSpec],
+                    feature_cols: List[str], output_cols: List[str], batch_size: int) -> Iterator:
+    """Pure batching: predicts each pandas batch in chunks and yields a Series (one output) or a DataFrame."""
+    from hvd_spark._internal.reader import to_model_inputs
+
+    for frame in frames:
+        n = len(frame)
+        for col in feature_cols:
+            nulls = int(frame[col].isna().sum())
+            if nulls:
+                raise ValueError(f"Feature column '{col}' has {nulls} null values in a batch of {n} rows; "
+                                 "transform() needs a value in every row.")
+        cols = [frame[c].to_numpy() for c in feature_cols]
+        preds: List[List[np.ndarray]] = [[] for _ in outputs]
+        for start in range(0, n, batch_size):
+            x = to_model_inputs([c[start:start + batch_size] for c in cols], inputs)
+            y = model.predict_on_batch(x)
+            ys = list(y.values()) if isinstance(y, dict) else (list(y) if isinstance(y, (list, tuple)) else [y])
+            for i, out in enumerate(ys):
+                preds[i].append(np.asarray(out))
+        columns = {}
+        for name, spec, parts in zip(output_cols, outputs, preds):
+            arr = np.concatenate(parts) if parts else np.zeros((0,) + tuple(d or 0 for d in spec.shape))
+            arr = arr.reshape(n, -1).astype(np.float64)
+            columns[name] = pd.Series(list(arr)) if not _is_scalar(spec) else pd.Series(arr[:, 0])
+        if len(output_cols) == 1:
+            yield columns[output_cols[0]]
+        else:
+            yield pd.DataFrame(columns)
+
+
+def _is_scalar(spec: TensorSpec) -> bool:
+    return spec.elements == 1
+
+
+class TFTransformer(Model, ColumnParams):
+    """Adds a trained Keras model's predictions to a DataFrame.
+
+    Returned by :meth:`HorovodEstimator.fit`; also loadable with ``TFTransformer.load(path)``.
+    Output columns are ``double`` for a single-value output and ``array<double>`` otherwise
+    (higher-rank outputs are flattened, row-major).
+
+    Example:
+        >>> model = estimator.fit(train_df)            # doctest: +SKIP
+        >>> model.transform(test_df).select("label", "label__output").show()   # doctest: +SKIP
+        >>> model.getHistory()["val_accuracy"]           # doctest: +SKIP
+    """
+
+    model_url = _param("model_url", "URL of the trained model (.keras) on shared storage.", TypeConverters.toString)
+    storage_options = _param("storage_options", "fsspec options to read model_url.")
+    input_specs = _param("input_specs", "The model's inputs: shape (without batch axis) and dtype.")
+    output_specs = _param("output_specs", "The model's outputs: shape (without batch axis) and dtype.")
+    history = _param("history", "Training history: metric name -> value per epoch.")
+    run_id = _param("run_id", "The training run that produced the model.", TypeConverters.toString)
+    batch_size = _param("batch_size", "Rows per model call during transform.", TypeConverters.toInt)
+    custom_objects = _param("custom_objects", "Custom Keras objects needed to load the model.")
+
+    def __init__(self, *, model_url: Optional[str] = None, feature_cols=None, label_cols=None, output_cols=None,
+                 input_specs=None, output_specs=None, history=None, run_id=None, batch_size: int = 1024,
+                 custom_objects=None, storage_options=None):
+        super().__init__()
+        self._setDefault(batch_size=1024, history={}, storage_options={}, custom_objects=None, output_cols=None,
+                         label_cols=None)
+        kwargs = {k: v for k, v in dict(model_url=model_url, feature_cols=feature_cols, label_cols=label_cols,
+                                        output_cols=output_cols, input_specs=input_specs, output_specs=output_specs,
+                                        history=history, run_id=run_id, batch_size=batch_size,
+                                        custom_objects=custom_objects, storage_options=storage_options).items()
+                  if v is not None}
+        self._set(**kwargs)
+        self._keras_model = None
+
+    # --- getters ---
+    def getHistory(self) -> Dict[str, List[float]]:
+        """Metric name -> list of per-epoch values (train and ``val_`` metrics), averaged over ranks."""
+        return dict(self.getOrDefault(self.history) or {})
+
+    def getModelUrl(self) -> str:
+        return self.getOrDefault(self.model_url)
+
+    def getRunId(self) -> Optional[str]:
+        return self.getOrDefault(self.run_id) if self.isDefined(self.run_id) else None
+
+    def _inputs(self) -> List[TensorSpec]:
+        return [TensorSpec.from_dict(d) for d in self.getOrDefault(self.input_specs)]
+
+    def _outputs(self) -> List[TensorSpec]:
+        return [TensorSpec.from_dict(d) for d in self.getOrDefault(self.output_specs)]
+
+    def getModel(self):
+        """The trained model as a Keras model (loaded on the driver, once)."""
+        if self._keras_model is None:
+            import cloudpickle
+
+            co = self.getOrDefault(self.custom_objects)
+            self._keras_model = _load_uncached(self.getModelUrl(), self.getOrDefault(self.storage_options),
+                                               cloudpickle.dumps(co) if co else None)
+        return self._keras_model
+
+    def save_keras(self, path: str) -> str:
+        """Writes the model as a ``.keras`` file (loadable with ``keras.models.load_model``)."""
+        if not str(path).endswith(".keras"):
+            raise ValueError(f"path must end with '.keras'. Received: {path!r}.")
+        self.getModel().save(path)
+        return path
+
+    def export_saved_model(self, path: str) -> str:
+        """Exports a TensorFlow SavedModel for serving (TF Serving, ``tf.saved_model.load``)."""
+        self.getModel().export(path, format="tf_saved_model", verbose=False)
+        return path
+
+    # --- Spark ---
+    def _output_type(self):
+        from pyspark.sql import types as T
+
+        outs = self._outputs()
+        types = [T.DoubleType() if _is_scalar(s) else T.ArrayType(T.DoubleType(), containsNull=False) for s in outs]
+        if len(outs) == 1:
+            return types[0]
+        return T.StructType([T.StructField(n, t, False) for n, t in zip(self.getOutputCols(), types)])
+
+    def _check_columns(self, df) -> None:
+        from hvd_spark._internal.data import column_info
+
+        features = self.getFeatureCols()
+        if not features:
+            raise ValueError("TFTransformer needs feature_cols. Received: none.")
+        for c in features:
+            column_info(df, c, "feature")
+        clash = [c for c in self.getOutputCols() if c in df.columns]
+        if clash:
+            raise ValueError(f"Output columns {clash} already exist in the DataFrame. Set output_cols to new names "
+                             "or drop those columns first.")
+        if len(self.getOutputCols()) != len(self._outputs()):
+            raise ValueError(f"output_cols must name one column per model output ({len(self._outputs())}). "
+                             f"Received: {self.getOutputCols()}.")
+
+    def _transform(self, dataset):
+        from pyspark.ml.functions import vector_to_array
+        from pyspark.sql import functions as F
+        from pyspark.sql.functions import pandas_udf
+
+        from hvd_spark._internal.data import column_info
+
+        self._check_columns(dataset)
+        import cloudpickle
+
+        feature_cols = self.getFeatureCols()
+        output_cols = self.getOutputCols()
+        inputs, outputs = self._inputs(), self._outputs()
+        url, opts = self.getModelUrl(), dict(self.getOrDefault(self.storage_options) or {})
+        co = self.getOrDefault(self.custom_objects)
+        co_bytes = cloudpickle.dumps(co) if co else None
+        batch_size = int(self.getOrDefault(self.batch_size))
+        num_threads = int(dataset.sparkSession.sparkContext.getConf().get("spark.task.cpus", "1"))
+        names = [f"_f{i}" for i in range(len(feature_cols))]
+        key = _model_version(url, opts)
+
+        def predict(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
+            model = _load_cached(key, url, opts, co_bytes, num_threads)
+            renamed = (f.set_axis(feature_cols, axis=1) for f in frames)
+            yield from predict_batches(model, renamed, inputs, outputs, feature_cols, output_cols, batch_size)
+
+        udf = pandas_udf(predict, returnType=self._output_type())
+        args = []
+        for c, n in zip(feature_cols, names):
+            info = column_info(dataset, c, "feature")
+            col = vector_to_array(F.col(c), "float32") if info.kind == "vector" else F.col(c)
+            args.append(col.alias(n))
+        packed = F.struct(*args)
+        if len(output_cols) == 1:
+            return dataset.withColumn(output_cols[0], udf(packed))
+        tmp = "__hvd_spark_pred"
+        out = dataset.withColumn(tmp, udf(packed))
+        return out.select("*", *[F.col(f"{tmp}.{c}").alias(c) for c in output_cols]).drop(tmp)
+
+    # --- persistence ---
+    @classmethod
+    def read(cls):
+        from hvd_spark._internal.persistence import TransformerReader
+
+        return TransformerReader(cls)
+
+    def write(self):
+        from hvd_spark._internal.persistence import TransformerWriter
+
+        return TransformerWriter(self)
+
+    def save(self, path: str) -> None:
+        self.write().save(path)
+
+    @classmethod
+    def load(cls, path: str) -> "TFTransformer":
+        return cls.read().load(path)
+
+    def copy(self, extra=None):
+        that = super().copy(extra)
+        that._keras_model = self._keras_model
+        return that
+
+
+def _model_version(url: str, opts: Dict) -> str:
+    """A cache key that changes when the model file is replaced."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url, **(opts or {}))
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        raise ValueError(f"The model file {url} does not exist (was the store or the saved transformer moved?).") \
+            from None
+    return f"{url}#{info.get('size')}#{info.get('mtime') or info.get('LastModified') or info.get('created')}"
+
+
+def _load_uncached(url, opts, co_bytes):
+    import cloudpickle
+    import fsspec
+
+    from hvd_spark._internal.serde import load_model_file
+
+    custom_objects = cloudpickle.loads(co_bytes) if co_bytes else None
+    fs, path = fsspec.core.url_to_fs(url, **(opts or {}))
+    with tempfile.TemporaryDirectory() as d:
+        local = os.path.join(d, "model.keras")
+        fs.get_file(path, local)
+        return load_model_file(local, custom_objects=custom_objects, compile=True)

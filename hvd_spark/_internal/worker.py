@@ -1,0 +1,197 @@
+"""What each rank runs during ``HorovodEstimator.fit``: Keras 3 ``model.fit`` with Horovod.
+
+The launcher calls :func:`train` with one plain-data config; this module never imports pyspark.
+"""
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from typing import Dict, List
+
+import keras
+
+logger = logging.getLogger("hvd_spark.worker")
+
+
+def _weights_digest(model) -> str:
+    import numpy as np
+
+    h = hashlib.sha256()
+    for v in model.weights:
+        h.update(np.ascontiguousarray(np.asarray(v)).tobytes())
+    return h.hexdigest()
+
+
+def _build_model(cfg: Dict, custom_objects):
+    """The model to train: the latest checkpoint when resuming, else the user's model (compiled)."""
+    from hvd_spark._internal.serde import load_model_file, loads_keras_obj, model_from_bytes
+    from hvd_spark._internal.store import Store
+
+    if cfg["resume_ckpt"]:
+        store = Store.from_config(cfg["store"])
+        local = store.local_copy(cfg["resume_ckpt"])
+        # Weights, optimizer state (its step counter included) and compile config, as saved.
+        return load_model_file(local, custom_objects=custom_objects, compile=True)
+    model = model_from_bytes(cfg["model_bytes"], custom_objects=custom_objects, compile=True)
+    comp = cfg["compile"]
+    if any(comp.get(k) is not None for k in ("optimizer", "loss", "metrics", "loss_weights")) or \
+            not getattr(model, "compiled", False):
+        optimizer = loads_keras_obj(comp["optimizer"], custom_objects) if comp.get("optimizer") else None
+        if isinstance(optimizer, str):
+            optimizer = keras.optimizers.get(optimizer)
+        loss = loads_keras_obj(comp["loss"], custom_objects) if comp.get("loss") else None
+        metrics = loads_keras_obj(comp["metrics"], custom_objects) if comp.get("metrics") else None
+        weights = comp.get("loss_weights")
+        model.compile(optimizer=optimizer or model.optimizer, loss=loss or model.loss,
+                      metrics=metrics if metrics is not None else _compiled_metrics(model),
+                      loss_weights=weights if weights is not None else getattr(model, "loss_weights", None))
+    return model
+
+
+def _compiled_metrics(model):
+    cfg = model.get_compile_config() if hasattr(model, "get_compile_config") else None
+    return (cfg or {}).get("metrics")
+
+
+def train(cfg: Dict) -> Dict:
+    """Trains on this rank's files; returns the final weights' digest (and, on rank 0, the history)."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    import cloudpickle
+    import horovod.tensorflow as hvd
+
+    from hvd_spark._internal.keras_hvd import set_threads
+
+    hvd.init()
+    set_threads(cfg["num_threads"])
+
+    from hvd_spark._internal.events import send_event
+    from hvd_spark._internal.keras_hvd import (BroadcastStateCallback, EventCallback, MetricAverageCallback,
+                                               make_distributed)
+    from hvd_spark._internal.reader import rank_dataset
+    from hvd_spark._internal.specs import ColumnInfo, TensorSpec
+    from hvd_spark._internal.store import Store
+
+    rank, size = hvd.rank(), hvd.size()
+    keras.utils.set_random_seed(cfg["seed"])
+    custom_objects = cloudpickle.loads(cfg["custom_objects"]) if cfg["custom_objects"] else None
+    model = _build_model(cfg, custom_objects)
+    make_distributed(model.optimizer)
+
+    features = [ColumnInfo(**c) for c in cfg["features"]]
+    labels = [ColumnInfo(**c) for c in cfg["labels"]]
+    weight = ColumnInfo(**cfg["weight"]) if cfg["weight"] else None
+    inputs = [TensorSpec.from_dict(d) for d in cfg["inputs"]]
+    outputs = [TensorSpec.from_dict(d) for d in cfg["outputs"]]
+    data_kw = dict(features=features, labels=labels, weight=weight, inputs=inputs, outputs=outputs)
+
+    user_callbacks = cloudpickle.loads(cfg["callbacks"]) if cfg["callbacks"] else []
+    callbacks: List = [BroadcastStateCallback(), MetricAverageCallback(), *user_callbacks]
+    tmp = tempfile.mkdtemp(prefix="hvd_spark-rank-")
+    store = Store.from_config(cfg["store"])
+    if rank == 0:
+        callbacks.append(_CheckpointCallback(store, cfg["run_id"], cfg["history_so_far"], tmp))
+        callbacks.append(_tensorboard(store, cfg["run_id"], tmp))
+        callbacks.append(EventCallback(cfg["epochs"], send_event))
+    try:
+        with rank_dataset(cfg["train_files"][rank], batch_size=cfg["batch_size"], shuffle=cfg["shuffle"],
+                          shuffle_buffer_size=cfg["shuffle_buffer_size"], seed=cfg["seed"] + 1000 * rank,
+                          **data_kw) as train_ds, \
+                _maybe_val(cfg, rank, data_kw) as val_ds:
+            send_event({"kind": "start", "rank": rank, "initial_epoch": cfg["initial_epoch"]}) if rank == 0 else None
+            t0 = time.time()
+            model.fit(train_ds, epochs=cfg["epochs"], initial_epoch=cfg["initial_epoch"],
+                      steps_per_epoch=cfg["steps_per_epoch"], validation_data=val_ds,
+                      validation_steps=cfg["validation_steps"] if val_ds is not None else None,
+                      callbacks=callbacks, verbose=2 if (cfg["verbose"] >= 2 and rank == 0) else 0)
+            train_seconds = time.time() - t0
+        result = {"rank": rank, "size": size, "weights_digest": _weights_digest(model),
+                  "iterations": int(model.optimizer.iterations.numpy()), "train_seconds": train_seconds}
+        if rank == 0:
+            from hvd_spark._internal.keras_hvd import plain_class
+
+            final = os.path.join(tmp, "model.keras")
+            with plain_class(model.optimizer):
+                model.save(final)
+            store.upload_file(final, store.model_path(cfg["run_id"]))
+            ckpt_cb = next(c for c in callbacks if isinstance(c, _CheckpointCallback))
+            result["epoch_logs"] = ckpt_cb.history
+        return result
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _NullContext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _maybe_val(cfg, rank, data_kw):
+    from hvd_spark._internal.reader import rank_dataset
+
+    if not cfg["val_files"]:
+        return _NullContext()
+    return rank_dataset(cfg["val_files"][rank], batch_size=cfg["val_batch_size"], shuffle=False,
+                        shuffle_buffer_size=1, seed=cfg["seed"], **data_kw)
+
+
+def _tensorboard(store, run_id: str, tmp: str):
+    class _TB(keras.callbacks.TensorBoard):
+        """TensorBoard logs written locally and copied to the run's logs folder after each epoch."""
+
+        def on_epoch_end(self, epoch, logs=None):
+            super().on_epoch_end(epoch, logs)
+            for w in self._writers.values() if hasattr(self, "_writers") else []:
+                w.flush()
+            store.upload_dir(local, store.logs_path(run_id))
+
+        def on_train_end(self, logs=None):
+            super().on_train_end(logs)
+            store.upload_dir(local, store.logs_path(run_id))
+
+    local = os.path.join(tmp, "logs")
+    return _TB(log_dir=local, write_graph=False, profile_batch=0, update_freq="epoch")
+
+
+class _CheckpointCallback(keras.callbacks.Callback):
+    """Rank 0: after each epoch, the model (weights, optimizer state, epoch, metrics) to the store.
+
+    The ``.keras`` file is uploaded first and the ``.json`` after it, each atomically; a
+    checkpoint counts as complete once its JSON exists.
+    """
+
+    def __init__(self, store, run_id: str, history_so_far: List[Dict], tmp: str):
+        super().__init__()
+        self.store, self.run_id, self.tmp = store, run_id, tmp
+        self.history: List[Dict] = [dict(h) for h in history_so_far]
+
+    def on_epoch_end(self, epoch, logs=None):
+        from hvd_spark._internal.keras_hvd import plain_class
+        from hvd_spark._internal.store import checkpoint_names
+
+        logs = {k: float(v) for k, v in (logs or {}).items() if _number(v)}
+        self.history = self.history[:epoch] + [logs]
+        model_name, meta_name = checkpoint_names(epoch + 1)
+        local = os.path.join(self.tmp, model_name)
+        with plain_class(self.model.optimizer):
+            self.model.save(local)
+        ckpt_dir = self.store.checkpoints_path(self.run_id)
+        self.store.upload_file(local, f"{ckpt_dir}/{model_name}")
+        self.store.write_json(f"{ckpt_dir}/{meta_name}", {"epoch": epoch + 1, "logs": logs, "history": self.history,
+                                                          "time": time.time()})
+        os.remove(local)
+
+
+def _number(v) -> bool:
+    try:
+        float(v)
+        return True
+    except (TypeError, ValueError):
+        return False
