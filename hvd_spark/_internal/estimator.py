@@ -8,6 +8,7 @@ from typing import Dict, List
 import cloudpickle
 from pyspark import keyword_only
 from pyspark.ml import Estimator
+from pyspark.ml.util import MLReadable, MLWritable
 
 from hvd_spark._internal import data as data_mod
 from hvd_spark._internal.params import EstimatorParams
@@ -19,7 +20,7 @@ from hvd_spark.errors import HvdSparkError
 logger = logging.getLogger("hvd_spark")
 
 
-class HorovodEstimator(Estimator, EstimatorParams):
+class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     """Trains a Keras 3 model on a DataFrame with data-parallel synchronous SGD over Horovod.
 
     ``fit(df)`` checks the DataFrame against the model, writes the needed columns to Parquet in

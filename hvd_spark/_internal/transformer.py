@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from pyspark.ml import Model
 from pyspark.ml.param import TypeConverters
+from pyspark.ml.util import MLReadable, MLWritable
 
 from hvd_spark._internal.params import ColumnParams, _param
 from hvd_spark._internal.specs import TensorSpec
@@ -87,7 +88,7 @@ def _is_scalar(spec: TensorSpec) -> bool:
     return spec.elements == 1
 
 
-class TFTransformer(Model, ColumnParams):
+class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
     """Adds a trained Keras model's predictions to a DataFrame.
 
     Returned by :meth:`HorovodEstimator.fit`; also loadable with ``TFTransformer.load(path)``.
@@ -170,7 +171,7 @@ class TFTransformer(Model, ColumnParams):
         types = [T.DoubleType() if _is_scalar(s) else T.ArrayType(T.DoubleType(), containsNull=False) for s in outs]
         if len(outs) == 1:
             return types[0]
-        return T.StructType([T.StructField(n, t, False) for n, t in zip(self.getOutputCols(), types)])
+        return T.StructType([T.StructField(n, t, True) for n, t in zip(self.getOutputCols(), types)])
 
     def _check_columns(self, df) -> None:
         from hvd_spark._internal.data import column_info

@@ -1,0 +1,263 @@
+"""HorovodEstimator / TFTransformer end to end: real Spark, 2 Horovod ranks over Gloo, real Parquet and checkpoints."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+import hvd_spark
+from hvd_spark import HorovodEstimator, Store, TFTransformer
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+from digits import digits_frames, digits_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def digits(spark):
+    train, test = digits_frames(spark)
+    return train.cache(), test.cache()
+
+
+@pytest.fixture(scope="module")
+def fitted(digits, tmp_path_factory):
+    """One real 2-rank training on digits, shared by the tests that only read its result."""
+    store = str(tmp_path_factory.mktemp("store"))
+    est = HorovodEstimator(num_proc=2, store=store, model=digits_model(),
+                           optimizer=keras.optimizers.Adam(learning_rate=0.002),
+                           loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                           feature_cols=["features"], label_cols=["label"], validation=0.1, batch_size=32,
+                           epochs=10, random_seed=1, run_id="digits")
+    model = est.fit(digits[0])
+    return est, model, store
+
+
+def _probs(df, col="label__output"):
+    return np.stack(df.select(col).toPandas()[col].to_numpy())
+
+
+def test_digits_accuracy_history_and_identical_weights(fitted, digits):
+    est, model, store = fitted
+    scored = model.transform(digits[1]).select("label", "label__output").toPandas()
+    probs = np.stack(scored["label__output"].to_numpy())
+    assert probs.shape == (len(scored), 10)
+    accuracy = (probs.argmax(1) == scored["label"].to_numpy()).mean()
+    assert accuracy >= 0.95, f"held-out accuracy {accuracy:.3f}"
+    history = model.getHistory()
+    assert len(history["loss"]) == 10 and len(history["val_accuracy"]) == 10
+    assert history["loss"][-1] < history["loss"][0]
+    # Both ranks trained on different files and ended with bit-identical weights.
+    results = est._last_fit["results"]
+    assert len({r["weights_digest"] for r in results}) == 1
+    assert [r["rank"] for r in results] == [0, 1]
+    # Input columns are kept; the output column is array<double>.
+    out = model.transform(digits[1])
+    assert out.columns == ["features", "label", "label__output"]
+    assert out.schema["label__output"].dataType.simpleString() == "array<double>"
+    # Ten checkpoints, each complete, and TensorBoard logs, in the run directory.
+    s = Store(store)
+    assert [c[0] for c in s.checkpoints("digits")] == list(range(1, 11))
+    assert s.exists(s.model_path("digits")) and s.listdir(s.logs_path("digits"))
+
+
+def test_transform_matches_keras_predict(fitted, digits):
+    _, model, _ = fitted
+    rows = digits[1].toPandas()
+    x = np.stack(rows["features"].to_numpy()).reshape(-1, 8, 8, 1)
+    expected = model.getModel().predict(x, verbose=0)
+    got = _probs(model.transform(digits[1]))
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_transformer_save_load_and_exports(fitted, digits, tmp_path):
+    _, model, _ = fitted
+    before = _probs(model.transform(digits[1]))
+    model.save(str(tmp_path / "tf_transformer"))
+    loaded = TFTransformer.load(str(tmp_path / "tf_transformer"))
+    np.testing.assert_array_equal(_probs(loaded.transform(digits[1])), before)
+    assert loaded.getHistory() == model.getHistory()
+    assert loaded.getFeatureCols() == ["features"] and loaded.getOutputCols() == ["label__output"]
+
+    x = np.stack(digits[1].limit(16).toPandas()["features"].to_numpy()).reshape(-1, 8, 8, 1).astype("float32")
+    keras_path = model.save_keras(str(tmp_path / "m.keras"))
+    np.testing.assert_allclose(keras.models.load_model(keras_path).predict(x, verbose=0), before[:16], atol=1e-5)
+    import tensorflow as tf
+
+    saved = tf.saved_model.load(model.export_saved_model(str(tmp_path / "saved_model")))
+    np.testing.assert_allclose(saved.serve(tf.constant(x)).numpy(), before[:16], atol=1e-5)
+
+
+def test_checkpoint_loads_in_fresh_process_and_continues_training(fitted, tmp_path):
+    """A checkpoint written with the distributed optimizer loads anywhere, step counter intact."""
+    _, _, store = fitted
+    s = Store(store)
+    epoch, ckpt, _ = s.latest_checkpoint("digits")
+    script = textwrap.dedent(f"""
+        import keras, numpy as np
+        m = keras.models.load_model({ckpt!r})
+        before = int(m.optimizer.iterations.numpy())
+        m.fit(np.zeros((8, 8, 8, 1), "float32"), np.zeros(8, "int64"), batch_size=8, epochs=1, verbose=0)
+        print("ITER", type(m.optimizer).__name__, before, int(m.optimizer.iterations.numpy()))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("ITER")]
+    assert line, out.stderr[-3000:]
+    _, cls, before, after = line[0].split()
+    assert cls == "Adam" and int(before) > 0 and int(after) == int(before) + 1
+
+
+def test_streaming_transform(fitted, digits, spark, tmp_path):
+    _, model, _ = fitted
+    src = str(tmp_path / "stream_in")
+    digits[1].write.parquet(src)
+    stream = spark.readStream.schema(digits[1].schema).parquet(src)
+    query = (model.transform(stream).writeStream.format("memory").queryName("digits_scored")
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(240)
+    streamed = spark.sql("select * from digits_scored").toPandas().sort_values("label", kind="stable")
+    batch = model.transform(spark.read.parquet(src)).toPandas().sort_values("label", kind="stable")
+    assert len(streamed) == len(batch) == digits[1].count()
+    key = lambda df: sorted(tuple(np.round(p, 5)) for p in df["label__output"])  # noqa: E731
+    assert key(streamed) == key(batch)
+
+
+def _xor_frame(spark, n, partitions=2, seed=0):
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, size=(n, 2)).astype("float32")
+    y = ((x[:, 0] * x[:, 1]) > 0).astype("int64")
+    pdf = pd.DataFrame({"x": list(x), "y": y, "x0": x[:, 0].astype("float64"), "w": np.ones(n)})
+    return spark.createDataFrame(pdf).repartition(partitions)
+
+
+def _small_model():
+    inputs = keras.Input(shape=(2,))
+    h = keras.layers.Dense(8, activation="tanh")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(h))
+
+
+def test_resume_counts_epochs_exactly(spark, tmp_path):
+    df = _xor_frame(spark, 256)
+    store = str(tmp_path / "store")
+    model = _small_model()
+    kw = dict(num_proc=2, store=store, model=model, optimizer=keras.optimizers.SGD(learning_rate=0.05),
+              loss="binary_crossentropy", metrics=["accuracy"], feature_cols=["x"], label_cols=["y"],
+              batch_size=16, run_id="resume-me", validation=0.25)
+    first = HorovodEstimator(epochs=2, **kw)
+    m2 = first.fit(df)
+    steps = first._last_fit["steps_per_epoch"]
+    assert len(m2.getHistory()["loss"]) == 2
+    assert first._last_fit["results"][0]["iterations"] == 2 * steps
+
+    second = HorovodEstimator(epochs=5, **kw)
+    m5 = second.fit(df)
+    history = m5.getHistory()
+    assert len(history["loss"]) == 5 and len(history["val_loss"]) == 5
+    assert history["loss"][:2] == m2.getHistory()["loss"]          # the first two epochs are kept, not redone
+    assert second._last_fit["results"][0]["iterations"] == 5 * steps  # optimizer step counter continued
+    assert [c[0] for c in Store(store).checkpoints("resume-me")] == [1, 2, 3, 4, 5]
+    lr = float(m5.getModel().optimizer.learning_rate.numpy())
+    assert abs(lr - 0.05) < 1e-7                                    # never scaled, let alone twice
+
+    # A finished run returns its model without training again.
+    third = HorovodEstimator(epochs=5, **kw)
+    m5b = third.fit(df)
+    assert not hasattr(third, "_last_fit") and m5b.getHistory() == history
+
+    # A different model in the same run_id is refused before any work.
+    other = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3), keras.layers.Dense(1, activation="sigmoid")])
+    with pytest.raises(ValueError, match="run_id 'resume-me' .* holds a different model"):
+        HorovodEstimator(epochs=6, **dict(kw, model=other)).fit(df)
+
+
+@pytest.mark.parametrize("rows,partitions", [(7, 1), (7, 2), (1, 1)])
+def test_uneven_and_tiny_data_finish(spark, tmp_path, rows, partitions):
+    df = _xor_frame(spark, rows, partitions=partitions, seed=rows)
+    est = HorovodEstimator(num_proc=2, store=str(tmp_path), model=_small_model(), optimizer="sgd",
+                           loss="binary_crossentropy", feature_cols=["x"], label_cols=["y"], batch_size=4, epochs=2)
+    model = est.fit(df)
+    assert len(model.getHistory()["loss"]) == 2
+    assert len({r["weights_digest"] for r in est._last_fit["results"]}) == 1
+    out = model.transform(df).toPandas()
+    assert len(out) == rows and out["y__output"].between(0, 1).all()
+
+
+def test_multi_input_multi_output_with_sample_weights(spark, tmp_path):
+    df = _xor_frame(spark, 128)
+    a = keras.Input(shape=(2,), name="a")
+    b = keras.Input(shape=(1,), name="b")
+    h = keras.layers.Dense(8, activation="tanh")(keras.layers.Concatenate()([a, b]))
+    cls = keras.layers.Dense(1, activation="sigmoid", name="cls")(h)
+    reg = keras.layers.Dense(2, name="reg")(h)
+    model = keras.Model([a, b], [cls, reg])
+    est = HorovodEstimator(num_proc=2, store=str(tmp_path), model=model, optimizer="adam",
+                           loss=["binary_crossentropy", "mse"], loss_weights=[1.0, 0.5],
+                           feature_cols=["x", "x0"], label_cols=["y", "x"], sample_weight_col="w",
+                           output_cols=["p_cls", "p_reg"], batch_size=16, epochs=2)
+    fitted = est.fit(df)
+    out = fitted.transform(df)
+    assert out.schema["p_cls"].dataType.simpleString() == "double"
+    assert out.schema["p_reg"].dataType.simpleString() == "array<double>"
+    pdf = out.toPandas()
+    assert pdf["p_reg"].map(len).eq(2).all() and pdf["p_cls"].between(0, 1).all()
+    assert len({r["weights_digest"] for r in est._last_fit["results"]}) == 1
+
+
+def test_pipeline_with_vector_assembler_save_load(spark, tmp_path):
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.feature import VectorAssembler
+
+    df = _xor_frame(spark, 128).selectExpr("x[0] as a", "x[1] as b", "y")
+    est = HorovodEstimator(num_proc=2, store=str(tmp_path / "store"), model=_small_model(),
+                           optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
+                           feature_cols=["features"], label_cols=["y"], batch_size=16, epochs=2)
+    pipeline = Pipeline(stages=[VectorAssembler(inputCols=["a", "b"], outputCol="features"), est])
+    fitted = pipeline.fit(df)
+    before = fitted.transform(df).select("y__output").toPandas()["y__output"].to_numpy()
+    fitted.save(str(tmp_path / "pipeline_model"))
+    loaded = PipelineModel.load(str(tmp_path / "pipeline_model"))
+    after = loaded.transform(df).select("y__output").toPandas()["y__output"].to_numpy()
+    np.testing.assert_array_equal(before, after)
+
+    # The estimator saves, loads, and the loaded one fits again.
+    est.save(str(tmp_path / "estimator"))
+    est2 = HorovodEstimator.load(str(tmp_path / "estimator"))
+    assert est2.getOrDefault("epochs") == 2 and est2.getOrDefault("feature_cols") == ["features"]
+    assert isinstance(est2.getOrDefault("store"), Store)
+    refit = Pipeline(stages=[VectorAssembler(inputCols=["a", "b"], outputCol="features"), est2]).fit(df)
+    assert len(refit.stages[-1].getHistory()["loss"]) == 2
+
+
+def averaging_job(distributed):
+    """Two ranks, different data and different initial weights; rank 0's weights are broadcast."""
+    import horovod.tensorflow as hvd
+    import keras
+    import numpy as np
+
+    from hvd_spark._internal.keras_hvd import BroadcastStateCallback, make_distributed
+
+    hvd.init()
+    keras.utils.set_random_seed(100 + hvd.rank())
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    opt = keras.optimizers.SGD(0.1)
+    if distributed:
+        make_distributed(opt)
+    model.compile(optimizer=opt, loss="mse")
+    rng = np.random.default_rng(hvd.rank())
+    x, y = rng.normal(size=(64, 4)), rng.normal(size=(64, 1))
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[BroadcastStateCallback()], shuffle=False)
+    return [w.tolist() for w in model.get_weights()]
+
+
+@pytest.mark.parametrize("distributed", [True, False])
+def test_gradient_averaging_is_what_keeps_ranks_identical(spark, distributed):
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    w0, w1 = hvd_spark.run(averaging_job, args=(distributed,), num_proc=2, spark=spark, verbose=0)
+    same = all(np.array_equal(np.array(a), np.array(b)) for a, b in zip(w0, w1))
+    assert same is distributed
