@@ -7,4 +7,4 @@ SPARK_LINE="${HVD_SPARK_SPARK:-3.5}"
 if [ "$SPARK_LINE" = "3.5" ]; then VENV="${HVD_SPARK_VENV:-$ROOT/.venv}"; else VENV="${HVD_SPARK_VENV:-$ROOT/.venv-spark$SPARK_LINE}"; fi
 cd "$ROOT"
 export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}" TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
-exec "$VENV/bin/python" examples/allreduce_demo.py "$@"
+exec "$VENV/bin/python" examples/digits.py "$@"
