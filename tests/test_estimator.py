@@ -261,3 +261,44 @@ def test_gradient_averaging_is_what_keeps_ranks_identical(spark, distributed):
     w0, w1 = hvd_spark.run(averaging_job, args=(distributed,), num_proc=2, spark=spark, verbose=0)
     same = all(np.array_equal(np.array(a), np.array(b)) for a, b in zip(w0, w1))
     assert same is distributed
+
+
+class KillRankOnce(keras.callbacks.Callback):
+    """Kills rank 1's process (SIGKILL) at the end of epoch 2, the first time only."""
+
+    def __init__(self, marker):
+        super().__init__()
+        self.marker = marker
+
+    def on_epoch_end(self, epoch, logs=None):
+        import signal
+
+        if epoch == 1 and os.environ.get("HVD_SPARK_RANK") == "1" and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_killed_worker_then_training_finishes(spark, tmp_path):
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    df = _xor_frame(spark, 128)
+    store = str(tmp_path / "store")
+    est = HorovodEstimator(num_proc=2, store=store, model=_small_model(), optimizer="sgd", loss="binary_crossentropy",
+                           feature_cols=["x"], label_cols=["y"], batch_size=16, epochs=4, run_id="crashy",
+                           callbacks=[KillRankOnce(str(tmp_path / "killed"))], max_restarts=1)
+    model = est.fit(df)
+    assert os.path.exists(tmp_path / "killed")               # the kill happened
+    assert est._last_fit["restarts"] == 1
+    assert len(model.getHistory()["loss"]) == 4               # every epoch exactly once
+    assert [c[0] for c in Store(store).checkpoints("crashy")] == [1, 2, 3, 4]
+    assert est._last_fit["results"][0]["iterations"] == 4 * est._last_fit["steps_per_epoch"]
+
+    # Without restarts, the same kill fails the fit and names the rank.
+    os.remove(tmp_path / "killed")
+    from hvd_spark import RankFailedError
+
+    with pytest.raises(RankFailedError, match="rank 1 failed with ProcessDied: process killed by signal 9"):
+        HorovodEstimator(num_proc=2, store=store, model=_small_model(), optimizer="sgd",
+                         loss="binary_crossentropy", feature_cols=["x"], label_cols=["y"], batch_size=16, epochs=4,
+                         run_id="crashy-2", callbacks=[KillRankOnce(str(tmp_path / "killed"))]).fit(df)

@@ -15,7 +15,7 @@ from hvd_spark._internal.params import EstimatorParams
 from hvd_spark._internal.specs import assign_files, specs_to_dicts, steps_per_epoch
 from hvd_spark._internal.store import Store, validate_run_id
 from hvd_spark._internal.transformer import TFTransformer
-from hvd_spark.errors import HvdSparkError
+from hvd_spark.errors import HvdSparkError, JobTimeoutError, LaunchError, RankFailedError
 
 logger = logging.getLogger("hvd_spark")
 
@@ -55,6 +55,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         backend: "gloo" (default) or "mpi".
         output_cols: prediction columns; default "<label>__output".
         start_timeout: seconds for all ranks to start (default 600).
+        max_restarts: how many times a failed training job (a rank raising or dying, a lost
+            executor) is started again from the latest checkpoint (default 0).
 
     Example:
         >>> est = HorovodEstimator(num_proc=2, store="/tmp/store", model=model, optimizer="adam",
@@ -69,14 +71,15 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                  validation=None, callbacks=None, batch_size=32, val_batch_size=None, epochs=1,
                  train_steps_per_epoch=None, validation_steps_per_epoch=None, shuffle=True,
                  shuffle_buffer_size=10000, random_seed=0, run_id=None, verbose=1, backend="gloo",
-                 output_cols=None, start_timeout=None):
+                 output_cols=None, start_timeout=None, max_restarts=0):
         super().__init__()
         self._setDefault(num_proc=None, store=None, model=None, optimizer=None, loss=None, loss_weights=None,
                          metrics=None, custom_objects=None, feature_cols=None, label_cols=None, validation=None,
                          sample_weight_col=None,
                          callbacks=None, batch_size=32, val_batch_size=None, epochs=1, train_steps_per_epoch=None,
                          validation_steps_per_epoch=None, shuffle=True, shuffle_buffer_size=10000, random_seed=0,
-                         run_id=None, verbose=1, backend="gloo", output_cols=None, start_timeout=None)
+                         run_id=None, verbose=1, backend="gloo", output_cols=None, start_timeout=None,
+                         max_restarts=0)
         self.setParams(**self._input_kwargs)
 
     @keyword_only
@@ -102,6 +105,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             raise ValueError("feature_cols must name at least one column. Received: feature_cols=None.")
         if not p["label_cols"]:
             raise ValueError("label_cols must name at least one column. Received: label_cols=None.")
+        if p["max_restarts"] < 0:
+            raise ValueError(f"max_restarts must be 0 or more. Received: max_restarts={p['max_restarts']}.")
         for name in ("batch_size", "epochs", "shuffle_buffer_size"):
             if p[name] < 1:
                 raise ValueError(f"{name} must be at least 1. Received: {name}={p[name]}.")
@@ -189,8 +194,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         if resume is not None and resume[0] >= p["epochs"]:
             logger.info("run '%s' already has %d of %d epochs; returning its model without training",
                         run_id, resume[0], p["epochs"])
+            at_epoch = {c[0]: c[1] for c in store.checkpoints(run_id)}
             model_path = store.model_path(run_id) if resume[0] == p["epochs"] and store.exists(
-                store.model_path(run_id)) else resume[1]
+                store.model_path(run_id)) else at_epoch.get(p["epochs"], resume[1])
             return self._transformer(store, model_path, run_id, history_so_far[:p["epochs"]], inputs, outputs, p)
 
         seed = int(p["random_seed"])
@@ -221,9 +227,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         comp["loss_weights"] = p["loss_weights"]
         cfg = {
             "store": store.to_config(), "run_id": run_id, "epochs": int(p["epochs"]),
-            "initial_epoch": resume[0] if resume else 0, "resume_ckpt": resume[1] if resume else None,
-            "history_so_far": history_so_far,
-            "model_bytes": None if resume else model_to_bytes(model), "compile": comp,
+            "compile": comp,
             "custom_objects": cloudpickle.dumps(p["custom_objects"]) if p["custom_objects"] else None,
             "callbacks": cloudpickle.dumps(list(p["callbacks"])) if p["callbacks"] else None,
             "features": [i.to_dict() for i in f_infos], "labels": [i.to_dict() for i in l_infos],
@@ -235,17 +239,44 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             "verbose": int(p["verbose"]),
             "num_threads": int(spark.sparkContext.getConf().get("spark.task.cpus", "1")),
         }
-        if resume:
-            logger.info("resuming run '%s' from epoch %d of %d", run_id, resume[0], p["epochs"])
+        model_bytes = None
         logger.info("training run '%s' on %d ranks: %d train rows, %d val rows, %d steps/epoch, "
                     "batch %d per rank", run_id, num_proc, meta["train_rows"], meta["val_rows"], steps, batch_size)
-        progress = _Progress(p["verbose"])
         t_train = time.time()
-        results = launch(train, args=(cfg,), num_proc=num_proc, spark=spark, use_mpi=p["backend"] == "mpi",
-                         start_timeout=p["start_timeout"], on_event=progress, description="HorovodEstimator.fit")
+        attempt = 0
+        while True:
+            # Every attempt starts from the latest complete checkpoint (none: from the user's model).
+            resume = store.latest_checkpoint(run_id)
+            if resume is not None:
+                logger.info("resuming run '%s' from epoch %d of %d", run_id, resume[0], p["epochs"])
+            elif model_bytes is None:
+                model_bytes = model_to_bytes(model)
+            cfg.update({
+                "initial_epoch": resume[0] if resume else 0, "resume_ckpt": resume[1] if resume else None,
+                "history_so_far": store.read_json(resume[2])["history"] if resume else [],
+                "model_bytes": None if resume else model_bytes,
+            })
+            if resume is not None and resume[0] >= cfg["epochs"]:
+                # The failed attempt had finished training; only the final model was missing.
+                store.upload_file(store.local_copy(resume[1]), store.model_path(run_id))
+                results = [{"rank": 0, "weights_digest": "", "epoch_logs": cfg["history_so_far"]}]
+                break
+            try:
+                results = launch(train, args=(cfg,), num_proc=num_proc, spark=spark, use_mpi=p["backend"] == "mpi",
+                                 start_timeout=p["start_timeout"], on_event=_Progress(p["verbose"]),
+                                 description="HorovodEstimator.fit")
+                break
+            except (RankFailedError, LaunchError, JobTimeoutError) as e:
+                if attempt >= p["max_restarts"]:
+                    raise
+                attempt += 1
+                latest = store.latest_checkpoint(run_id)
+                logger.warning("training attempt %d of run '%s' failed (%s); restarting (%d of max_restarts=%d) "
+                               "from %s", attempt, run_id, str(e).splitlines()[0], attempt, p["max_restarts"],
+                               f"the checkpoint of epoch {latest[0]}" if latest else "the start")
         t_train = time.time() - t_train
         digests = {r["weights_digest"] for r in results}
-        if len(digests) != 1:
+        if len(digests) > 1:
             raise HvdSparkError(f"Ranks ended training with different weights ({len(digests)} distinct digests); "
                                 "gradient averaging did not hold. Please report this with your model.")
         epoch_logs = results[0]["epoch_logs"]
@@ -254,7 +285,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         logger.info("fit of run '%s' took %.1fs (materialize %.1fs, training job %.1fs)", run_id,
                     time.time() - t_start, t_mat, t_train)
         self._last_fit = {"run_id": run_id, "results": results, "materialize_seconds": t_mat,
-                          "train_job_seconds": t_train, "data_key": key, "steps_per_epoch": steps}
+                          "train_job_seconds": t_train, "data_key": key, "steps_per_epoch": steps,
+                          "restarts": attempt}
         return self._transformer(store, store.model_path(run_id), run_id, epoch_logs, inputs, outputs, p,
                                  history=history_from(epoch_logs))
 

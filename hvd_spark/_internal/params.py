@@ -103,4 +103,6 @@ class EstimatorParams(ColumnParams):
                      "from rank 0.", TypeConverters.toInt)
     backend = _param("backend", "Horovod controller: 'gloo' (default, CPU) or 'mpi' (one host).",
                      TypeConverters.toString)
+    max_restarts = _param("max_restarts", "Times a failed training job is started again from the latest "
+                          "checkpoint (default 0).", TypeConverters.toInt)
     start_timeout = _param("start_timeout", "Seconds for all ranks to start (default 600).", _identity)
