@@ -22,7 +22,19 @@ from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError
 logger = logging.getLogger("hvd_spark")
 
 # Failures that follow from another rank's failure (its peer went away), not causes of their own.
-_SECONDARY = ("HorovodInternalError", "HorovodShutdown", "ProcessDied")
+_SECONDARY_TYPES = ("HorovodInternalError", "HorovodShutdown")
+_SECONDARY_TEXT = ("connection closed by peer", "connection reset by peer", "broken pipe", "horovod has been shut down",
+                   "horovodallreduce", "horovodallgather", "horovodbroadcast", "horovodgroupedallreduce", "gloo")
+
+
+def _is_secondary(rec: dict) -> bool:
+    """True for errors that a rank gets because another rank died (a collective lost its peer)."""
+    if rec.get("type") == "ProcessDied":
+        return False
+    if any(t in (rec.get("type") or "") for t in _SECONDARY_TYPES):
+        return True
+    text = (rec.get("message") or "").lower()
+    return any(t in text for t in _SECONDARY_TEXT)
 
 
 def available_slots(sc) -> int:
@@ -56,8 +68,7 @@ def _controller(use_gloo: Optional[bool], use_mpi: Optional[bool]) -> str:
 def _pick_failure(failures: List[dict]) -> dict:
     """The failure that caused the others: not a peer-lost error if there is one, then the earliest."""
     def key(rec):
-        secondary = any(s in (rec.get("type") or "") for s in _SECONDARY)
-        return (secondary, rec.get("time") or float("inf"), rec["rank"])
+        return (_is_secondary(rec), rec.get("time") or float("inf"), rec["rank"])
     return sorted(failures, key=key)[0]
 
 
