@@ -70,7 +70,8 @@ def test_settings_parsers():
     assert parse_bool("X", "Yes") is True and parse_bool("X", "0") is False
     with pytest.raises(ValueError, match="X must be one of"):
         parse_bool("X", "maybe")
-    assert parse_seconds("t", "2.5") == 2.5
+    parsed = parse_seconds("t", "2.5")
+    assert parsed == 2.5
     with pytest.raises(ValueError, match="t must be greater than 0"):
         parse_seconds("t", 0)
     with pytest.raises(ValueError, match="t must be a number of seconds"):

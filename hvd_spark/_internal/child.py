@@ -71,4 +71,9 @@ if __name__ == "__main__":
     faulthandler.enable(file=sys.stderr)
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
-    sys.exit(main(sys.argv[1]))
+    code = main(sys.argv[1])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The outcome is on disk. Leave without interpreter finalization: some libraries' threads
+    # (gRPC servers, data loaders) keep a finished process alive at exit.
+    os._exit(code)

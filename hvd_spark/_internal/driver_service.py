@@ -62,7 +62,7 @@ class _Handler(socketserver.BaseRequestHandler):
             for msg in lines:
                 service._dispatch(conn, msg)
         except OSError:
-            pass
+            logger.debug("connection from partition %s closed", conn.partition)
         finally:
             if role == "task":
                 service._task_disconnected(conn)

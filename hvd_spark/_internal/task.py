@@ -44,7 +44,7 @@ def _die_with_parent() -> None:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
-        pass
+        return  # not Linux: the task's own kill on exit still applies
 
 
 def _signal_name(rc: int) -> str:
@@ -117,7 +117,7 @@ class _Watch:
                         rank = int(head[3:])
                         line = rest.split(">:", 1)[-1]
                     except ValueError:
-                        pass
+                        rank = self.default_rank  # not mpirun's tag after all: keep the line whole
                 self.tails[rank].append(line)
                 self.client.send({"t": "log", "rank": rank, "line": line})
         t = threading.Thread(target=run, daemon=True, name="hvd_spark-task-output")
@@ -225,7 +225,7 @@ def _supervise(proc: subprocess.Popen, watch: _Watch, grace: float) -> bool:
                     os.kill(proc.pid, signal.SIGUSR1)
                     time.sleep(1.5)
                 except ProcessLookupError:
-                    pass
+                    return True  # it is already gone
             _kill_tree(proc, grace)
             return True
     return False

@@ -1,0 +1,1 @@
+"""hvd_spark benchmarks: run ``python -m benchmarks.run`` from the repository root."""

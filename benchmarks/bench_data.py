@@ -1,0 +1,85 @@
+"""Data path: rows/s that one rank's Petastorm reader feeds into tf.data (hvd_spark's reader,
+batches of 256), against pyarrow reading the same Parquet files directly (iter_batches).
+
+    python -m benchmarks.bench_data [--quick]
+"""
+
+import argparse
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from benchmarks.common import stats, write
+
+
+def make_files(folder, rows, width, files=4):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    per = rows // files
+    paths = []
+    for i in range(files):
+        feats = rng.normal(size=(per, width)).astype("float32")
+        table = pa.table({"features": pa.FixedSizeListArray.from_arrays(pa.array(feats.ravel()), width).cast(
+            pa.list_(pa.float32())), "label": rng.integers(0, 10, per)})
+        path = os.path.join(folder, f"part-{i}.parquet")
+        pq.write_table(table, path, row_group_size=per)
+        paths.append(path)
+    return paths, per * files
+
+
+def petastorm_rate(paths, rows, width, batch):
+    from hvd_spark._internal.reader import rank_dataset
+    from hvd_spark._internal.specs import ColumnInfo, TensorSpec
+
+    feats = [ColumnInfo("features", "array", "float", False)]
+    labels = [ColumnInfo("label", "scalar", "bigint", True)]
+    with rank_dataset(["file://" + p for p in paths], features=feats, labels=labels, weight=None,
+                      inputs=[TensorSpec("x", (width,), "float32")], outputs=[TensorSpec("y", (10,), "float32")],
+                      batch_size=batch, shuffle=False, shuffle_buffer_size=1, seed=0) as ds:
+        steps = rows // batch
+        it = iter(ds)
+        next(it)  # start-up (reader threads, first row group) is not counted
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            x, _ = next(it)
+        return steps * batch / (time.perf_counter() - t0)
+
+
+def pyarrow_rate(paths, rows, batch):
+    import pyarrow.parquet as pq
+
+    t0 = time.perf_counter()
+    n = 0
+    for p in paths:
+        for b in pq.ParquetFile(p).iter_batches(batch_size=batch):
+            col = b.column(0)
+            _ = np.asarray(col.flatten()).reshape(len(b), -1)
+            n += len(b)
+    return n / (time.perf_counter() - t0)
+
+
+def main(quick: bool):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    rows, width = (100_000 if quick else 400_000), 64
+    repeats = 3 if quick else 5
+    with tempfile.TemporaryDirectory() as d:
+        paths, rows = make_files(d, rows, width)
+        pa_rates, ps_rates = [], []
+        for _ in range(repeats):  # interleaved, so drift hits both alike
+            pa_rates.append(pyarrow_rate(paths, rows, 256))
+            ps_rates.append(petastorm_rate(paths, rows, width, 256))
+    pa_s, ps_s = stats(pa_rates), stats(ps_rates)
+    data = {"rows": rows, "values_per_row": width + 1, "batch": 256, "pyarrow_rows_per_s": pa_s,
+            "petastorm_tfdata_rows_per_s": ps_s, "ratio_petastorm_over_pyarrow": ps_s["median"] / pa_s["median"]}
+    print(write("data_path", data))
+    return data
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    main(p.parse_args().quick)

@@ -1,0 +1,228 @@
+"""Runs the benchmark suite and writes results/<name>.json, results/summary.md and PNG plots.
+
+    .venv/bin/python -m benchmarks.run [--quick] [--only comm,ps,...] [--report-only]
+
+Each benchmark runs in its own process (one SparkContext per process). The table is copied into
+benchmarks/README.md between the RESULTS markers.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from benchmarks.common import RESULTS, mib
+
+ORDER = ["comm", "ps", "scaling", "e2e", "data", "inference"]
+MODULES = {"comm": "bench_comm", "ps": "bench_ps", "scaling": "bench_scaling", "e2e": "bench_e2e",
+           "data": "bench_data", "inference": "bench_inference"}
+FILES = {"comm": "comm", "ps": "ps_vs_allreduce", "scaling": "scaling", "e2e": "e2e_overhead",
+         "data": "data_path", "inference": "inference"}
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load(name):
+    path = os.path.join(RESULTS, f"{FILES[name]}.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _ok(flag):
+    return "met" if flag else "**missed**"
+
+
+def report() -> str:
+    comm, ps, scaling, e2e, data, inf = (_load(n) for n in ORDER)
+    if ps and comm and not ps.get("alpha_beta"):
+        from benchmarks.bench_ps import alpha_beta
+
+        ps["alpha_beta"] = alpha_beta(ps["rows"], comm)
+    lines = []
+    env = next((d["environment"] for d in (comm, ps, scaling, e2e, data, inf) if d), {})
+    lines.append(f"Machine: {env.get('cpus')} cores, {env.get('memory_gib')} GiB, {env.get('machine')}; Python "
+                 f"{env.get('python')}, TF {env.get('tensorflow-cpu')}, Horovod {env.get('horovod')}, pyspark "
+                 f"{env.get('pyspark')}, pyarrow {env.get('pyarrow')}; run {env.get('date')}. Figures are medians; "
+                 "spread is min-max over the repeats. One intra-op thread per rank unless said.")
+    lines.append("")
+    if ps:
+        lines.append("### 1. Ring-allreduce vs parameter server (step time per global step = one batch per worker)")
+        lines.append("")
+        lines.append("| workers | gradient | allreduce s | PS s | PS / allreduce | alpha-beta predicted ratio | note |")
+        lines.append("| --- | --- | --- | --- | --- | --- | --- |")
+        preds = {(p["workers"], p["bytes"]): p for p in (ps.get("alpha_beta") or {}).get("predictions", [])}
+        for r in ps["rows"]:
+            pr = preds.get((r["workers"], r["bytes"]))
+            a, b = r["allreduce_step_s"], r["ps_step_s"]
+            predicted = f"{pr['ratio']:.2f}" if pr else "-"
+            note = (f"oversubscribed: {r['workers'] + 2} processes on {env.get('cpus', '?')} cores"
+                    if r.get("oversubscribed") else "")
+            lines.append(f"| {r['workers']} | {mib(r['bytes'])} | {a['median']:.4f} ({a['min']:.4f}-{a['max']:.4f}) | "
+                         f"{b['median']:.4f} ({b['min']:.4f}-{b['max']:.4f}) | {r['ratio_ps_over_allreduce']:.2f} | "
+                         f"{predicted} | {note} |")
+        t64 = [r for r in ps["rows"] if r["bytes"] == 64 << 20 and r["workers"] == 4]
+        ge16 = [r for r in ps["rows"] if r["bytes"] >= 16 << 20]
+        lines.append("")
+        lines.append(f"Algorithms: allreduce = {ps['algorithms']['allreduce']}; PS = {ps['algorithms']['ps']}.")
+        lines.append("")
+        if t64:
+            lines.append(f"- Target PS / allreduce >= 1.5 at 64 MiB, 4 workers: {t64[0]['ratio_ps_over_allreduce']:.2f}, "
+                         f"{_ok(t64[0]['ratio_ps_over_allreduce'] >= 1.5)}.")
+        if ge16:
+            lines.append(f"- Target allreduce never slower than PS at >= 16 MiB: "
+                         f"{_ok(all(r['ratio_ps_over_allreduce'] >= 1 for r in ge16))} "
+                         f"(lowest ratio {min(r['ratio_ps_over_allreduce'] for r in ge16):.2f}).")
+        lines.append("")
+    if comm:
+        lines.append("### Communication: Horovod allreduce bus bandwidth (2 ranks, Gloo over loopback)")
+        lines.append("")
+        tcp, mem = comm["loopback_tcp_Bps"]["median"], comm["memcpy_Bps"]["median"]
+        lines.append(f"Loopback TCP, both directions at once: {tcp / 1e9:.2f} GB/s per direction; memcpy: "
+                     f"{mem / 1e9:.2f} GB/s (same run).")
+        lines.append("")
+        lines.append("| size | time ms | busbw GB/s | busbw / loopback TCP | busbw / memcpy |")
+        lines.append("| --- | --- | --- | --- | --- |")
+        for r in comm["allreduce"]:
+            lines.append(f"| {mib(r['bytes'])} | {r['time_s']['median'] * 1e3:.2f} | {r['busbw_Bps'] / 1e9:.3f} | "
+                         f"{r['busbw_over_tcp']:.2f} | {r['busbw_over_memcpy']:.3f} |")
+        big = [r for r in comm["allreduce"] if r["bytes"] >= 16 << 20]
+        lines.append("")
+        if big:
+            worst = min(r["busbw_over_tcp"] for r in big)
+            lines.append(f"- Target busbw >= 0.7 x loopback bandwidth at >= 16 MiB: lowest {worst:.2f}, {_ok(worst >= 0.7)}.")
+        f = comm["fusion"]
+        lines.append(f"- Tensor fusion, {f['tensors']} tensors of {f['bytes_each']} B: "
+                     f"{f['step_s']['on']['median'] * 1e3:.1f} ms per step with fusion, "
+                     f"{f['step_s']['off']['median'] * 1e3:.1f} ms without ({f['speedup_on_vs_off']:.2f}x).")
+        lines.append("")
+    if scaling:
+        lines.append("### 2. Scaling (compute-bound CNN, batch 64 per worker)")
+        lines.append("")
+        lines.append("| configuration | samples/s |")
+        lines.append("| --- | --- |")
+        for k, v in scaling["samples_per_s"].items():
+            lines.append(f"| {k} | {v['median']:.1f} ({v['min']:.1f}-{v['max']:.1f}) |")
+        lines.append("")
+        lines.append(f"- E(2) = X(2) / (2 X(1)) = {scaling['E2']:.2f}: target >= 0.85 {_ok(scaling['E2'] >= 0.85)}.")
+        lines.append("")
+    if e2e:
+        lines.append("### 3. End-to-end overhead (1 epoch, MLP, global batch 256)")
+        lines.append("")
+        lines.append("| rows | plain Keras s | workers | fit wall s | materialize s | launch + shutdown s | training s | "
+                     "checks s | fit / plain |")
+        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for r in e2e["rows"]:
+            for n in (1, 2):
+                f = r.get(f"fit_{n}w")
+                if f:
+                    lines.append(f"| {r['rows']:,} | {r['plain_keras_fit_s']:.1f} | {n} | {f['wall_s']:.1f} | "
+                                 f"{f['materialize_s']:.1f} | {f['launch_and_shutdown_s']:.1f} | {f['training_s']:.1f} | "
+                                 f"{f['checks_s']:.1f} | {f['ratio_over_plain']:.2f} |")
+        big = max(e2e["rows"], key=lambda r: r["rows"])
+        lines.append("")
+        lines.append(f"- Target 1-worker fit <= 1.5 x plain Keras at the largest size ({big['rows']:,} rows): "
+                     f"{big['fit_1w']['ratio_over_plain']:.2f}, {_ok(big['fit_1w']['ratio_over_plain'] <= 1.5)}.")
+        fixed = max(r["fit_1w"]["launch_and_shutdown_s"] for r in e2e["rows"])
+        lines.append(f"- Target fixed overhead (launch + shutdown) <= 10 s: at most {fixed:.1f} s, {_ok(fixed <= 10)}.")
+        lines.append("")
+    if data:
+        lines.append("### 4. Data path (one rank, batches of 256)")
+        lines.append("")
+        lines.append(f"- pyarrow iter_batches: {data['pyarrow_rows_per_s']['median']:,.0f} rows/s; Petastorm into tf.data: "
+                     f"{data['petastorm_tfdata_rows_per_s']['median']:,.0f} rows/s; ratio "
+                     f"{data['ratio_petastorm_over_pyarrow']:.2f}: target >= 0.5 "
+                     f"{_ok(data['ratio_petastorm_over_pyarrow'] >= 0.5)}.")
+        lines.append("")
+    if inf:
+        lines.append("### 5. Inference (local[2])")
+        lines.append("")
+        lines.append("| method | rows/s |")
+        lines.append("| --- | --- |")
+        for b, v in inf["transform_rows_per_s_by_arrow_batch"].items():
+            lines.append(f"| TFTransformer.transform, Arrow batch {int(b):,} | {v['median']:,.0f} |")
+        lines.append(f"| predict_batch_udf (batch 1024) | {inf['predict_batch_udf_rows_per_s']['median']:,.0f} |")
+        lines.append(f"| single-process model.predict (in memory) | {inf['single_process_predict_rows_per_s']['median']:,.0f} |")
+        lines.append(f"| row-at-a-time mapPartitions | {inf['row_at_a_time_rows_per_s']['median']:,.0f} |")
+        lines.append("")
+        r1, r2 = inf["ratio_transform_over_single_predict"], inf["ratio_transform_over_row_at_a_time"]
+        lines.append(f"- Target transform >= 1.5 x single-process predict: {r1:.2f}, {_ok(r1 >= 1.5)}.")
+        lines.append(f"- Target transform >= 20 x row-at-a-time: {r2:.1f}, {_ok(r2 >= 20)}.")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plots() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    comm, ps = _load("comm"), _load("ps")
+    if comm:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        xs = [r["bytes"] for r in comm["allreduce"]]
+        ax.plot(xs, [r["busbw_Bps"] / 1e9 for r in comm["allreduce"]], "o-", label="Horovod allreduce busbw (2 ranks)")
+        ax.axhline(comm["loopback_tcp_Bps"]["median"] / 1e9, color="gray", ls="--", label="loopback TCP, per direction")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("GB/s")
+        ax.legend()
+        ax.set_title("Allreduce bus bandwidth over Gloo")
+        fig.tight_layout()
+        fig.savefig(os.path.join(RESULTS, "comm_busbw.png"), dpi=100)
+        plt.close(fig)
+    if ps:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for n in sorted({r["workers"] for r in ps["rows"]}):
+            rows = [r for r in ps["rows"] if r["workers"] == n]
+            ax.plot([r["bytes"] >> 20 for r in rows], [r["ratio_ps_over_allreduce"] for r in rows], "o-",
+                    label=f"{n} workers")
+        ax.axhline(1.0, color="gray", ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("gradient size (MiB)")
+        ax.set_ylabel("PS step time / allreduce step time")
+        ax.legend()
+        ax.set_title("Parameter server vs ring-allreduce")
+        fig.tight_layout()
+        fig.savefig(os.path.join(RESULTS, "ps_vs_allreduce.png"), dpi=100)
+        plt.close(fig)
+
+
+def update_readme(table: str) -> None:
+    path = os.path.join(HERE, "README.md")
+    with open(path) as f:
+        text = f.read()
+    start, end = "<!-- RESULTS START -->", "<!-- RESULTS END -->"
+    if start in text and end in text:
+        text = text[:text.index(start) + len(start)] + "\n" + table + "\n" + text[text.index(end):]
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (a few minutes)")
+    p.add_argument("--only", default=",".join(ORDER), help=f"comma-separated subset of {ORDER}")
+    p.add_argument("--report-only", action="store_true", help="rebuild the table and plots from results/")
+    a = p.parse_args()
+    root = os.path.dirname(HERE)
+    if not a.report_only:
+        for name in [n for n in ORDER if n in a.only.split(",")]:
+            t0 = time.time()
+            cmd = [sys.executable, "-m", f"benchmarks.{MODULES[name]}"] + (["--quick"] if a.quick else [])
+            print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
+            rc = subprocess.call(cmd, cwd=root)
+            print(f"== {name}: exit {rc} in {time.time() - t0:.0f}s", flush=True)
+    table = report()
+    with open(os.path.join(RESULTS, "summary.md"), "w") as f:
+        f.write(table + "\n")
+    plots()
+    update_readme(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
