@@ -23,8 +23,9 @@ def make_files(folder, rows, width, files=4):
     paths = []
     for i in range(files):
         feats = rng.normal(size=(per, width)).astype("float32")
-        table = pa.table({"features": pa.FixedSizeListArray.from_arrays(pa.array(feats.ravel()), width).cast(
-            pa.list_(pa.float32())), "label": rng.integers(0, 10, per)})
+        offsets = pa.array(np.arange(0, per * width + 1, width, dtype=np.int32))
+        table = pa.table({"features": pa.ListArray.from_arrays(offsets, pa.array(feats.ravel())),
+                          "label": rng.integers(0, 10, per)})
         path = os.path.join(folder, f"part-{i}.parquet")
         pq.write_table(table, path, row_group_size=per)
         paths.append(path)

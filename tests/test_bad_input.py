@@ -11,10 +11,10 @@ from hvd_spark import HorovodEstimator
 @pytest.fixture(scope="module")
 def df(spark):
     rows = [([0.1 * i, 0.2], i % 2, "s", [1.0] * (1 + i % 2), [1.0, 2.0, 3.0],
-             [float("nan") if i == 3 else 0.5, 0.5], None if i == 5 else i % 2, False, 1.0)
+             [float("nan") if i == 3 else 0.5, 0.5], None if i == 5 else i % 2, False, 1.0, i % 3)
             for i in range(8)]
     schema = ("x array<float>, y long, s string, rag array<double>, x3 array<double>, xnan array<double>, "
-              "ynull long, v0 boolean, w double")
+              "ynull long, v0 boolean, w double, y3 int")
     return spark.createDataFrame(rows, schema).cache()
 
 
@@ -50,6 +50,7 @@ CASES = [
     (dict(validation="no_such_col"), ValueError, r"validation column 'no_such_col' is not in the DataFrame"),
     (dict(validation="v0"), ValueError, r"The validation split is empty \(validation='v0' selected 0 of 8 rows\)"),
     (dict(validation=0.000001), ValueError, r"The validation split is empty"),
+    (dict(validation="y3"), ValueError, r"validation column 'y3' has 2 rows that are null or not 0/1"),
     (dict(backend="nccl"), ValueError, r"backend must be 'gloo' or 'mpi'"),
     (dict(run_id="../escape"), ValueError, r"run_id must be 1-128 letters"),
     (dict(feature_cols=["x", "y"]), ValueError, r"feature_cols must name one column per model input \(1"),

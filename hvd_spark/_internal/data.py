@@ -72,7 +72,11 @@ def prepare(df, features: Sequence[ColumnInfo], labels: Sequence[ColumnInfo], we
     if weight is not None:
         cols.append(F.col(weight.name).cast("float").alias(weight.name))
     if isinstance(validation, str):
-        cols.append(F.col(validation).cast("boolean").alias(VAL_COL))
+        v = F.col(validation)
+        if dict(df.dtypes)[validation] == "boolean":
+            cols.append(v.alias(VAL_COL))
+        else:  # 1 / 0; anything else becomes null and is reported by check_stats
+            cols.append(F.when(v == 1, F.lit(True)).when(v == 0, F.lit(False)).alias(VAL_COL))
     elif validation:
         cols.append((F.rand(seed) < float(validation)).alias(VAL_COL))
     else:
@@ -133,8 +137,8 @@ def check_stats(stats: Dict, features: Sequence[ColumnInfo], labels: Sequence[Co
         s = stats["columns"][info.name]
         check_label_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind)
     if isinstance(validation, str) and stats["val_nulls"]:
-        raise ValueError(f"validation column '{validation}' has {stats['val_nulls']} null rows. Expected true/false "
-                         "or 1/0 in every row.")
+        raise ValueError(f"validation column '{validation}' has {stats['val_nulls']} rows that are null or not 0/1. "
+                         "Expected true/false or 1/0 in every row.")
     val_rows, train_rows = stats["val_rows"], rows - stats["val_rows"]
     if validation and val_rows == 0:
         raise ValueError(f"The validation split is empty (validation={validation!r} selected 0 of {rows} rows). "

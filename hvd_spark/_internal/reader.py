@@ -43,31 +43,32 @@ def rank_dataset(files: List[str], *, features: Sequence[ColumnInfo], labels: Se
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ds = make_petastorm_dataset(reader)
-        ds = ds.unbatch()
-        if shuffle:
-            ds = ds.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
-
+        # Petastorm yields whole row groups; everything below works on those batches (no per-row
+        # tf.data work), then rebatch cuts them into training batches.
         in_shapes = [_target_shape(s, c, False) for s, c in zip(inputs, features)]
         out_shapes = [_target_shape(s, c, True) for s, c in zip(outputs, labels)]
         in_types = [tf.as_dtype(s.dtype) if s.dtype else tf.float32 for s in inputs]
 
-        def convert(row):
-            xs = []
-            for c, shape, dt in zip(features, in_shapes, in_types):
-                v = tf.cast(getattr(row, c.name), dt)
-                xs.append(tf.reshape(v, shape) if shape is not None else v)
-            ys = []
-            for c, shape in zip(labels, out_shapes):
-                v = getattr(row, c.name)
-                v = tf.cast(v, tf.int32 if c.is_integer else tf.float32)
-                ys.append(tf.reshape(v, shape) if shape is not None else v)
+        def shaped(v, shape):
+            return tf.reshape(v, [-1, *shape]) if shape is not None else v
+
+        def convert(batch):
+            columns = {name: getattr(batch, name) for name in names}
+            if shuffle:  # rows within the row group; row groups themselves come in shuffled order
+                order = tf.random.shuffle(tf.range(tf.shape(columns[names[0]])[0]), seed=seed)
+                columns = {k: tf.gather(v, order) for k, v in columns.items()}
+            xs = [shaped(tf.cast(columns[c.name], dt), shape) for c, shape, dt in zip(features, in_shapes, in_types)]
+            ys = [shaped(tf.cast(columns[c.name], tf.int32 if c.is_integer else tf.float32), shape)
+                  for c, shape in zip(labels, out_shapes)]
             x = xs[0] if len(xs) == 1 else tuple(xs)
             y = ys[0] if len(ys) == 1 else tuple(ys)
             if weight is not None:
-                return x, y, tf.cast(getattr(row, weight.name), tf.float32)
+                return x, y, tf.cast(columns[weight.name], tf.float32)
             return x, y
 
-        ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size, drop_remainder=False)
+        ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE).rebatch(batch_size, drop_remainder=False)
+        if shuffle:
+            ds = ds.shuffle(max(1, shuffle_buffer_size // batch_size), seed=seed, reshuffle_each_iteration=True)
         yield ds.prefetch(tf.data.AUTOTUNE)
     finally:
         reader.stop()
