@@ -6,13 +6,19 @@ and tensor fusion on / off on a model with many small tensors.
 """
 
 import argparse
+import sys
 import socket
 import threading
 import time
 
 import numpy as np
 
+import cloudpickle
+
 from benchmarks.common import session, stats, write
+
+# The ranks run in fresh processes that cannot import this folder: ship this module's functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def allreduce_sweep(sizes, repeats):

@@ -6,12 +6,18 @@ worker), split into materialization, launch + shutdown and training.
 """
 
 import argparse
+import sys
 import tempfile
 import time
 
 import numpy as np
 
+import cloudpickle
+
 from benchmarks.common import session, write
+
+# The ranks run in fresh processes that cannot import this folder: ship this module's functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 BATCH = 256
 WIDTH = 32

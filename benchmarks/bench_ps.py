@@ -15,11 +15,17 @@ For a fair unit, both are timed per "global step" = n batches processed (one per
 """
 
 import argparse
+import sys
 import os
 import socket
 import time
 
+import cloudpickle
+
 from benchmarks.common import session, stats, write
+
+# The ranks run in fresh processes that cannot import this folder: ship this module's functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 BATCH = 8
 OUT_DIM = 256
@@ -131,7 +137,10 @@ def main(quick: bool, comm=None):
             for size in sizes:
                 ar = hvd_spark.run(allreduce_job, args=(size, steps), num_proc=n, verbose=0)
                 ar_s = stats([max(ts) for ts in zip(*ar)])
-                ps = hvd_spark.run(ps_job, args=(size, steps, n), num_proc=n + 2, verbose=0, timeout=900)
+                # A ps / worker serves remote steps while its Python thread waits in the final allreduce:
+                # with one inter-op thread that wait starves the server. Intra-op (compute) stays at 1.
+                ps = hvd_spark.run(ps_job, args=(size, steps, n), num_proc=n + 2, verbose=0, timeout=900,
+                                   env={"TF_NUM_INTEROP_THREADS": "4"})
                 ps_s = stats(ps[0])
                 rows.append({"workers": n, "bytes": size, "allreduce_step_s": ar_s, "ps_step_s": ps_s,
                              "ratio_ps_over_allreduce": ps_s["median"] / ar_s["median"],

@@ -5,9 +5,15 @@ intra-op thread each, and 1 worker with 2 threads; E(2) = X(2 workers) / (2 X(1 
 """
 
 import argparse
+import sys
 import time
 
+import cloudpickle
+
 from benchmarks.common import session, stats, write
+
+# The ranks run in fresh processes that cannot import this folder: ship this module's functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 BATCH = 64
 

@@ -25,7 +25,8 @@ def run(fn: Callable, args=(), kwargs: Optional[Dict[str, Any]] = None, num_proc
         use_gloo: use Horovod's Gloo controller (the default on CPU).
         use_mpi: use the MPI controller (``mpirun`` started by rank 0's task; all tasks on one
             host). Needs Horovod built with MPI.
-        env: extra environment variables for every rank.
+        env: extra environment variables for every rank; they win over hvd_spark's defaults
+            (e.g. ``TF_NUM_INTEROP_THREADS``), not over the rank's identity.
         num_threads: compute threads per rank (TF intra/inter-op, OpenMP); defaults to
             ``spark.task.cpus``.
         start_timeout: seconds for all barrier tasks to start (default 600; also

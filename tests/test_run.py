@@ -151,7 +151,7 @@ def stall_rank_one():
 @pytest.mark.timeout(240)
 def test_stalled_collective_is_reported_by_rank(spark):
     with pytest.raises(JobTimeoutError, match=r"ranks \[0, 1\] had not finished") as info:
-        hvd_spark.run(stall_rank_one, num_proc=2, spark=spark, timeout=15)
+        hvd_spark.run(stall_rank_one, num_proc=2, spark=spark, timeout=40)
     assert info.value.ranks == [0, 1]
     where = {int(line.split(":")[0].split()[-1]): line for line in str(info.value).splitlines()
              if line.startswith("  rank ")}

@@ -184,10 +184,10 @@ def run_task(spec: dict) -> List[bytes]:
         rendezvous = next(json.loads(m) for m in ctx.allGather(published) if m)
 
         env = dict(os.environ)
-        env.update(spec.get("env") or {})
         env.update(horovod_env(me, rendezvous_addr=rendezvous["addr"], rendezvous_port=rendezvous["port"],
                                iface=infos[partition]["iface"], gloo_timeout=spec["gloo_timeout"],
                                num_threads=spec["num_threads"]))
+        env.update(spec.get("env") or {})  # the caller's settings win over the defaults above
         env.update({settings.ENV_RANK: str(me.rank), settings.ENV_DRIVER_ADDR: spec["driver_addr"],
                     settings.ENV_JOB_TOKEN: spec["token"], "PYTHONUNBUFFERED": "1"})
         outcome = _run_child(spec, client, me.rank, env, workdir)
@@ -264,8 +264,8 @@ def _run_mpi(spec: dict, ctx, client: TaskClient, me: RankInfo, ranks: List[Rank
         return []
     _write_payload(spec, workdir)
     env = dict(os.environ)
-    env.update(spec.get("env") or {})
     env.update(threads_env(spec["num_threads"]))
+    env.update(spec.get("env") or {})
     env.update({settings.ENV_DRIVER_ADDR: spec["driver_addr"], settings.ENV_JOB_TOKEN: spec["token"],
                 "PYTHONUNBUFFERED": "1", "HOROVOD_CONTROLLER": "mpi", "HOROVOD_CPU_OPERATIONS": "mpi"})
     for name in ("HVD_SPARK_RANK", "HOROVOD_RANK", "HOROVOD_SIZE"):
