@@ -19,6 +19,18 @@ def _fs(path: str):
     return fsspec.core.url_to_fs(path)
 
 
+def _load_common(cls, path: str, sc):
+    """A new instance with the saved uid and plain params, and the saved objects.pkl."""
+    metadata = DefaultParamsReader.loadMetadata(path, sc)
+    inst = cls()
+    inst._resetUid(metadata["uid"])
+    DefaultParamsReader.getAndSetParams(inst, metadata)
+    fs, root = _fs(path)
+    with fs.open(posixpath.join(root, "objects.pkl"), "rb") as f:
+        objects = cloudpickle.loads(f.read())
+    return inst, objects, fs, root
+
+
 def _json_params(instance, skip):
     return {p.name: v for p, v in instance._paramMap.items() if p.name not in skip}
 
@@ -62,13 +74,7 @@ class EstimatorReader(MLReader):
         from hvd_spark._internal.serde import loads_keras_obj, model_from_bytes
         from hvd_spark._internal.store import Store
 
-        metadata = DefaultParamsReader.loadMetadata(path, self.sc)
-        inst = self.cls()
-        inst._resetUid(metadata["uid"])
-        DefaultParamsReader.getAndSetParams(inst, metadata)
-        fs, root = _fs(path)
-        with fs.open(posixpath.join(root, "objects.pkl"), "rb") as f:
-            objects = cloudpickle.loads(f.read())
+        inst, objects, fs, root = _load_common(self.cls, path, self.sc)
         custom = cloudpickle.loads(objects["custom_objects"][1]) if "custom_objects" in objects else None
         values = {}
         for name, (kind, data) in objects.items():
@@ -115,13 +121,7 @@ class TransformerReader(MLReader):
         self.cls = cls
 
     def load(self, path: str):
-        metadata = DefaultParamsReader.loadMetadata(path, self.sc)
-        inst = self.cls()
-        inst._resetUid(metadata["uid"])
-        DefaultParamsReader.getAndSetParams(inst, metadata)
-        fs, root = _fs(path)
-        with fs.open(posixpath.join(root, "objects.pkl"), "rb") as f:
-            objects = cloudpickle.loads(f.read())
+        inst, objects, fs, root = _load_common(self.cls, path, self.sc)
         model_url = fs.unstrip_protocol(posixpath.join(root, "model.keras"))
         inst._set(model_url=model_url, storage_options={})
         if objects.get("custom_objects"):

@@ -114,33 +114,31 @@ class Store:
     def read_json(self, path: str) -> Any:
         return json.loads(self.read_bytes(path).decode())
 
-    def write_bytes(self, path: str, data: bytes) -> None:
-        """Writes ``data`` to ``path`` atomically: to a temporary name beside it, then a rename."""
+    def _atomic(self, path: str, write) -> None:
+        """Runs ``write(tmp)`` for a temporary name beside ``path``, then renames it into place."""
         parent = posixpath.dirname(path)
         self.makedirs(parent)
         tmp = posixpath.join(parent, f".tmp-{uuid.uuid4().hex}-{posixpath.basename(path)}")
-        with self.fs.open(tmp, "wb") as f:
-            f.write(data)
         try:
+            write(tmp)
             self.fs.mv(tmp, path)
-        except Exception:
+        except BaseException:
             self.rm(tmp)
             raise
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Writes ``data`` to ``path`` atomically: to a temporary name beside it, then a rename."""
+        def write(tmp):
+            with self.fs.open(tmp, "wb") as f:
+                f.write(data)
+        self._atomic(path, write)
 
     def write_json(self, path: str, obj: Any) -> None:
         self.write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
 
     def upload_file(self, local: str, path: str) -> None:
         """Copies a local file to ``path`` atomically."""
-        parent = posixpath.dirname(path)
-        self.makedirs(parent)
-        tmp = posixpath.join(parent, f".tmp-{uuid.uuid4().hex}-{posixpath.basename(path)}")
-        self.fs.put_file(local, tmp)
-        try:
-            self.fs.mv(tmp, path)
-        except Exception:
-            self.rm(tmp)
-            raise
+        self._atomic(path, lambda tmp: self.fs.put_file(local, tmp))
 
     def download_file(self, path: str, local: str) -> str:
         self.fs.get_file(path, local)

@@ -231,19 +231,26 @@ def _supervise(proc: subprocess.Popen, watch: _Watch, grace: float) -> bool:
     return False
 
 
-def _run_child(spec: dict, client: TaskClient, rank: int, env: dict, workdir: str) -> dict:
-    _write_payload(spec, workdir)
-    watch = _Watch(client, rank)
-    proc = subprocess.Popen([sys.executable, "-m", "hvd_spark._internal.child", workdir], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+def _run_watched(cmd: List[str], env: dict, workdir: str, watch: _Watch, grace: float):
+    """Starts ``cmd`` in its own process group (killed if this task dies), forwards its output and
+    waits for it, stopping it on an abort. Returns (exit code, whether it was aborted)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, preexec_fn=_die_with_parent, cwd=workdir)
     pump = watch.pump(proc.stdout)
     try:
-        aborted = _supervise(proc, watch, spec["abort_grace"])
+        aborted = _supervise(proc, watch, grace)
     finally:
         _kill_tree(proc, 1.0)
     pump.join(5)
-    outcome = _outcome(workdir, rank, proc.returncode, aborted, list(watch.tails[rank]))
+    return proc.returncode, aborted
+
+
+def _run_child(spec: dict, client: TaskClient, rank: int, env: dict, workdir: str) -> dict:
+    _write_payload(spec, workdir)
+    watch = _Watch(client, rank)
+    rc, aborted = _run_watched([sys.executable, "-m", "hvd_spark._internal.child", workdir], env, workdir, watch,
+                               spec["abort_grace"])
+    outcome = _outcome(workdir, rank, rc, aborted, list(watch.tails[rank]))
     outcome["_watch"] = watch
     return outcome
 
@@ -274,16 +281,8 @@ def _run_mpi(spec: dict, ctx, client: TaskClient, me: RankInfo, ranks: List[Rank
         env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
     cmd = ["mpirun", "-np", str(me.size), "--oversubscribe", "--bind-to", "none", "--map-by", "slot",
            "--tag-output", sys.executable, "-m", "hvd_spark._internal.child", workdir]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
-                            cwd=workdir)
-    pump = watch.pump(proc.stdout)
-    try:
-        aborted = _supervise(proc, watch, spec["abort_grace"])
-    finally:
-        _kill_tree(proc, 1.0)
-    pump.join(5)
-    outcomes = [_outcome(workdir, r, proc.returncode, aborted, list(watch.tails[r])) for r in range(me.size)]
+    rc, aborted = _run_watched(cmd, env, workdir, watch, spec["abort_grace"])
+    outcomes = [_outcome(workdir, r, rc, aborted, list(watch.tails[r])) for r in range(me.size)]
     if any(o["status"] == "error" and o["type"] != "ProcessDied" for o in outcomes):
         # mpirun stops the other ranks once one fails; those are not failures of their own.
         for o in outcomes:

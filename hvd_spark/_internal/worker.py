@@ -14,6 +14,8 @@ from typing import Dict, List
 
 import keras
 
+from hvd_spark._internal.keras_hvd import _is_number
+
 logger = logging.getLogger("hvd_spark.worker")
 
 
@@ -176,7 +178,7 @@ class _CheckpointCallback(keras.callbacks.Callback):
         from hvd_spark._internal.keras_hvd import plain_class
         from hvd_spark._internal.store import checkpoint_names
 
-        logs = {k: float(v) for k, v in (logs or {}).items() if _number(v)}
+        logs = {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}
         self.history = self.history[:epoch] + [logs]
         model_name, meta_name = checkpoint_names(epoch + 1)
         local = os.path.join(self.tmp, model_name)
@@ -189,9 +191,3 @@ class _CheckpointCallback(keras.callbacks.Callback):
         os.remove(local)
 
 
-def _number(v) -> bool:
-    try:
-        float(v)
-        return True
-    except (TypeError, ValueError):
-        return False
