@@ -6,13 +6,18 @@ the same rows in memory, Spark's predict_batch_udf, and a row-at-a-time mapParti
 """
 
 import argparse
+import sys
 import os
 import tempfile
 import time
 
 import numpy as np
 
+import cloudpickle
+
 from benchmarks.common import session, stats, write
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 WIDTH = 64
 
@@ -32,6 +37,21 @@ def frame(spark, rows):
 
     x = np.random.default_rng(0).normal(size=(rows, WIDTH)).astype("float32")
     return spark.createDataFrame(pd.DataFrame({"features": list(x)})).repartition(2).cache(), x
+
+
+def predict_in_process(path, rows, repeats):
+    """Single-process model.predict in a fresh process (its thread count set by the launcher)."""
+    import keras
+
+    x = np.random.default_rng(0).normal(size=(rows, WIDTH)).astype("float32")
+    m = keras.models.load_model(path)
+    m.predict(x[:2048], batch_size=1024, verbose=0)
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        m.predict(x, batch_size=1024, verbose=0)
+        out.append(rows / (time.perf_counter() - t0))
+    return out
 
 
 def _run(df):
@@ -97,6 +117,10 @@ def main(quick: bool):
                 model.predict(x, batch_size=1024, verbose=0)
                 single.append(rows / (time.perf_counter() - t0))
             single_s = stats(single)
+            import hvd_spark
+
+            single_1t = stats(hvd_spark.run(predict_in_process, args=(path, rows, repeats), num_proc=1,
+                                            num_threads=1, verbose=0)[0])
     finally:
         spark.stop()
     best = max(sweep, key=lambda b: sweep[b]["median"])
@@ -104,6 +128,8 @@ def main(quick: bool):
            "transform_rows_per_s_by_arrow_batch": {str(k): v for k, v in sweep.items()},
            "best_arrow_batch": best, "predict_batch_udf_rows_per_s": pbu_s, "row_at_a_time_rows_per_s": row_s,
            "single_process_predict_rows_per_s": single_s,
+           "single_process_predict_1_thread_rows_per_s": single_1t,
+           "ratio_transform_over_single_predict_1_thread": sweep[best]["median"] / single_1t["median"],
            "ratio_transform_over_single_predict": sweep[best]["median"] / single_s["median"],
            "ratio_transform_over_row_at_a_time": sweep[best]["median"] / row_s["median"],
            "ratio_transform_over_predict_batch_udf": sweep[best]["median"] / pbu_s["median"]}

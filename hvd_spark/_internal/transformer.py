@@ -111,10 +111,10 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
     custom_objects = _param("custom_objects", "Custom Keras objects needed to load the model.")
 
     def __init__(self, *, model_url: Optional[str] = None, feature_cols=None, label_cols=None, output_cols=None,
-                 input_specs=None, output_specs=None, history=None, run_id=None, batch_size: int = 1024,
+                 input_specs=None, output_specs=None, history=None, run_id=None, batch_size: int = 4096,
                  custom_objects=None, storage_options=None):
         super().__init__()
-        self._setDefault(batch_size=1024, history={}, storage_options={}, custom_objects=None, output_cols=None,
+        self._setDefault(batch_size=4096, history={}, storage_options={}, custom_objects=None, output_cols=None,
                          label_cols=None)
         kwargs = {k: v for k, v in dict(model_url=model_url, feature_cols=feature_cols, label_cols=label_cols,
                                         output_cols=output_cols, input_specs=input_specs, output_specs=output_specs,
