@@ -178,7 +178,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         run_json = f"{store.run_path(run_id)}/run.json"
         resume = None
         history_so_far: List[Dict] = []
-        if store.exists(run_json):
+        if store.exists(run_json) and store.latest_checkpoint(run_id) is not None:
+            # A run that holds checkpoints may only be continued with the same architecture and columns.
             info = store.read_json(run_json)
             if info.get("model_fingerprint") != fingerprint:
                 raise ValueError(f"run_id '{run_id}' in {store.prefix} holds a different model (architecture "
@@ -220,7 +221,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         val_steps = (p["validation_steps_per_epoch"] or steps_per_epoch(meta["val_rows"], val_batch, num_proc)) \
             if val_files else None
 
-        if not store.exists(run_json):
+        if resume is None:  # a new run, or one that failed before its first checkpoint
             store.write_json(run_json, {"run_id": run_id, "model_fingerprint": fingerprint, "feature_cols": features,
                                         "label_cols": labels, "created": time.time(), "data_key": key})
         comp = {k: (dumps_keras_obj(p[k]) if p[k] is not None else None) for k in ("optimizer", "loss", "metrics")}
