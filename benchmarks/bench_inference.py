@@ -75,8 +75,8 @@ def main(quick: bool):
     try:
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "model.keras")
-            model = build_model(path)
-            df, x = frame(spark, rows)
+            build_model(path)
+            df, _ = frame(spark, rows)
             df.count()
             transformer = TFTransformer(model_url="file://" + path, feature_cols=["features"], output_cols=["p"],
                                         input_specs=[{"name": "x", "shape": [WIDTH], "dtype": "float32"}],
@@ -110,13 +110,7 @@ def main(quick: bool):
             pbu_s = stats([rows / _run(df.withColumn("p", pbu("features"))) for _ in range(repeats)])
             row_s = stats([row_rows / _run(small.rdd.mapPartitions(row_at_a_time).toDF(["p"]))
                            for _ in range(2)])
-            model.predict(x[:2048], batch_size=1024, verbose=0)
-            single = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                model.predict(x, batch_size=1024, verbose=0)
-                single.append(rows / (time.perf_counter() - t0))
-            single_s = stats(single)
+            single_s = stats(predict_in_process(path, rows, repeats))  # this process: TF's default threads
             import hvd_spark
 
             single_1t = stats(hvd_spark.run(predict_in_process, args=(path, rows, repeats), num_proc=1,

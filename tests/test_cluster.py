@@ -38,8 +38,13 @@ SCRIPT = textwrap.dedent("""
 
 def test_allreduce_on_local_cluster(tmp_path):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=tmp_path)
+    _check_allreduce_script(SCRIPT, env, tmp_path)
+
+
+def _check_allreduce_script(script, env, cwd):
+    """Runs SCRIPT in a fresh process and checks: right sums, ordered ranks, two executors."""
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=cwd)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
     data = json.loads(lines[-1][len("RESULT "):])
@@ -86,14 +91,7 @@ def test_allreduce_on_standalone_cluster(tmp_path):
         script = SCRIPT.replace('hvd_spark.local_session("local-cluster[2,1,1024]", conf={"spark.executor.memory": "1g"})',
                                 f'hvd_spark.local_session("spark://127.0.0.1:{port}", conf={{"spark.executor.memory": '
                                 f'"1g", "spark.executor.cores": "1", "spark.cores.max": "2"}})')
-        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600,
-                              cwd=tmp_path)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-        data = json.loads(lines[-1][len("RESULT "):])
-        assert [r["rank"] for r in data["results"]] == [0, 1]
-        assert all(r["size"] == 2 and r["sum"] == [3.0] for r in data["results"])
-        assert len(set(data["executors"])) == 2, data["executors"]  # two executor JVMs on the worker
+        _check_allreduce_script(script, env, tmp_path)  # two executor JVMs on the worker
     finally:
         for p in procs:
             try:

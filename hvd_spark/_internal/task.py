@@ -219,6 +219,9 @@ def _supervise(proc: subprocess.Popen, watch: _Watch, grace: float) -> bool:
     """Waits for ``proc``; on an abort, stops it. Returns True when it was aborted."""
     while proc.poll() is None:
         if watch.abort.wait(0.2):
+            if proc.poll() is not None:
+                # It ended on its own (often the very failure that caused the abort): report that.
+                return False
             if watch.dump_stacks:
                 # Have the rank print its Python stack (faulthandler) so the driver can say where it was.
                 try:
