@@ -26,6 +26,7 @@ def digits(spark):
 def fitted(digits, tmp_path_factory):
     """One real 2-rank training on digits, shared by the tests that only read its result."""
     store = str(tmp_path_factory.mktemp("store"))
+    keras.utils.set_random_seed(1)  # the model's initial weights
     est = HorovodEstimator(num_proc=2, store=store, model=digits_model(),
                            optimizer=keras.optimizers.Adam(learning_rate=0.002),
                            loss="sparse_categorical_crossentropy", metrics=["accuracy"],
