@@ -6,6 +6,7 @@ the time it happened and, when it pickles, the exception itself) on failure. Thi
 must stay light: it runs before the user's imports and must not import pyspark.
 """
 
+import contextlib
 import os
 import sys
 import time
@@ -37,10 +38,8 @@ def error_record(exc: BaseException) -> dict:
         "time": time.time(),
         "pickled": None,
     }
-    try:
+    with contextlib.suppress(Exception):  # not every exception pickles; the text above still reports it
         record["pickled"] = cloudpickle.dumps(exc)
-    except Exception:
-        pass
     return record
 
 

@@ -7,6 +7,7 @@ starts with a hello that carries the job's random token, and connections without
 dropped.
 """
 
+import contextlib
 import json
 import logging
 import secrets
@@ -132,10 +133,8 @@ class DriverService:
             self._server.server_close()
             with self._lock:
                 for conn in self.tasks.values():
-                    try:
+                    with contextlib.suppress(OSError):  # already closed by the task
                         conn.sock.close()
-                    except OSError:
-                        pass
             self._server = None
 
     # --- called from handler threads ---
@@ -224,7 +223,5 @@ class TaskClient:
             return
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # already closed by the driver
             self.sock.close()
-        except OSError:
-            pass

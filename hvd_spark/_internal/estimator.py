@@ -301,7 +301,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                           custom_objects=p["custom_objects"])
         return t
 
-    # --- persistence ---
+    # --- persistence (save / load come from MLWritable / MLReadable) ---
     @classmethod
     def read(cls):
         from hvd_spark._internal.persistence import EstimatorReader
@@ -313,12 +313,6 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
         return EstimatorWriter(self)
 
-    def save(self, path: str) -> None:
-        self.write().save(path)
-
-    @classmethod
-    def load(cls, path: str) -> "HorovodEstimator":
-        return cls.read().load(path)
 
 
 class _Progress:

@@ -157,8 +157,7 @@ def set_threads(num_threads: Optional[int]) -> None:
     """Applies the rank's thread budget to TensorFlow (before any op runs)."""
     if not num_threads:
         return
-    try:
+    # RuntimeError: TF is already initialized; the environment variables the launcher set applied instead.
+    with contextlib.suppress(RuntimeError):
         tf.config.threading.set_intra_op_parallelism_threads(int(num_threads))
         tf.config.threading.set_inter_op_parallelism_threads(max(1, int(num_threads)))
-    except RuntimeError:
-        pass  # TF already initialized: the environment variables applied instead

@@ -13,6 +13,7 @@ Layout under the prefix::
     runs/<run_id>/model.keras          the final model
 """
 
+import contextlib
 import json
 import os
 import posixpath
@@ -154,11 +155,9 @@ class Store:
                 self.fs.put_file(os.path.join(dirpath, name), dest)
 
     def rm(self, path: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile: nothing left to do
             if self.fs.exists(path):
                 self.fs.rm(path, recursive=True)
-        except FileNotFoundError:
-            pass
 
     def rename(self, src: str, dst: str) -> None:
         self.fs.mv(src, dst, recursive=True)
@@ -180,10 +179,8 @@ class Store:
             raise ValueError(f"store must be writable by hvd_spark. Received: {self.prefix!r}, which failed "
                              f"with {type(e).__name__}: {e}. Choose a path every executor can write.") from e
         finally:
-            try:
+            with contextlib.suppress(Exception):  # the probe was never written: nothing to remove
                 self.fs.rm(probe)
-            except Exception:
-                pass
 
     # --- checkpoints ---
     def checkpoints(self, run_id: str) -> List[Tuple[int, str, str]]:

@@ -228,7 +228,7 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
         out = dataset.withColumn(tmp, udf(packed))
         return out.select("*", *[F.col(f"{tmp}.{c}").alias(c) for c in output_cols]).drop(tmp)
 
-    # --- persistence ---
+    # --- persistence (save / load come from MLWritable / MLReadable) ---
     @classmethod
     def read(cls):
         from hvd_spark._internal.persistence import TransformerReader
@@ -240,12 +240,6 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
 
         return TransformerWriter(self)
 
-    def save(self, path: str) -> None:
-        self.write().save(path)
-
-    @classmethod
-    def load(cls, path: str) -> "TFTransformer":
-        return cls.read().load(path)
 
     def copy(self, extra=None):
         that = super().copy(extra)
