@@ -5,7 +5,6 @@ and tensor fusion on / off on a model with many small tensors.
     python -m benchmarks.bench_comm [--quick]
 """
 
-import argparse
 import sys
 import socket
 import threading
@@ -15,7 +14,7 @@ import numpy as np
 
 import cloudpickle
 
-from benchmarks.common import session, stats, write
+from benchmarks.common import session, stats, write, cli
 
 # The ranks run in fresh processes that cannot import this folder: ship this module's functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -145,6 +144,4 @@ def main(quick: bool):
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true")
-    main(p.parse_args().quick)
+    cli(main)

@@ -4,14 +4,13 @@ batches of 256), against pyarrow reading the same Parquet files directly (iter_b
     python -m benchmarks.bench_data [--quick]
 """
 
-import argparse
 import os
 import tempfile
 import time
 
 import numpy as np
 
-from benchmarks.common import stats, write
+from benchmarks.common import stats, write, cli
 
 
 def make_files(folder, rows, width, files=4):
@@ -81,6 +80,4 @@ def main(quick: bool):
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true")
-    main(p.parse_args().quick)
+    cli(main)

@@ -5,7 +5,6 @@ worker), split into materialization, launch + shutdown and training.
     python -m benchmarks.bench_e2e [--quick]
 """
 
-import argparse
 import sys
 import tempfile
 import time
@@ -14,7 +13,7 @@ import numpy as np
 
 import cloudpickle
 
-from benchmarks.common import session, write
+from benchmarks.common import session, write, cli
 
 # The ranks run in fresh processes that cannot import this folder: ship this module's functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -97,6 +96,4 @@ def main(quick: bool):
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true")
-    main(p.parse_args().quick)
+    cli(main)

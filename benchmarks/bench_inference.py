@@ -5,7 +5,6 @@ the same rows in memory, Spark's predict_batch_udf, and a row-at-a-time mapParti
     python -m benchmarks.bench_inference [--quick]
 """
 
-import argparse
 import sys
 import os
 import tempfile
@@ -15,7 +14,7 @@ import numpy as np
 
 import cloudpickle
 
-from benchmarks.common import session, stats, write
+from benchmarks.common import session, stats, write, cli
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -132,6 +131,4 @@ def main(quick: bool):
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true")
-    main(p.parse_args().quick)
+    cli(main)

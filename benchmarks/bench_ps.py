@@ -14,7 +14,6 @@ For a fair unit, both are timed per "global step" = n batches processed (one per
     python -m benchmarks.bench_ps [--quick]
 """
 
-import argparse
 import sys
 import os
 import socket
@@ -22,7 +21,7 @@ import time
 
 import cloudpickle
 
-from benchmarks.common import session, stats, write
+from benchmarks.common import session, stats, write, cli
 
 # The ranks run in fresh processes that cannot import this folder: ship this module's functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -174,6 +173,4 @@ def alpha_beta(rows, comm):
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true")
-    main(p.parse_args().quick)
+    cli(main)

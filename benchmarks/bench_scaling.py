@@ -4,13 +4,12 @@ intra-op thread each, and 1 worker with 2 threads; E(2) = X(2 workers) / (2 X(1 
     python -m benchmarks.bench_scaling [--quick]
 """
 
-import argparse
 import sys
 import time
 
 import cloudpickle
 
-from benchmarks.common import session, stats, write
+from benchmarks.common import session, stats, write, cli
 
 # The ranks run in fresh processes that cannot import this folder: ship this module's functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -72,6 +71,4 @@ def main(quick: bool):
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true")
-    main(p.parse_args().quick)
+    cli(main)

@@ -68,3 +68,12 @@ def mib(n_bytes: float) -> str:
     if n_bytes >= 1 << 20:
         return f"{n_bytes / (1 << 20):g} MiB"
     return f"{n_bytes / 1024:g} KiB"
+
+
+def cli(main) -> None:
+    """The command line every benchmark script shares: ``[--quick]``."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
+    main(p.parse_args().quick)

@@ -35,6 +35,11 @@ def _ok(flag):
     return "met" if flag else "**missed**"
 
 
+def _table(lines, title, header) -> None:
+    """Appends a section title and a Markdown table header."""
+    lines += [title, "", "| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+
+
 def report() -> str:
     comm, ps, scaling, e2e, data, inf = (_load(n) for n in ORDER)
     if ps and comm and not ps.get("alpha_beta"):
@@ -99,10 +104,7 @@ def report() -> str:
                      f"{f['step_s']['off']['median'] * 1e3:.1f} ms without ({f['speedup_on_vs_off']:.2f}x).")
         lines.append("")
     if scaling:
-        lines.append("### 2. Scaling (compute-bound CNN, batch 64 per worker)")
-        lines.append("")
-        lines.append("| configuration | samples/s |")
-        lines.append("| --- | --- |")
+        _table(lines, "### 2. Scaling (compute-bound CNN, batch 64 per worker)", ["configuration", "samples/s"])
         for k, v in scaling["samples_per_s"].items():
             lines.append(f"| {k} | {v['median']:.1f} ({v['min']:.1f}-{v['max']:.1f}) |")
         lines.append("")
@@ -137,10 +139,7 @@ def report() -> str:
                      f"{_ok(data['ratio_petastorm_over_pyarrow'] >= 0.5)}.")
         lines.append("")
     if inf:
-        lines.append("### 5. Inference (local[2])")
-        lines.append("")
-        lines.append("| method | rows/s |")
-        lines.append("| --- | --- |")
+        _table(lines, "### 5. Inference (local[2])", ["method", "rows/s"])
         for b, v in inf["transform_rows_per_s_by_arrow_batch"].items():
             lines.append(f"| TFTransformer.transform, Arrow batch {int(b):,} | {v['median']:,.0f} |")
         lines.append(f"| predict_batch_udf (batch 1024) | {inf['predict_batch_udf_rows_per_s']['median']:,.0f} |")
