@@ -20,7 +20,7 @@ logger = logging.getLogger("hvd_spark")
 
 VAL_COL = "__hvd_spark_is_val"
 META_NAME = "_hvd_spark_meta.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: attempt folders under data/<key>/, stored column names
 TARGET_FILE_BYTES = 32 * 1024 * 1024
 
 
@@ -46,33 +46,45 @@ def column_info(df, name: str, role: str) -> ColumnInfo:
                     "of numbers, or a Vector (pyspark.ml.linalg).")
 
 
-def _as_stored(df_col, info: ColumnInfo):
-    """The column as it is written to Parquet: vectors become float arrays on the JVM side."""
-    from pyspark.ml.functions import vector_to_array
+def col(name: str):
+    """A reference to the top-level column ``name``, whatever characters it holds (``x.y``, ``a b``)."""
     from pyspark.sql import functions as F
 
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _as_stored(info: ColumnInfo):
+    """The column as it is written to Parquet, under its stored name: vectors become float arrays
+    on the JVM side, booleans ints, decimals doubles."""
+    from pyspark.ml.functions import vector_to_array
+
+    c = col(info.name)
     if info.kind == "vector":
-        return vector_to_array(df_col, "float32").alias(info.name)
-    if info.kind == "array":
-        et = "int" if info.is_integer else "float"
-        return df_col.cast(f"array<{et}>").alias(info.name)
-    if info.element_type == "boolean":
-        return df_col.cast("int").alias(info.name)
-    if info.element_type.startswith("decimal"):
-        return df_col.cast("double").alias(info.name)
-    return df_col.alias(info.name)
+        c = vector_to_array(c, "float32")
+    elif info.kind == "array":
+        c = c.cast(f"array<{'int' if info.is_integer else 'float'}>")
+    elif info.element_type == "boolean":
+        c = c.cast("int")
+    elif info.element_type.startswith("decimal"):
+        c = c.cast("double")
+    return c.alias(info.stored)
 
 
 def prepare(df, features: Sequence[ColumnInfo], labels: Sequence[ColumnInfo], weight: Optional[ColumnInfo],
             validation, seed: int):
-    """The projected DataFrame that is checked and written (needed columns only, plus the split flag)."""
+    """The projected DataFrame that is checked and written: the needed columns only, under their
+    stored names (see ``specs.with_stored_names``), plus the split flag."""
     from pyspark.sql import functions as F
 
-    cols = [_as_stored(F.col(c.name), c) for c in list(features) + list(labels)]
-    if weight is not None:
-        cols.append(F.col(weight.name).cast("float").alias(weight.name))
+    cols, seen = [], set()
+    for info in [*features, *labels]:
+        if info.stored not in seen:  # the same column can be a feature and a label
+            seen.add(info.stored)
+            cols.append(_as_stored(info))
+    if weight is not None and weight.stored not in seen:
+        cols.append(col(weight.name).cast("float").alias(weight.stored))
     if isinstance(validation, str):
-        v = F.col(validation)
+        v = col(validation)
         if dict(df.dtypes)[validation] == "boolean":
             cols.append(v.alias(VAL_COL))
         else:  # 1 / 0; anything else becomes null and is reported by check_stats
@@ -81,14 +93,7 @@ def prepare(df, features: Sequence[ColumnInfo], labels: Sequence[ColumnInfo], we
         cols.append((F.rand(seed) < float(validation)).alias(VAL_COL))
     else:
         cols.append(F.lit(False).alias(VAL_COL))
-    # The same names can appear as feature and label; keep the first of each.
-    seen, unique = set(), []
-    for c, info in zip(cols, [*features, *labels, *([weight] if weight else []), None]):
-        key = info.name if info is not None else VAL_COL
-        if key not in seen:
-            seen.add(key)
-            unique.append(c)
-    return df.select(*unique)
+    return df.select(*cols)
 
 
 def column_stats(prepared, infos: Sequence[ColumnInfo], validation) -> Dict:
@@ -97,8 +102,9 @@ def column_stats(prepared, infos: Sequence[ColumnInfo], validation) -> Dict:
 
     aggs = [F.count(F.lit(1)).alias("rows"), F.sum(F.col(VAL_COL).cast("int")).alias("val_rows"),
             F.sum(F.col(VAL_COL).isNull().cast("int")).alias("val_nulls")]
-    for i, info in enumerate({i.name: i for i in infos}.values()):
-        c = F.col(info.name)
+    unique = list({i.name: i for i in infos}.values())
+    for i, info in enumerate(unique):
+        c = F.col(info.stored)
         if info.kind == "scalar":
             bad = c.isNull() | (F.isnan(c.cast("double")) if not info.is_integer else F.lit(False))
             aggs += [F.sum(bad.cast("int")).alias(f"bad_{i}"), F.lit(None).alias(f"min_{i}"),
@@ -110,7 +116,7 @@ def column_stats(prepared, infos: Sequence[ColumnInfo], validation) -> Dict:
     row = prepared.agg(*aggs).collect()[0].asDict()
     out = {"rows": row["rows"] or 0, "val_rows": row["val_rows"] or 0, "val_nulls": row["val_nulls"] or 0,
            "columns": {}}
-    for i, info in enumerate({i.name: i for i in infos}.values()):
+    for i, info in enumerate(unique):
         out["columns"][info.name] = {"bad": row[f"bad_{i}"] or 0, "min_len": row[f"min_{i}"],
                                      "max_len": row[f"max_{i}"]}
     return out
@@ -172,50 +178,143 @@ def _parquet_files(store: Store, path: str) -> List[Tuple[str, int]]:
     return out
 
 
-def materialize(prepared, store: Store, key: str, stats: Dict, row_bytes: int, num_proc: int) -> Dict:
+def _usable(meta: Optional[Dict], num_proc: int) -> bool:
+    """Whether published data can feed ``num_proc`` ranks with a file each (or has fewer rows than ranks)."""
+    return meta is not None and (len(meta["train_files"]) >= num_proc or meta["train_rows"] < num_proc)
+
+
+def _read_meta(store: Store, path: str) -> Optional[Dict]:
+    try:
+        return store.read_json(path)
+    except FileNotFoundError:
+        return None
+
+
+def materialize(prepared, store: Store, key: str, stats: Dict, row_bytes: int, num_proc: int,
+                wait: Optional[float] = None) -> Dict:
     """Writes train / validation Parquet under ``data/<key>`` (or reuses it) and returns its metadata.
 
-    Writes go to a temporary folder that is renamed into place once complete, so an interrupted
-    write leaves nothing that a later fit could mistake for data.
+    Safe when several fits (threads, processes, other drivers) materialize into one store:
+
+    * each write goes to its own attempt folder ``data/<key>/<attempt>/`` and is published by
+      writing ``data/<key>/_hvd_spark_meta.json``, which names the attempt's files; published
+      files are never deleted or replaced, so a fit never loses files it is reading;
+    * a writer holds a lease (``data/<key>/_writing-<attempt>.json``, a heartbeat every 10 s);
+      a fit that finds a live lease and no usable metadata waits for it (up to ``wait``
+      seconds, default ``HVD_SPARK_MATERIALIZE_WAIT`` or 1 hour) and then reuses the result;
+    * when two writers finish together, the first to publish wins and the other removes its
+      own copy (on object stores, where publication is not exclusive, both copies stay valid);
+    * a writer that dies leaves an attempt folder without a ``_complete`` marker and a lease
+      whose heartbeat stops; the next writer of that key removes such folders.
     """
-    final = store.data_path(key)
-    meta_path = posixpath.join(final, META_NAME)
-    if store.exists(meta_path):
-        meta = store.read_json(meta_path)
-        if len(meta["train_files"]) >= num_proc or meta["train_rows"] < num_proc:
+    from hvd_spark._internal import settings
+
+    wait = settings.seconds_setting(wait, settings.ENV_MATERIALIZE_WAIT, None, settings.DEFAULT_MATERIALIZE_WAIT,
+                                    "materialize_wait")
+    folder = store.data_path(key)
+    meta_path = posixpath.join(folder, META_NAME)
+    deadline, last_log = time.monotonic() + wait, 0.0
+    while True:
+        meta = _read_meta(store, meta_path)
+        if _usable(meta, num_proc):
             logger.info("reusing materialized data %s (%d train / %d val rows)", key,
                         meta["train_rows"], meta["val_rows"])
             return meta
-        logger.info("materialized data %s has too few files for %d processes; writing it again",
-                    key, num_proc)
+        writers = store.live_leases(folder, _LEASE_PREFIX, settings.LEASE_STALE)
+        if not writers or time.monotonic() > deadline:
+            if writers:
+                logger.warning("gave up waiting after %.0fs for %s writing data %s; writing it again",
+                               wait, _who(writers), key)
+            break
+        if time.monotonic() - last_log > 30:
+            logger.info("waiting for %s, which is writing the same data (%s) to the store", _who(writers), key)
+            last_log = time.monotonic()
+        time.sleep(1.0)
+    if meta is not None:
+        logger.info("materialized data %s has too few files for %d processes; writing it again", key, num_proc)
+    _remove_dead_attempts(store, folder, meta)
+    attempt = f"a-{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    try:
+        with store.lease(posixpath.join(folder, f"{_LEASE_PREFIX}{attempt}.json"), settings.LEASE_HEARTBEAT,
+                         key=key, attempt=attempt):
+            return _write_attempt(prepared, store, key, attempt, stats, row_bytes, num_proc,
+                                  replace=meta is not None)
+    except BaseException:
+        if not store.listdir(folder):  # nothing of this key is left: leave no empty folder either
+            store.rm(folder)
+        raise
+
+
+_LEASE_PREFIX = "_writing-"
+_COMPLETE = "_complete"
+
+
+def _who(leases: List[Dict]) -> str:
+    return ", ".join(f"a fit on host {d.get('host')} (pid {d.get('pid')})" for d in leases)
+
+
+def _remove_dead_attempts(store: Store, folder: str, meta: Optional[Dict]) -> None:
+    """Removes attempt folders of writers that died: not complete and without a live lease.
+
+    Complete attempts are kept even when not published (a fit may be reading them).
+    """
+    from hvd_spark._internal import settings
+
+    names = store.listdir(folder)
+    live = {d.get("attempt") for d in store.live_leases(folder, _LEASE_PREFIX, settings.LEASE_STALE)}
+    for name in names:
+        if not name.startswith("a-") or name in live or (meta and meta.get("attempt") == name):
+            continue
+        path = posixpath.join(folder, name)
+        if not store.exists(posixpath.join(path, _COMPLETE)):
+            logger.info("removing %s, left incomplete by a fit that stopped while writing it", store.url(path))
+            store.rm(path)
+    for name in names:  # leases whose writer is gone
+        if name.startswith(_LEASE_PREFIX) and name[len(_LEASE_PREFIX):-len(".json")] not in live:
+            store.rm(posixpath.join(folder, name))
+
+
+def _write_attempt(prepared, store: Store, key: str, attempt: str, stats: Dict, row_bytes: int, num_proc: int,
+                   replace: bool) -> Dict:
     from pyspark.sql import functions as F
 
     t0 = time.time()
-    tmp = store.path("data", f".tmp-{key}-{uuid.uuid4().hex[:8]}")
+    folder = store.data_path(key)
+    path = posixpath.join(folder, attempt)
+    meta_path = posixpath.join(folder, META_NAME)
     train_rows, val_rows = stats["rows"] - stats["val_rows"], stats["val_rows"]
+    published = False
     try:
+        meta = {"key": key, "attempt": attempt, "train_rows": train_rows, "val_rows": val_rows,
+                "format": FORMAT_VERSION, "created": time.time()}
         for split, rows, cond in (("train", train_rows, ~F.col(VAL_COL)), ("val", val_rows, F.col(VAL_COL))):
-            if rows == 0:
-                continue
-            n = _num_files(rows, row_bytes, num_proc)
-            (prepared.filter(cond).drop(VAL_COL).repartition(n).write.mode("overwrite")
-             .option("parquet.block.size", 256 * 1024 * 1024).option("compression", "snappy")
-             .parquet(store.url(posixpath.join(tmp, split))))
-        meta = {"key": key, "train_rows": train_rows, "val_rows": val_rows, "format": FORMAT_VERSION,
-                "train_files": [], "val_files": [], "created": time.time()}
-        if store.exists(final):
-            store.rm(final)  # an incomplete earlier attempt (no metadata file)
-        store.rename(tmp, final)
-        for split in ("train", "val"):
-            files = _parquet_files(store, posixpath.join(final, split)) if (train_rows if split == "train"
-                                                                          else val_rows) else []
+            files = []
+            if rows:
+                n = _num_files(rows, row_bytes, num_proc)
+                split_path = posixpath.join(path, split)
+                (prepared.filter(cond).drop(VAL_COL).repartition(n).write.mode("errorifexists")
+                 .option("parquet.block.size", 256 * 1024 * 1024).option("compression", "snappy")
+                 .parquet(store.url(split_path)))
+                files = _parquet_files(store, split_path)
             meta[f"{split}_files"] = [[p, r] for p, r in files]
-        store.write_json(meta_path, meta)
+        store.write_bytes(posixpath.join(path, _COMPLETE), b"")
+        if replace:  # the published data had too few files: replace it (its files stay for its readers)
+            store.write_json(meta_path, meta)
+            published = True
+        else:
+            published = store.create_exclusive_json(meta_path, meta)
+            if not published:  # another fit published the same data first: use that and drop ours
+                other = _read_meta(store, meta_path)
+                if _usable(other, num_proc):
+                    logger.info("another fit wrote data %s first; using its files", key)
+                    store.rm(path)
+                    return other
+                store.write_json(meta_path, meta)
+                published = True
     except BaseException:
-        store.rm(tmp)
-        if not store.exists(meta_path):
-            store.rm(final)
+        if not published:
+            store.rm(path)
         raise
     logger.info("materialized %d train / %d val rows to %s in %.1fs", train_rows, val_rows,
-                store.url(final), time.time() - t0)
+                store.url(path), time.time() - t0)
     return meta

@@ -12,7 +12,7 @@ from pyspark.ml.util import MLReadable, MLWritable
 
 from hvd_spark._internal import data as data_mod
 from hvd_spark._internal.params import EstimatorParams
-from hvd_spark._internal.specs import assign_files, specs_to_dicts, steps_per_epoch
+from hvd_spark._internal.specs import assign_files, specs_to_dicts, steps_per_epoch, with_stored_names
 from hvd_spark._internal.store import Store, validate_run_id
 from hvd_spark._internal.transformer import TFTransformer
 from hvd_spark.errors import HvdSparkError, JobTimeoutError, LaunchError, RankFailedError
@@ -132,7 +132,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         from hvd_spark._internal.launcher import available_slots, launch
         from hvd_spark._internal.logs import ensure_visible
         from hvd_spark._internal.model_info import is_compiled, model_fingerprint, model_specs
-        from hvd_spark._internal.serde import dumps_keras_obj, model_to_bytes
+        from hvd_spark._internal.serde import dumps_keras_obj, model_custom_objects, model_to_bytes
         from hvd_spark._internal.worker import train
 
         t_start = time.time()
@@ -175,6 +175,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         store.check_writable()
         run_id = p["run_id"] or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         fingerprint = model_fingerprint(model)
+        custom_objects = model_custom_objects(model, p["custom_objects"]) or None
         run_json = f"{store.run_path(run_id)}/run.json"
         resume = None
         history_so_far: List[Dict] = []
@@ -198,9 +199,11 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             at_epoch = {c[0]: c[1] for c in store.checkpoints(run_id)}
             model_path = store.model_path(run_id) if resume[0] == p["epochs"] and store.exists(
                 store.model_path(run_id)) else at_epoch.get(p["epochs"], resume[1])
-            return self._transformer(store, model_path, run_id, history_so_far[:p["epochs"]], inputs, outputs, p)
+            return self._transformer(store, model_path, run_id, history_so_far[:p["epochs"]], inputs, outputs,
+                                     dict(p, custom_objects=custom_objects))
 
         seed = int(p["random_seed"])
+        f_infos, l_infos, (w_info,) = with_stored_names(f_infos, l_infos, [w_info])
         prepared = data_mod.prepare(dataset, f_infos, l_infos, w_info, validation, seed)
         stats = data_mod.column_stats(prepared, f_infos + l_infos + ([w_info] if w_info else []), validation)
         data_mod.check_stats(stats, f_infos, l_infos, w_info, inputs, outputs, validation, num_proc)
@@ -229,7 +232,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         cfg = {
             "store": store.to_config(), "run_id": run_id, "epochs": int(p["epochs"]),
             "compile": comp,
-            "custom_objects": cloudpickle.dumps(p["custom_objects"]) if p["custom_objects"] else None,
+            "custom_objects": cloudpickle.dumps(custom_objects) if custom_objects else None,
             "callbacks": cloudpickle.dumps(list(p["callbacks"])) if p["callbacks"] else None,
             "features": [i.to_dict() for i in f_infos], "labels": [i.to_dict() for i in l_infos],
             "weight": w_info.to_dict() if w_info else None,
@@ -288,8 +291,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         self._last_fit = {"run_id": run_id, "results": results, "materialize_seconds": t_mat,
                           "train_job_seconds": t_train, "data_key": key, "steps_per_epoch": steps,
                           "restarts": attempt}
-        return self._transformer(store, store.model_path(run_id), run_id, epoch_logs, inputs, outputs, p,
-                                 history=history_from(epoch_logs))
+        return self._transformer(store, store.model_path(run_id), run_id, epoch_logs, inputs, outputs,
+                                 dict(p, custom_objects=custom_objects), history=history_from(epoch_logs))
 
     def _transformer(self, store, model_path, run_id, epoch_logs, inputs, outputs, p, history=None):
         from hvd_spark._internal.keras_hvd import history_from

@@ -82,6 +82,113 @@ def broadcast_variables(variables, root_rank: int = 0) -> None:
                                name=f"bcast.{v.path if hasattr(v, 'path') else v.name}".replace(":", "_")))
 
 
+def reconcile_variables(variables, *, name: str = "state") -> int:
+    """Brings variables whose values differ between ranks into agreement; returns how many differed.
+
+    Each rank hashes every variable; the hashes are allgathered, so every rank sees the same
+    list of variables that differ. Floating-point ones are averaged over the ranks (one grouped
+    allreduce), others (integer counters) take rank 0's value. Variables that already agree,
+    e.g. frozen layers, are left bit-for-bit as they are.
+    """
+    import hashlib
+
+    import horovod.tensorflow as hvd
+    import numpy as np
+
+    variables = list(variables)
+    if hvd.size() == 1 or not variables:
+        return 0
+    digests = np.array([[int.from_bytes(hashlib.blake2b(np.ascontiguousarray(np.asarray(v)).tobytes(),
+                                                        digest_size=7).digest(), "little")
+                         for v in variables]], dtype=np.int64)
+    gathered = hvd.allgather(tf.constant(digests), name=f"hvd_spark.{name}.digests").numpy()
+    differ = [variables[i] for i in range(len(variables)) if (gathered[:, i] != gathered[0, i]).any()]
+    floats = [v for v in differ if keras.backend.standardize_dtype(v.dtype).startswith(("float", "bfloat"))]
+    if floats:
+        averaged = hvd.grouped_allreduce([tf.convert_to_tensor(v.value) for v in floats], op=hvd.Average)
+        for v, value in zip(floats, averaged):
+            v.assign(value)
+    others = [v for v in differ if not any(v is f for f in floats)]
+    if others:
+        broadcast_variables(others)
+    return len(differ)
+
+
+class StateAgreementCallback(keras.callbacks.Callback):
+    """Averages the non-trainable state that each rank updates from its own batches.
+
+    Gradients are averaged, so trainable weights agree after every step; state that layers
+    update in their forward pass (BatchNormalization's moving mean and variance, a custom
+    layer's ``add_weight(trainable=False)``) does not. This brings it into agreement before
+    every validation run inside ``fit`` and at every epoch end (so before checkpoints,
+    user callbacks and the final save). Between those points ranks keep their own running
+    statistics; with ``BatchNormalization(synchronized=True)`` they agree on every step instead
+    (see :func:`synchronize_batch_norm`). Put it before callbacks that save the model.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._in_fit = False
+        self.reconciled = 0
+
+    def _reconcile(self):
+        self.reconciled += reconcile_variables(self.model.non_trainable_weights, name="non_trainable")
+
+    def on_train_begin(self, logs=None):
+        self._in_fit = True
+
+    def on_test_begin(self, logs=None):
+        if self._in_fit:  # the validation run of fit(): every rank runs it at the same point
+            self._reconcile()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._reconcile()
+
+    def on_train_end(self, logs=None):
+        self._in_fit = False
+
+
+def synchronize_batch_norm(model) -> int:
+    """Makes every ``BatchNormalization(synchronized=True)`` layer of ``model`` compute its batch
+    statistics over the global batch of all Horovod ranks; returns how many layers it changed.
+
+    Keras implements ``synchronized=True`` through ``tf.distribute`` replica contexts, which
+    Horovod does not use; without this, such layers silently normalize by the rank's own batch.
+    Here each training step sums (count, sum, sum of squares) over the ranks with one allreduce
+    per layer, whose gradient is an allreduce too, as in Horovod's and PyTorch's SyncBatchNorm.
+    Inference (``training=False``) uses the moving statistics and no collective.
+    """
+    import types
+
+    changed = 0
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, keras.layers.BatchNormalization) and getattr(layer, "synchronized", False):
+            layer._moments = types.MethodType(_global_moments, layer)
+            changed += 1
+    return changed
+
+
+def _global_moments(layer, inputs, mask):
+    """Mean and variance over the reduction axes of all ranks' batches (see synchronize_batch_norm)."""
+    import horovod.tensorflow as hvd
+
+    x = tf.convert_to_tensor(inputs)
+    dtype = x.dtype
+    if dtype in (tf.float16, tf.bfloat16):
+        x = tf.cast(x, tf.float32)
+    axes = layer._reduction_axes
+    if mask is None:
+        weights = tf.ones_like(x)
+    else:
+        weights = tf.cast(tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(x)), x.dtype)
+    local = tf.stack([tf.reduce_sum(weights, axes), tf.reduce_sum(x * weights, axes),
+                      tf.reduce_sum(tf.square(x) * weights, axes)])
+    count, total, squares = tf.unstack(hvd.allreduce(local, op=hvd.Sum))
+    mean = tf.math.divide_no_nan(total, count)
+    variance = tf.maximum(tf.math.divide_no_nan(squares, count) - tf.square(mean), 0.0)
+    return tf.cast(mean, dtype), tf.cast(variance, dtype)
+
+
 def average_logs(logs: Dict[str, float]) -> Dict[str, float]:
     """Averages scalar metrics over the ranks; every rank must call it with the same keys."""
     import horovod.tensorflow as hvd

@@ -6,8 +6,8 @@ time, ranks that fail (the others are then aborted), and an optional overall tim
 knows nothing about Keras; the estimator builds on it.
 """
 
+import contextlib
 import logging
-import os
 import threading
 import time
 import uuid
@@ -35,6 +35,43 @@ def _is_secondary(rec: dict) -> bool:
         return True
     text = (rec.get("message") or "").lower()
     return any(t in text for t in _SECONDARY_TEXT)
+
+
+class _SlotPool:
+    """Task slots claimed by the hvd_spark jobs of this driver process, per Spark application.
+
+    A barrier stage needs all its slots at once. When jobs of one driver run side by side
+    (``CrossValidator(parallelism=2)``, fits from several threads) and together need more slots
+    than the application has, the later ones wait here, before their ``start_timeout`` clock
+    starts, instead of timing out while Spark holds their tasks back. The wait lasts as long as
+    the jobs holding the slots, each of which is bounded by its own timeouts.
+    """
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._used: Dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def claim(self, app: str, n: int, total: int, description: str):
+        t0 = last_log = time.monotonic()
+        with self._cond:
+            while self._used.get(app, 0) and self._used[app] + n > total:
+                if time.monotonic() - last_log >= 30 or last_log == t0:
+                    logger.info("%s waits for %d task slots: %d of %d are held by other hvd_spark jobs of this "
+                                "driver (waiting %.0fs)", description, n, self._used[app], total,
+                                time.monotonic() - t0)
+                    last_log = time.monotonic()
+                self._cond.wait(5.0)
+            self._used[app] = self._used.get(app, 0) + n
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._used[app] -= n
+                self._cond.notify_all()
+
+
+_SLOTS = _SlotPool()
 
 
 def available_slots(sc) -> int:
@@ -108,7 +145,6 @@ def launch(fn: Callable, args=(), kwargs=None, *, num_proc: int, spark=None,
            timeout: Optional[float] = None, on_event: Optional[Callable[[int, dict], None]] = None,
            description: str = "hvd_spark job") -> List[Any]:
     """Runs ``fn`` on ``num_proc`` Horovod ranks; see :func:`hvd_spark.run` for the arguments."""
-    from pyspark import InheritableThread
     from pyspark.sql import SparkSession
 
     if not callable(fn):
@@ -144,6 +180,19 @@ def launch(fn: Callable, args=(), kwargs=None, *, num_proc: int, spark=None,
         payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
     except Exception as e:
         raise TypeError(f"fn and its arguments must be picklable with cloudpickle: {e}") from e
+
+    with _SLOTS.claim(sc.applicationId, num_proc, slots, description):
+        return _launch_claimed(sc, payload, num_proc=num_proc, controller=controller, env=env,
+                               num_threads=num_threads, start_timeout=start_timeout, timeout=timeout,
+                               abort_grace=abort_grace, gloo_timeout=gloo_timeout, on_event=on_event,
+                               description=description)
+
+
+def _launch_claimed(sc, payload: bytes, *, num_proc: int, controller: str, env, num_threads: int,
+                    start_timeout: float, timeout: Optional[float], abort_grace: float, gloo_timeout: float,
+                    on_event, description: str) -> List[Any]:
+    """Submits the barrier stage and watches it (the slots are claimed)."""
+    from pyspark import InheritableThread
 
     from hvd_spark._internal.driver_service import DriverService
 

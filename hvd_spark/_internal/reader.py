@@ -33,8 +33,8 @@ def rank_dataset(files: List[str], *, features: Sequence[ColumnInfo], labels: Se
     from petastorm import make_batch_reader
     from petastorm.tf_utils import make_petastorm_dataset
 
-    names = list(dict.fromkeys([c.name for c in features] + [c.name for c in labels] +
-                               ([weight.name] if weight else [])))
+    names = list(dict.fromkeys([c.stored for c in features] + [c.stored for c in labels] +
+                               ([weight.stored] if weight else [])))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         reader = make_batch_reader(list(files), schema_fields=names, num_epochs=None, shuffle_row_groups=shuffle,
@@ -57,13 +57,13 @@ def rank_dataset(files: List[str], *, features: Sequence[ColumnInfo], labels: Se
             if shuffle:  # rows within the row group; row groups themselves come in shuffled order
                 order = tf.random.shuffle(tf.range(tf.shape(columns[names[0]])[0]), seed=seed)
                 columns = {k: tf.gather(v, order) for k, v in columns.items()}
-            xs = [shaped(tf.cast(columns[c.name], dt), shape) for c, shape, dt in zip(features, in_shapes, in_types)]
-            ys = [shaped(tf.cast(columns[c.name], tf.int32 if c.is_integer else tf.float32), shape)
+            xs = [shaped(tf.cast(columns[c.stored], dt), shape) for c, shape, dt in zip(features, in_shapes, in_types)]
+            ys = [shaped(tf.cast(columns[c.stored], tf.int32 if c.is_integer else tf.float32), shape)
                   for c, shape in zip(labels, out_shapes)]
             x = xs[0] if len(xs) == 1 else tuple(xs)
             y = ys[0] if len(ys) == 1 else tuple(ys)
             if weight is not None:
-                return x, y, tf.cast(columns[weight.name], tf.float32)
+                return x, y, tf.cast(columns[weight.stored], tf.float32)
             return x, y
 
         ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE).rebatch(batch_size, drop_remainder=False)

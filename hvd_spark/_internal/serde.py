@@ -1,5 +1,6 @@
 """Turns Keras objects and Python callables into bytes that cross process boundaries and disk."""
 
+import contextlib
 import os
 import tempfile
 from typing import Any, Dict, Optional
@@ -38,6 +39,59 @@ def loads_keras_obj(data: Any, custom_objects: Optional[Dict[str, Any]] = None) 
     return cloudpickle.loads(value)
 
 
+def model_custom_objects(model, custom_objects: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The custom objects that loading ``model`` needs in a process that may not import their modules.
+
+    Starts from the user's ``custom_objects`` (also keyed by each object's registered name, e.g.
+    ``"my_package>MyLayer"``, which is what a saved file names), and adds every object of
+    Keras' global registry (``@keras.saving.register_keras_serializable``) that the model's
+    or its compile configuration names. Classes registered in the driver's ``__main__`` or in a
+    module the executors cannot import then still load on the ranks and in ``transform``.
+    """
+    import keras
+
+    out: Dict[str, Any] = dict(custom_objects or {})
+    for obj in list(out.values()):
+        with contextlib.suppress(Exception):  # not a class or function Keras can name: keep as given
+            out.setdefault(keras.saving.get_registered_name(obj), obj)
+    registry = keras.saving.get_custom_objects()
+    configs = [model.get_config()]
+    with contextlib.suppress(Exception):  # an uncompiled model has no compile config
+        configs.append(model.get_compile_config())
+    for name in _registered_names(configs):
+        if name in registry:
+            out.setdefault(name, registry[name])
+    return out
+
+
+def register_custom_objects(custom_objects: Optional[Dict[str, Any]]) -> None:
+    """Registers objects keyed ``"package>name"`` in this process's Keras registry, as their
+    ``@register_keras_serializable`` did on the driver (a class shipped by value to another
+    process arrives without its registration), so that files saved here name them the same way."""
+    import keras
+
+    for key, obj in (custom_objects or {}).items():
+        if ">" in key and key not in keras.saving.get_custom_objects():
+            package, name = key.split(">", 1)
+            with contextlib.suppress(ValueError):  # not a serializable class (no get_config): leave it
+                keras.saving.register_keras_serializable(package=package, name=name)(obj)
+
+
+def _registered_names(config) -> set:
+    names = set()
+    stack = [config]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            name = item.get("registered_name")
+            if isinstance(name, str):
+                names.add(name)
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return names
+
+
 def model_to_bytes(model) -> bytes:
     """The model as a ``.keras`` file's bytes (architecture, weights, compile config, optimizer)."""
     from hvd_spark._internal.keras_hvd import plain_class
@@ -53,6 +107,7 @@ def model_to_bytes(model) -> bytes:
 def model_from_bytes(data: bytes, custom_objects: Optional[Dict[str, Any]] = None, compile: bool = True):
     import keras
 
+    register_custom_objects(custom_objects)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "model.keras")
         with open(path, "wb") as f:
@@ -63,6 +118,7 @@ def model_from_bytes(data: bytes, custom_objects: Optional[Dict[str, Any]] = Non
 def load_model_file(path: str, custom_objects: Optional[Dict[str, Any]] = None, compile: bool = True):
     import keras
 
+    register_custom_objects(custom_objects)
     return keras.models.load_model(path, custom_objects=custom_objects, compile=compile)
 
 

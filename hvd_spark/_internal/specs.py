@@ -5,7 +5,7 @@ the assignment of Parquet files to ranks, and steps per epoch.
 """
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 
@@ -33,15 +33,41 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class ColumnInfo:
-    """How a DataFrame column is stored: kind 'scalar' | 'array' | 'vector', and its element type."""
+    """How a DataFrame column is stored: kind 'scalar' | 'array' | 'vector', and its element type.
+
+    ``stored`` is the column's name in the materialized Parquet files: a plain identifier
+    (``c0``, ``c1``, ...), so that any legal Spark column name (``class``, ``od280/od315``,
+    ``x.y``, ``_features``) works in every reader. Empty until :func:`with_stored_names`.
+    """
 
     name: str
     kind: str
     element_type: str
     is_integer: bool
+    stored: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def with_stored_names(*groups: Sequence[Optional[ColumnInfo]]) -> List[List[Optional[ColumnInfo]]]:
+    """Gives every distinct column a stored name ``c<i>``, in order of first appearance.
+
+    A column used twice (as a feature and as a label, say) gets one stored name.
+    ``None`` entries (no sample weight) stay ``None``.
+    """
+    stored: Dict[str, str] = {}
+    out: List[List[Optional[ColumnInfo]]] = []
+    for group in groups:
+        renamed: List[Optional[ColumnInfo]] = []
+        for info in group:
+            if info is None:
+                renamed.append(None)
+                continue
+            name = stored.setdefault(info.name, f"c{len(stored)}")
+            renamed.append(replace(info, stored=name))
+        out.append(renamed)
+    return out
 
 
 def check_feature_lengths(col: str, spec: TensorSpec, min_len: Optional[int], max_len: Optional[int],

@@ -18,7 +18,10 @@ import json
 import os
 import posixpath
 import re
+import socket
 import tempfile
+import threading
+import time
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -137,6 +140,78 @@ class Store:
     def write_json(self, path: str, obj: Any) -> None:
         self.write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
 
+    def create_exclusive_json(self, path: str, obj: Any) -> bool:
+        """Writes ``obj`` to ``path`` only if nothing is there; returns whether this call wrote it.
+
+        On local (and mounted shared) filesystems this is atomic across processes and hosts: the
+        file is written under a temporary name and hard-linked into place, and a link fails when
+        the name exists. Object stores and other fsspec filesystems have no such operation here,
+        so the check and the (atomic) write are two steps: two writers that race within that gap
+        both succeed and the later one's file stays. Callers must be correct in that case too.
+        """
+        data = json.dumps(obj, indent=1, sort_keys=True).encode()
+        if not self.is_local:
+            if self.exists(path):
+                return False
+            self.write_bytes(path, data)
+            return True
+        parent = posixpath.dirname(path)
+        self.makedirs(parent)
+        tmp = posixpath.join(parent, f".tmp-{uuid.uuid4().hex}-{posixpath.basename(path)}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
+    @property
+    def is_local(self) -> bool:
+        return self.protocol in ("file", "local")
+
+    @contextlib.contextmanager
+    def lease(self, path: str, heartbeat: float, **info):
+        """Holds a lease file at ``path`` while the block runs: a JSON with ``info``, this host and
+        process, refreshed every ``heartbeat`` seconds by a daemon thread, removed at the end.
+
+        Others read it with :meth:`live_leases` to tell a writer in progress from one that died
+        (whose heartbeat stops).
+        """
+        doc = dict(info, host=socket.gethostname(), pid=os.getpid(), started=time.time())
+        stop = threading.Event()
+
+        def beat():
+            while True:
+                with contextlib.suppress(Exception):  # a missed heartbeat is retried at the next one
+                    self.write_json(path, dict(doc, heartbeat=time.time()))
+                if stop.wait(heartbeat):
+                    return
+
+        self.write_json(path, dict(doc, heartbeat=time.time()))
+        thread = threading.Thread(target=beat, name=f"hvd_spark-lease-{posixpath.basename(path)}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=heartbeat + 5)
+            self.rm(path)
+
+    def live_leases(self, folder: str, prefix: str, stale: float) -> List[Dict[str, Any]]:
+        """The leases ``folder/<prefix>*.json`` whose heartbeat is younger than ``stale`` seconds."""
+        out = []
+        for name in self.listdir(folder):
+            if not (name.startswith(prefix) and name.endswith(".json")):
+                continue
+            with contextlib.suppress(FileNotFoundError, ValueError):  # released meanwhile / being replaced
+                doc = self.read_json(posixpath.join(folder, name))
+                if time.time() - float(doc.get("heartbeat", 0)) < stale:
+                    out.append(dict(doc, name=name))
+        return out
+
     def upload_file(self, local: str, path: str) -> None:
         """Copies a local file to ``path`` atomically."""
         self._atomic(path, lambda tmp: self.fs.put_file(local, tmp))
@@ -201,7 +276,7 @@ class Store:
 
     def local_copy(self, path: str) -> str:
         """Downloads ``path`` to a local temporary file (or returns it, on a local store)."""
-        if self.protocol in ("file", "local"):
+        if self.is_local:
             return path
         fd, local = tempfile.mkstemp(suffix=posixpath.basename(path))
         os.close(fd)

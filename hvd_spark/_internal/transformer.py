@@ -194,7 +194,7 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
         from pyspark.sql import functions as F
         from pyspark.sql.functions import pandas_udf
 
-        from hvd_spark._internal.data import column_info
+        from hvd_spark._internal.data import col, column_info
 
         self._check_columns(dataset)
         import cloudpickle
@@ -219,14 +219,14 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
         args = []
         for c, n in zip(feature_cols, names):
             info = column_info(dataset, c, "feature")
-            col = vector_to_array(F.col(c), "float32") if info.kind == "vector" else F.col(c)
-            args.append(col.alias(n))
+            c_ref = col(c)
+            args.append((vector_to_array(c_ref, "float32") if info.kind == "vector" else c_ref).alias(n))
         packed = F.struct(*args)
         if len(output_cols) == 1:
             return dataset.withColumn(output_cols[0], udf(packed))
         tmp = "__hvd_spark_pred"
         out = dataset.withColumn(tmp, udf(packed))
-        return out.select("*", *[F.col(f"{tmp}.{c}").alias(c) for c in output_cols]).drop(tmp)
+        return out.select("*", *[F.col(tmp).getField(c).alias(c) for c in output_cols]).drop(tmp)
 
     # --- persistence (save / load come from MLWritable / MLReadable) ---
     @classmethod

@@ -73,7 +73,7 @@ def train(cfg: Dict) -> Dict:
 
     from hvd_spark._internal.events import send_event
     from hvd_spark._internal.keras_hvd import (BroadcastStateCallback, EventCallback, MetricAverageCallback,
-                                               make_distributed)
+                                               StateAgreementCallback, make_distributed, synchronize_batch_norm)
     from hvd_spark._internal.reader import rank_dataset
     from hvd_spark._internal.specs import ColumnInfo, TensorSpec
     from hvd_spark._internal.store import Store
@@ -83,6 +83,9 @@ def train(cfg: Dict) -> Dict:
     custom_objects = cloudpickle.loads(cfg["custom_objects"]) if cfg["custom_objects"] else None
     model = _build_model(cfg, custom_objects)
     make_distributed(model.optimizer)
+    synced = synchronize_batch_norm(model)
+    if synced and rank == 0:
+        logger.info("%d BatchNormalization layer(s) use statistics over the global batch (synchronized=True)", synced)
 
     features = [ColumnInfo(**c) for c in cfg["features"]]
     labels = [ColumnInfo(**c) for c in cfg["labels"]]
@@ -92,7 +95,8 @@ def train(cfg: Dict) -> Dict:
     data_kw = dict(features=features, labels=labels, weight=weight, inputs=inputs, outputs=outputs)
 
     user_callbacks = cloudpickle.loads(cfg["callbacks"]) if cfg["callbacks"] else []
-    callbacks: List = [BroadcastStateCallback(), MetricAverageCallback(), *user_callbacks]
+    state_cb = StateAgreementCallback()
+    callbacks: List = [BroadcastStateCallback(), state_cb, MetricAverageCallback(), *user_callbacks]
     tmp = tempfile.mkdtemp(prefix="hvd_spark-rank-")
     store = Store.from_config(cfg["store"])
     if rank == 0:
@@ -109,10 +113,12 @@ def train(cfg: Dict) -> Dict:
             model.fit(train_ds, epochs=cfg["epochs"], initial_epoch=cfg["initial_epoch"],
                       steps_per_epoch=cfg["steps_per_epoch"], validation_data=val_ds,
                       validation_steps=cfg["validation_steps"] if val_ds is not None else None,
-                      callbacks=callbacks, verbose=2 if (cfg["verbose"] >= 2 and rank == 0) else 0)
+                      callbacks=callbacks, verbose=2 if (cfg["verbose"] >= 2 and rank == 0) else 0,
+                      shuffle=False)  # the reader shuffles (row groups, rows, a buffer)
             train_seconds = time.time() - t0
         result = {"rank": rank, "size": size, "weights_digest": _weights_digest(model),
-                  "iterations": int(model.optimizer.iterations.numpy()), "train_seconds": train_seconds}
+                  "iterations": int(model.optimizer.iterations.numpy()), "train_seconds": train_seconds,
+                  "state_reconciled": state_cb.reconciled}
         if rank == 0:
             from hvd_spark._internal.keras_hvd import plain_class
 
