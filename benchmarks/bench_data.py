@@ -1,5 +1,6 @@
-"""Data path: rows/s that one rank's Petastorm reader feeds into tf.data (hvd_spark's reader,
-batches of 256), against pyarrow reading the same Parquet files directly (iter_batches).
+"""Data path: rows/s that one rank's reader feeds into tf.data (hvd_spark's rank_dataset, batches
+of 256), with the Arrow reader (the default) and with Petastorm where it can run (pyarrow 12),
+against pyarrow reading the same Parquet files directly (iter_batches) in the same run.
 
     python -m benchmarks.bench_data [--quick]
 """
@@ -31,15 +32,15 @@ def make_files(folder, rows, width, files=4):
     return paths, per * files
 
 
-def petastorm_rate(paths, rows, width, batch):
+def reader_rate(reader, paths, rows, width, batch):
     from hvd_spark._internal.reader import rank_dataset
     from hvd_spark._internal.specs import ColumnInfo, TensorSpec
 
-    feats = [ColumnInfo("features", "array", "float", False)]
-    labels = [ColumnInfo("label", "scalar", "bigint", True)]
+    feats = [ColumnInfo("features", "array", "float", False, stored="features")]
+    labels = [ColumnInfo("label", "scalar", "bigint", True, stored="label")]
     with rank_dataset(["file://" + p for p in paths], features=feats, labels=labels, weight=None,
                       inputs=[TensorSpec("x", (width,), "float32")], outputs=[TensorSpec("y", (10,), "float32")],
-                      batch_size=batch, shuffle=False, shuffle_buffer_size=1, seed=0) as ds:
+                      batch_size=batch, shuffle=False, shuffle_buffer_size=1, seed=0, reader=reader) as ds:
         steps = rows // batch
         it = iter(ds)
         next(it)  # start-up (reader threads, first row group) is not counted
@@ -66,15 +67,21 @@ def main(quick: bool):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     rows, width = (100_000 if quick else 400_000), 64
     repeats = 3 if quick else 5
+    from hvd_spark._internal.reader import petastorm_available
+
+    readers = ["arrow"] + (["petastorm"] if petastorm_available() else [])
     with tempfile.TemporaryDirectory() as d:
         paths, rows = make_files(d, rows, width)
-        pa_rates, ps_rates = [], []
-        for _ in range(repeats):  # interleaved, so drift hits both alike
-            pa_rates.append(pyarrow_rate(paths, rows, 256))
-            ps_rates.append(petastorm_rate(paths, rows, width, 256))
-    pa_s, ps_s = stats(pa_rates), stats(ps_rates)
-    data = {"rows": rows, "values_per_row": width + 1, "batch": 256, "pyarrow_rows_per_s": pa_s,
-            "petastorm_tfdata_rows_per_s": ps_s, "ratio_petastorm_over_pyarrow": ps_s["median"] / pa_s["median"]}
+        rates = {"pyarrow": [], **{r: [] for r in readers}}
+        for _ in range(repeats):  # interleaved, so drift hits all alike
+            rates["pyarrow"].append(pyarrow_rate(paths, rows, 256))
+            for r in readers:
+                rates[r].append(reader_rate(r, paths, rows, width, 256))
+    pa_s = stats(rates["pyarrow"])
+    data = {"rows": rows, "values_per_row": width + 1, "batch": 256, "pyarrow_rows_per_s": pa_s}
+    for r in readers:
+        data[f"{r}_tfdata_rows_per_s"] = stats(rates[r])
+        data[f"ratio_{r}_over_pyarrow"] = data[f"{r}_tfdata_rows_per_s"]["median"] / pa_s["median"]
     print(write("data_path", data))
     return data
 

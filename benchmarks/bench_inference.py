@@ -105,6 +105,18 @@ def main(quick: bool):
                 _run(transformer.transform(df))  # warm-up: the model loads once per Python worker
                 sweep[b] = stats([rows / _run(transformer.transform(df)) for _ in range(repeats)])
             spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
+            # The two UDF kinds of transform side by side (Arrow UDFs exist from pyspark 4.1).
+            from hvd_spark._internal.transformer import arrow_udfs_available
+
+            kinds = ["arrow", "pandas"] if arrow_udfs_available() else ["pandas"]
+            by_kind = {k: transformer.copy({transformer.inference_udf: k}) for k in kinds}
+            for t in by_kind.values():
+                _run(t.transform(df))
+            kind_rates = {k: [] for k in kinds}
+            for _ in range(repeats):  # interleaved
+                for k, t in by_kind.items():
+                    kind_rates[k].append(rows / _run(t.transform(df)))
+            kind_s = {k: stats(v) for k, v in kind_rates.items()}
             _run(df.withColumn("p", pbu("features")))
             pbu_s = stats([rows / _run(df.withColumn("p", pbu("features"))) for _ in range(repeats)])
             row_s = stats([row_rows / _run(small.rdd.mapPartitions(row_at_a_time).toDF(["p"]))
@@ -119,7 +131,9 @@ def main(quick: bool):
     best = max(sweep, key=lambda b: sweep[b]["median"])
     out = {"rows": rows, "row_at_a_time_rows": row_rows,
            "transform_rows_per_s_by_arrow_batch": {str(k): v for k, v in sweep.items()},
-           "best_arrow_batch": best, "predict_batch_udf_rows_per_s": pbu_s, "row_at_a_time_rows_per_s": row_s,
+           "best_arrow_batch": best, "transform_rows_per_s_by_udf_at_10000": kind_s,
+           "ratio_arrow_udf_over_pandas_udf": (kind_s["arrow"]["median"] / kind_s["pandas"]["median"]
+                                               if "arrow" in kind_s else None), "predict_batch_udf_rows_per_s": pbu_s, "row_at_a_time_rows_per_s": row_s,
            "single_process_predict_rows_per_s": single_s,
            "single_process_predict_1_thread_rows_per_s": single_1t,
            "ratio_transform_over_single_predict_1_thread": sweep[best]["median"] / single_1t["median"],

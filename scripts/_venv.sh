@@ -1,9 +1,8 @@
 # Sourced by main.sh and test.sh: runs the set-up, then points VENV at the environment for
-# HVD_SPARK_SPARK (3.5: .venv, else .venv-spark<line>; HVD_SPARK_VENV overrides) and sets the
+# HVD_SPARK_SPARK / HVD_SPARK_PYTHON (see _paths.sh; HVD_SPARK_VENV overrides) and sets the
 # variables every run needs.
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
-SPARK_LINE="${HVD_SPARK_SPARK:-3.5}"
-if [ "$SPARK_LINE" = "3.5" ]; then VENV="${HVD_SPARK_VENV:-$ROOT/.venv}"; else VENV="${HVD_SPARK_VENV:-$ROOT/.venv-spark$SPARK_LINE}"; fi
+source "$ROOT/scripts/_paths.sh"
 cd "$ROOT"
 export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}" TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"

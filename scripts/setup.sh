@@ -6,23 +6,22 @@
 #   4. a check that prints which Horovod controllers and tensor operations are available.
 #
 # Settings (environment):
-#   HVD_SPARK_SPARK   Spark line to install: 3.5 (default) or 4.0
-#   HVD_SPARK_VENV    virtual environment path (default: .venv, or .venv-spark<line> when not 3.5)
+#   HVD_SPARK_SPARK   Spark line to install: 4.3 (default: pyarrow 26, numpy 2, hvd_spark's Arrow reader),
+#                     4.0 (same pyarrow / numpy) or 3.5 (pyarrow 12, numpy 1.26, with Petastorm)
+#   HVD_SPARK_PYTHON  interpreter: a path or a version (3.12: python3.12 on PATH or under pyenv); default python3
+#   HVD_SPARK_VENV    virtual environment path (default: .venv, or .venv-spark<line>[-py<version>] otherwise)
 #   HVD_SPARK_CACHE   where built Horovod wheels are kept (default: ~/.cache/hvd_spark)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SPARK_LINE="${HVD_SPARK_SPARK:-3.5}"
+source "$ROOT/scripts/_paths.sh"
 case "$SPARK_LINE" in
-  3.5|4.0) ;;
-  *) echo "setup: HVD_SPARK_SPARK must be 3.5 or 4.0. Received: '$SPARK_LINE'." >&2; exit 2 ;;
+  4.3|4.0|3.5) ;;
+  *) echo "setup: HVD_SPARK_SPARK must be 4.3, 4.0 or 3.5. Received: '$SPARK_LINE'." >&2; exit 2 ;;
 esac
-if [ "$SPARK_LINE" = "3.5" ]; then DEFAULT_VENV="$ROOT/.venv"; else DEFAULT_VENV="$ROOT/.venv-spark$SPARK_LINE"; fi
-VENV="${HVD_SPARK_VENV:-$DEFAULT_VENV}"
 CACHE="${HVD_SPARK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_spark}"
 CONSTRAINTS="$ROOT/constraints/spark-$SPARK_LINE.txt"
 HOROVOD_VERSION=0.28.1
-PY="${PYTHON:-python3}"
 
 log() { echo "[setup $(date +%H:%M:%S)] $*"; }
 t0=$(date +%s)
@@ -44,9 +43,16 @@ fi
 command -v java >/dev/null 2>&1 || { echo "setup: Java is required for Spark and is not installed." >&2; exit 1; }
 
 # --- 2. virtual environment and pinned stack ---------------------------------------------------
+if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.hvd_spark-line" 2>/dev/null || true)" != "$SPARK_LINE" ]; then
+  # A venv of another line (e.g. one made before the default changed): packages such as Petastorm
+  # would stay behind if it were upgraded in place, so it is made anew.
+  log "$VENV holds another Spark line; recreating it for Spark $SPARK_LINE"
+  rm -rf "$VENV"
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating virtual environment $VENV"
   "$PY" -m venv "$VENV"
+  echo "$SPARK_LINE" > "$VENV/.hvd_spark-line"
 fi
 VPY="$VENV/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -54,6 +60,8 @@ stamp="$VENV/.hvd_spark-stamp"
 want=$(cat "$ROOT/pyproject.toml" "$CONSTRAINTS" | sha256sum | cut -c1-16)
 extras="test,bench"
 command -v mpicc >/dev/null 2>&1 && extras="$extras,mpi"
+[ "$SPARK_LINE" = "3.5" ] && extras="$extras,petastorm"
+[ "$SPARK_LINE" = "4.3" ] && extras="$extras,connect"
 want="$want-$extras"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   log "installing the Spark $SPARK_LINE stack into $VENV (extras: $extras)"

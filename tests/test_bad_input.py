@@ -6,6 +6,7 @@ import keras
 import pytest
 
 from hvd_spark import HorovodEstimator
+from hvd_spark._internal.reader import petastorm_available
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,11 @@ CASES = [
     (dict(sample_weight_col="x"), TypeError, r"sample weight column 'x' must be numeric"),
     (dict(model="not a model"), TypeError, r"model must be a keras.Model"),
     (dict(store=None), ValueError, r"store is required"),
+    (dict(reader="parquet"), ValueError, r"reader must be one of \['arrow', 'petastorm'\]\. Received: "
+                                         r"reader='parquet'"),
 ]
+if not petastorm_available():
+    CASES.append((dict(reader="petastorm"), ValueError, r"reader='petastorm' needs Petastorm 0\.13\.1 with pyarrow 12"))
 
 
 @pytest.mark.parametrize("override,exc,match", CASES, ids=[str(c[0]) for c in CASES])
@@ -103,4 +108,16 @@ def test_transform_refuses_existing_output_column(spark, tmp_path):
                       output_specs=[{"name": "out", "shape": [1], "dtype": "float32"}])
     df = spark.createDataFrame([([1.0, 2.0], 0.0, 1.0)], "x array<double>, y double, y__output double")
     with pytest.raises(ValueError, match=r"Output columns \['y__output'\] already exist"):
+        t.transform(df)
+
+
+def test_transform_refuses_unknown_inference_udf(spark):
+    from hvd_spark import TFTransformer
+
+    t = TFTransformer(model_url="file:///nonexistent.keras", feature_cols=["x"], label_cols=["y"],
+                      input_specs=[{"name": "in", "shape": [2], "dtype": "float32"}],
+                      output_specs=[{"name": "out", "shape": [1], "dtype": "float32"}], inference_udf="numpy")
+    df = spark.createDataFrame([([1.0, 2.0], 0.0)], "x array<double>, y double")
+    with pytest.raises(ValueError, match=r"inference_udf must be 'auto', 'arrow' or 'pandas'\. Received: "
+                                         r"inference_udf='numpy'"):
         t.transform(df)

@@ -73,6 +73,20 @@ def test_transform_matches_keras_predict(fitted, digits):
     np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("udf", ["arrow", "pandas"])
+def test_transform_udf_kinds_agree_with_keras(fitted, digits, udf):
+    from hvd_spark._internal.transformer import arrow_udfs_available
+
+    if udf == "arrow" and not arrow_udfs_available():
+        pytest.skip("Arrow UDFs need pyspark >= 4.1")
+    _, model, _ = fitted
+    rows = digits[1].toPandas()
+    x = np.stack(rows["features"].to_numpy()).reshape(-1, 8, 8, 1)
+    expected = model.getModel().predict(x, verbose=0)
+    chosen = model.copy({model.inference_udf: udf, model.batch_size: 50})  # several model calls per Arrow batch
+    np.testing.assert_allclose(_probs(chosen.transform(digits[1])), expected, atol=1e-5)
+
+
 def test_transformer_save_load_and_exports(fitted, digits, tmp_path):
     _, model, _ = fitted
     before = _probs(model.transform(digits[1]))
@@ -173,6 +187,22 @@ def test_resume_counts_epochs_exactly(spark, tmp_path):
     other = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3), keras.layers.Dense(1, activation="sigmoid")])
     with pytest.raises(ValueError, match="run_id 'resume-me' .* holds a different model"):
         HorovodEstimator(epochs=6, **dict(kw, model=other)).fit(df)
+
+
+@pytest.mark.parametrize("reader", ["arrow", "petastorm"])
+def test_both_readers_train_to_identical_weights_across_ranks(spark, tmp_path, reader):
+    from hvd_spark._internal.reader import petastorm_available
+
+    if reader == "petastorm" and not petastorm_available():
+        pytest.skip("Petastorm needs pyarrow 12 (the Spark 3.5 line)")
+    df = _xor_frame(spark, 512, seed=4)
+    keras.utils.set_random_seed(4)
+    est = HorovodEstimator(num_proc=2, store=str(tmp_path), model=_small_model(),
+                           optimizer=keras.optimizers.Adam(0.05), loss="binary_crossentropy", metrics=["accuracy"],
+                           feature_cols=["x"], label_cols=["y"], batch_size=32, epochs=8, reader=reader)
+    model = est.fit(df)
+    assert len({r["weights_digest"] for r in est._last_fit["results"]}) == 1
+    assert model.getHistory()["accuracy"][-1] >= 0.85, model.getHistory()["accuracy"]
 
 
 @pytest.mark.parametrize("rows,partitions", [(7, 1), (7, 2), (1, 1)])

@@ -57,6 +57,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         start_timeout: seconds for all ranks to start (default 600).
         max_restarts: how many times a failed training job (a rank raising or dying, a lost
             executor) is started again from the latest checkpoint (default 0).
+        reader: how ranks read the Parquet files: ``"arrow"`` (default, pyarrow-native) or
+            ``"petastorm"`` (needs Petastorm 0.13.1 and pyarrow 12).
 
     Example:
         >>> est = HorovodEstimator(num_proc=2, store="/tmp/store", model=model, optimizer="adam",
@@ -71,7 +73,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                  validation=None, callbacks=None, batch_size=32, val_batch_size=None, epochs=1,
                  train_steps_per_epoch=None, validation_steps_per_epoch=None, shuffle=True,
                  shuffle_buffer_size=10000, random_seed=0, run_id=None, verbose=1, backend="gloo",
-                 output_cols=None, start_timeout=None, max_restarts=0):
+                 output_cols=None, start_timeout=None, max_restarts=0, reader="arrow"):
         super().__init__()
         self._setDefault(num_proc=None, store=None, model=None, optimizer=None, loss=None, loss_weights=None,
                          metrics=None, custom_objects=None, feature_cols=None, label_cols=None, validation=None,
@@ -79,7 +81,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                          callbacks=None, batch_size=32, val_batch_size=None, epochs=1, train_steps_per_epoch=None,
                          validation_steps_per_epoch=None, shuffle=True, shuffle_buffer_size=10000, random_seed=0,
                          run_id=None, verbose=1, backend="gloo", output_cols=None, start_timeout=None,
-                         max_restarts=0)
+                         max_restarts=0, reader="arrow")
         self.setParams(**self._input_kwargs)
 
     @keyword_only
@@ -121,6 +123,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             raise ValueError(f"backend must be 'gloo' or 'mpi'. Received: backend={p['backend']!r}.")
         if p["run_id"] is not None:
             validate_run_id(p["run_id"])
+        from hvd_spark._internal.reader import check_reader
+
+        check_reader(p["reader"])
         if p["verbose"] not in (0, 1, 2):
             raise ValueError(f"verbose must be 0, 1 or 2. Received: verbose={p['verbose']!r}.")
         if p["callbacks"] is not None and not isinstance(p["callbacks"], (list, tuple)):
@@ -240,7 +245,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             "train_files": train_files, "val_files": val_files, "batch_size": batch_size, "val_batch_size": val_batch,
             "steps_per_epoch": int(steps), "validation_steps": int(val_steps) if val_steps else None,
             "shuffle": bool(p["shuffle"]), "shuffle_buffer_size": int(p["shuffle_buffer_size"]), "seed": seed,
-            "verbose": int(p["verbose"]),
+            "verbose": int(p["verbose"]), "reader": p["reader"],
             "num_threads": int(spark.sparkContext.getConf().get("spark.task.cpus", "1")),
         }
         model_bytes = None

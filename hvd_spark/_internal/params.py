@@ -103,6 +103,8 @@ class EstimatorParams(ColumnParams):
                      "from rank 0.", TypeConverters.toInt)
     backend = _param("backend", "Horovod controller: 'gloo' (default, CPU) or 'mpi' (one host).",
                      TypeConverters.toString)
+    reader = _param("reader", "How ranks read the materialized Parquet: 'arrow' (default; pyarrow, whole row groups, "
+                    "any pyarrow version) or 'petastorm' (Petastorm 0.13.1; needs pyarrow 12).", TypeConverters.toString)
     max_restarts = _param("max_restarts", "Times a failed training job is started again from the latest "
                           "checkpoint (default 0).", TypeConverters.toInt)
     start_timeout = _param("start_timeout", "Seconds for all ranks to start (default 600).", _identity)

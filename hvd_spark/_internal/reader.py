@@ -1,18 +1,54 @@
-"""Worker side of the data path: a rank's Parquet files -> Petastorm -> ``tf.data``.
+"""Worker side of the data path: a rank's Parquet files -> ``tf.data``.
 
-Never imports pyspark. Each rank reads its own files (see ``specs.assign_files``) forever
-(``num_epochs=None``); the trainer takes a fixed number of steps per epoch, the same on every
-rank, so uneven shards neither deadlock nor drop a rank.
+Never imports pyspark. Two sources feed the same pipeline:
+
+* ``"arrow"`` (default): pyarrow reads whole row groups; list columns become N-D arrays from
+  their flat values (no per-row Python); row-group order and rows within each group are
+  shuffled with a seed per rank and per pass over the data. Works with any pyarrow >= 12 and
+  reads local paths directly and other stores through fsspec.
+* ``"petastorm"``: Petastorm's ``make_batch_reader`` (needs pyarrow 12; kept for the old line).
+
+Each rank reads its own files (see ``specs.assign_files``) forever; the trainer takes a fixed
+number of steps per epoch, the same on every rank, so uneven shards neither deadlock nor drop a rank.
 """
 
 import contextlib
 import warnings
-from typing import List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from hvd_spark._internal.specs import ColumnInfo, TensorSpec
+
+READERS = ("arrow", "petastorm")
+
+
+def petastorm_available() -> bool:
+    """Whether Petastorm imports here (it does not with pyarrow >= 13)."""
+    try:
+        import petastorm.reader  # noqa: F401
+        return True
+    except Exception:  # ImportError, or pyarrow's missing pyarrow.filesystem: not usable either way
+        return False
+
+
+def check_reader(reader: str) -> None:
+    """Raises ValueError on the driver when ``reader`` is unknown or cannot run with this pyarrow."""
+    if reader not in READERS:
+        raise ValueError(f"reader must be one of {list(READERS)}. Received: reader={reader!r}.")
+    if reader == "petastorm" and not petastorm_available():
+        import pyarrow
+
+        raise ValueError(f"reader='petastorm' needs Petastorm 0.13.1 with pyarrow 12; this environment has pyarrow "
+                         f"{pyarrow.__version__}{'' if _has_module('petastorm') else ' and no petastorm'}. Use "
+                         "reader='arrow' (the default), or install hvd_spark[petastorm] on the Spark 3.5 line.")
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
 
 
 def _target_shape(spec: TensorSpec, info: ColumnInfo, is_label: bool):
@@ -25,26 +61,135 @@ def _target_shape(spec: TensorSpec, info: ColumnInfo, is_label: bool):
     return tuple(spec.shape)
 
 
+def column_values(column) -> np.ndarray:
+    """A pyarrow column (Array or ChunkedArray) as numpy: scalars 1-D, fixed-length lists 2-D.
+
+    Lists are read from their flat child values and reshaped, never row by row. Nulls were
+    refused on the driver before the data was written.
+    """
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    n = len(column)
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type) or \
+            pa.types.is_fixed_size_list(column.type):
+        flat = column.flatten()  # respects slicing offsets
+        values = flat.to_numpy(zero_copy_only=False)
+        return values.reshape(n, -1) if n else values.reshape(0, 0)
+    return column.to_numpy(zero_copy_only=False)
+
+
+def _open_parquet(url: str, storage_options: Optional[Dict]):
+    import fsspec
+    import pyarrow.parquet as pq
+
+    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        return pq.ParquetFile(path, memory_map=True)
+    return pq.ParquetFile(fs.open(path, "rb"), pre_buffer=True)
+
+
+def arrow_batches(files: Sequence[str], names: Sequence[str], *, shuffle: bool, seed: int,
+                  storage_options: Optional[Dict] = None, passes: Optional[int] = None
+                  ) -> Iterator[Dict[str, np.ndarray]]:
+    """Yields whole row groups of ``files`` as {column: array}, ``passes`` times (None: forever).
+
+    With ``shuffle``, each pass visits the row groups in a new order and permutes the rows in
+    each group, both from a generator seeded with ``seed`` and the pass number, so ranks (which
+    get different seeds) and passes differ, and a rerun with the same seed repeats exactly.
+    """
+    parquet = [_open_parquet(f, storage_options) for f in files]
+    units = [(i, g) for i, pf in enumerate(parquet) for g in range(pf.num_row_groups)
+             if pf.metadata.row_group(g).num_rows > 0]
+    if not units:
+        raise ValueError(f"The Parquet files {list(files)} hold no rows.")
+    names = list(names)
+    n_pass = 0
+    while passes is None or n_pass < passes:
+        rng = np.random.default_rng([seed, n_pass])
+        order = rng.permutation(len(units)) if shuffle else range(len(units))
+        for u in order:
+            i, g = units[u]
+            table = parquet[i].read_row_group(g, columns=names, use_threads=True)
+            batch = {name: column_values(table.column(name)) for name in names}
+            if shuffle:
+                perm = rng.permutation(table.num_rows)
+                batch = {k: v[perm] for k, v in batch.items()}
+            yield batch
+        n_pass += 1
+
+
+def _arrow_signature(files: Sequence[str], names: Sequence[str], storage_options: Optional[Dict]):
+    """tf.TensorSpecs of the row-group batches, from the first file's Parquet schema."""
+    import pyarrow as pa
+
+    schema = _open_parquet(files[0], storage_options).schema_arrow
+    sig = {}
+    for name in names:
+        t = schema.field(name).type
+        is_list = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+        value_type = t.value_type if is_list else t
+        sig[name] = tf.TensorSpec(shape=(None, None) if is_list else (None,),
+                                  dtype=tf.as_dtype(value_type.to_pandas_dtype()))
+    return sig
+
+
 @contextlib.contextmanager
-def rank_dataset(files: List[str], *, features: Sequence[ColumnInfo], labels: Sequence[ColumnInfo],
-                 weight: Optional[ColumnInfo], inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                 batch_size: int, shuffle: bool, shuffle_buffer_size: int, seed: int, workers: int = 2):
-    """Yields an infinite ``tf.data.Dataset`` of ``(x, y)`` or ``(x, y, sample_weight)`` batches."""
+def _arrow_source(files, names, shuffle, seed, storage_options):
+    files = list(files)
+    sig = _arrow_signature(files, names, storage_options)
+    ds = tf.data.Dataset.from_generator(
+        lambda: arrow_batches(files, names, shuffle=shuffle, seed=seed, storage_options=storage_options),
+        output_signature=sig)
+    yield ds.prefetch(2)  # the next row groups are read while the current ones train
+
+
+@contextlib.contextmanager
+def _petastorm_source(files, names, shuffle, seed, workers):
     from petastorm import make_batch_reader
     from petastorm.tf_utils import make_petastorm_dataset
 
-    names = list(dict.fromkeys([c.stored for c in features] + [c.stored for c in labels] +
-                               ([weight.stored] if weight else [])))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        reader = make_batch_reader(list(files), schema_fields=names, num_epochs=None, shuffle_row_groups=shuffle,
-                                   seed=seed, workers_count=workers, reader_pool_type="thread")
+        reader = make_batch_reader(list(files), schema_fields=list(names), num_epochs=None,
+                                   shuffle_row_groups=shuffle, seed=seed, workers_count=workers,
+                                   reader_pool_type="thread")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ds = make_petastorm_dataset(reader)
-        # Petastorm yields whole row groups; everything below works on those batches (no per-row
-        # tf.data work), then rebatch cuts them into training batches.
+        ds = ds.map(lambda batch: {name: getattr(batch, name) for name in names})
+        if shuffle:  # rows within the row group; row groups themselves come in shuffled order
+            ds = ds.map(lambda cols: _shuffle_rows(cols, names[0], seed))
+        yield ds
+    finally:
+        reader.stop()
+        reader.join()
+
+
+def _shuffle_rows(columns, first: str, seed: int):
+    order = tf.random.shuffle(tf.range(tf.shape(columns[first])[0]), seed=seed)
+    return {k: tf.gather(v, order) for k, v in columns.items()}
+
+
+@contextlib.contextmanager
+def rank_dataset(files: List[str], *, features: Sequence[ColumnInfo], labels: Sequence[ColumnInfo],
+                 weight: Optional[ColumnInfo], inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+                 batch_size: int, shuffle: bool, shuffle_buffer_size: int, seed: int, reader: str = "arrow",
+                 storage_options: Optional[Dict] = None, workers: int = 2):
+    """Yields an infinite ``tf.data.Dataset`` of ``(x, y)`` or ``(x, y, sample_weight)`` batches."""
+    names = list(dict.fromkeys([c.stored for c in features] + [c.stored for c in labels] +
+                               ([weight.stored] if weight else [])))
+    if reader == "petastorm":
+        source = _petastorm_source(files, names, shuffle, seed, workers)
+    elif reader == "arrow":
+        source = _arrow_source(files, names, shuffle, seed, storage_options)
+    else:
+        raise ValueError(f"reader must be one of {list(READERS)}. Received: reader={reader!r}.")
+    with source as ds:
+        # Whole row groups go through the conversion below (no per-row tf.data work); rebatch then
+        # cuts them into training batches.
         in_shapes = [_target_shape(s, c, False) for s, c in zip(inputs, features)]
         out_shapes = [_target_shape(s, c, True) for s, c in zip(outputs, labels)]
         in_types = [tf.as_dtype(s.dtype) if s.dtype else tf.float32 for s in inputs]
@@ -52,11 +197,7 @@ def rank_dataset(files: List[str], *, features: Sequence[ColumnInfo], labels: Se
         def shaped(v, shape):
             return tf.reshape(v, [-1, *shape]) if shape is not None else v
 
-        def convert(batch):
-            columns = {name: getattr(batch, name) for name in names}
-            if shuffle:  # rows within the row group; row groups themselves come in shuffled order
-                order = tf.random.shuffle(tf.range(tf.shape(columns[names[0]])[0]), seed=seed)
-                columns = {k: tf.gather(v, order) for k, v in columns.items()}
+        def convert(columns):
             xs = [shaped(tf.cast(columns[c.stored], dt), shape) for c, shape, dt in zip(features, in_shapes, in_types)]
             ys = [shaped(tf.cast(columns[c.stored], tf.int32 if c.is_integer else tf.float32), shape)
                   for c, shape in zip(labels, out_shapes)]
@@ -70,19 +211,25 @@ def rank_dataset(files: List[str], *, features: Sequence[ColumnInfo], labels: Se
         if shuffle:
             ds = ds.shuffle(max(1, shuffle_buffer_size // batch_size), seed=seed, reshuffle_each_iteration=True)
         yield ds.prefetch(tf.data.AUTOTUNE)
-    finally:
-        reader.stop()
-        reader.join()
 
 
-def to_model_inputs(columns: Sequence[np.ndarray], inputs: Sequence[TensorSpec]):
-    """Stacks pandas / Arrow column values into the arrays the model takes (inference)."""
+def to_model_inputs(columns: Sequence, inputs: Sequence[TensorSpec]):
+    """The arrays the model takes (inference), from pyarrow arrays or numpy / pandas column values.
+
+    pyarrow list arrays are reshaped from their flat values; object arrays of per-row arrays
+    (what pandas gives for array columns) are stacked.
+    """
+    import pyarrow as pa
+
     xs = []
     for values, spec in zip(columns, inputs):
-        arr = np.asarray(values)
-        if arr.dtype == object:
-            arr = np.stack([np.asarray(v) for v in values]) if len(values) else np.zeros((0,) + tuple(
-                d or 0 for d in spec.shape))
+        if isinstance(values, (pa.Array, pa.ChunkedArray)):
+            arr = column_values(values)
+        else:
+            arr = np.asarray(values)
+            if arr.dtype == object:
+                arr = np.stack([np.asarray(v) for v in values]) if len(values) else np.zeros((0,) + tuple(
+                    d or 0 for d in spec.shape))
         dtype = np.dtype(spec.dtype) if spec.dtype else np.float32
         arr = arr.astype(dtype, copy=False)
         if spec.elements is not None:

@@ -53,35 +53,82 @@ def _load_cached(key: str, model_url: str, storage_options: Dict, custom_objects
         return model
 
 
-def predict_batches(model, frames: Iterator[pd.DataFrame], inputs: List[TensorSpec], outputs: List[TensorSpec],
-                    feature_cols: List[str], output_cols: List[str], batch_size: int) -> Iterator:
-    """Pure batching: predicts each pandas batch in chunks and yields a Series (one output) or a DataFrame."""
+def _predict_columns(model, cols: List, n: int, inputs: List[TensorSpec], outputs: List[TensorSpec],
+                     batch_size: int) -> List[np.ndarray]:
+    """Predicts ``n`` rows given as column values (numpy or pyarrow), ``batch_size`` rows per model call.
+
+    Returns one float64 array of shape (n, values per row) per model output.
+    """
     from hvd_spark._internal.reader import to_model_inputs
 
+    preds: List[List[np.ndarray]] = [[] for _ in outputs]
+    for start in range(0, n, batch_size):
+        x = to_model_inputs([c[start:start + batch_size] for c in cols], inputs)
+        y = model.predict_on_batch(x)
+        ys = list(y.values()) if isinstance(y, dict) else (list(y) if isinstance(y, (list, tuple)) else [y])
+        for i, out in enumerate(ys):
+            preds[i].append(np.asarray(out))
+    return [(np.concatenate(parts) if parts else np.zeros((0, spec.elements or 0))).reshape(n, -1).astype(np.float64)
+            for spec, parts in zip(outputs, preds)]
+
+
+def _null_error(col: str, nulls: int, n: int) -> ValueError:
+    return ValueError(f"Feature column '{col}' has {nulls} null values in a batch of {n} rows; transform() needs "
+                      "a value in every row.")
+
+
+def predict_batches(model, frames: Iterator[pd.DataFrame], inputs: List[TensorSpec], outputs: List[TensorSpec],
+                    feature_cols: List[str], output_cols: List[str], batch_size: int) -> Iterator:
+    """Pure batching (pandas): predicts each batch in chunks and yields a Series (one output) or a DataFrame."""
     for frame in frames:
         n = len(frame)
         for col in feature_cols:
             nulls = int(frame[col].isna().sum())
             if nulls:
-                raise ValueError(f"Feature column '{col}' has {nulls} null values in a batch of {n} rows; "
-                                 "transform() needs a value in every row.")
-        cols = [frame[c].to_numpy() for c in feature_cols]
-        preds: List[List[np.ndarray]] = [[] for _ in outputs]
-        for start in range(0, n, batch_size):
-            x = to_model_inputs([c[start:start + batch_size] for c in cols], inputs)
-            y = model.predict_on_batch(x)
-            ys = list(y.values()) if isinstance(y, dict) else (list(y) if isinstance(y, (list, tuple)) else [y])
-            for i, out in enumerate(ys):
-                preds[i].append(np.asarray(out))
-        columns = {}
-        for name, spec, parts in zip(output_cols, outputs, preds):
-            arr = np.concatenate(parts) if parts else np.zeros((0,) + tuple(d or 0 for d in spec.shape))
-            arr = arr.reshape(n, -1).astype(np.float64)
-            columns[name] = pd.Series(list(arr)) if not _is_scalar(spec) else pd.Series(arr[:, 0])
-        if len(output_cols) == 1:
-            yield columns[output_cols[0]]
-        else:
-            yield pd.DataFrame(columns)
+                raise _null_error(col, nulls, n)
+        arrays = _predict_columns(model, [frame[c].to_numpy() for c in feature_cols], n, inputs, outputs,
+                                  batch_size)
+        columns = {name: (pd.Series(arr[:, 0]) if _is_scalar(spec) else pd.Series(list(arr)))
+                   for name, spec, arr in zip(output_cols, outputs, arrays)}
+        yield columns[output_cols[0]] if len(output_cols) == 1 else pd.DataFrame(columns)
+
+
+def predict_arrow_batches(model, structs: Iterator, inputs: List[TensorSpec], outputs: List[TensorSpec],
+                          feature_cols: List[str], output_cols: List[str], batch_size: int) -> Iterator:
+    """Pure batching (Arrow): each StructArray of feature columns -> an Arrow array of predictions.
+
+    List features are reshaped from their flat values and list outputs built from flat values
+    and offsets: no per-row Python on either side.
+    """
+    import pyarrow as pa
+
+    for struct in structs:
+        if isinstance(struct, pa.ChunkedArray):
+            struct = struct.combine_chunks()
+        n = len(struct)
+        cols = [struct.field(i) for i in range(struct.type.num_fields)]
+        for name, c in zip(feature_cols, cols):
+            if c.null_count:
+                raise _null_error(name, c.null_count, n)
+        arrays = _predict_columns(model, cols, n, inputs, outputs, batch_size)
+        out = []
+        for spec, arr in zip(outputs, arrays):
+            if _is_scalar(spec):
+                out.append(pa.array(arr[:, 0], type=pa.float64()))
+            else:
+                width = arr.shape[1]
+                offsets = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32))
+                out.append(pa.ListArray.from_arrays(offsets, pa.array(arr.reshape(-1), type=pa.float64())))
+        yield out[0] if len(out) == 1 else pa.StructArray.from_arrays(out, names=list(output_cols))
+
+
+def arrow_udfs_available() -> bool:
+    """Whether this pyspark has Arrow-native UDFs (``pyspark.sql.functions.arrow_udf``, Spark >= 4.1)."""
+    try:
+        from pyspark.sql.functions import arrow_udf  # noqa: F401
+        return True
+    except ImportError:
+        return False
 
 
 def _is_scalar(spec: TensorSpec) -> bool:
@@ -109,17 +156,21 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
     run_id = _param("run_id", "The training run that produced the model.", TypeConverters.toString)
     batch_size = _param("batch_size", "Rows per model call during transform.", TypeConverters.toInt)
     custom_objects = _param("custom_objects", "Custom Keras objects needed to load the model.")
+    inference_udf = _param("inference_udf", "How transform() calls the model: 'auto' (default: an Arrow UDF where "
+                           "pyspark has them, >= 4.1, else a pandas UDF), 'arrow' or 'pandas'.",
+                           TypeConverters.toString)
 
     def __init__(self, *, model_url: Optional[str] = None, feature_cols=None, label_cols=None, output_cols=None,
                  input_specs=None, output_specs=None, history=None, run_id=None, batch_size: int = 4096,
-                 custom_objects=None, storage_options=None):
+                 custom_objects=None, storage_options=None, inference_udf: str = "auto"):
         super().__init__()
         self._setDefault(batch_size=4096, history={}, storage_options={}, custom_objects=None, output_cols=None,
-                         label_cols=None)
+                         label_cols=None, inference_udf="auto")
         kwargs = {k: v for k, v in dict(model_url=model_url, feature_cols=feature_cols, label_cols=label_cols,
                                         output_cols=output_cols, input_specs=input_specs, output_specs=output_specs,
                                         history=history, run_id=run_id, batch_size=batch_size,
-                                        custom_objects=custom_objects, storage_options=storage_options).items()
+                                        custom_objects=custom_objects, storage_options=storage_options,
+                                        inference_udf=inference_udf).items()
                   if v is not None}
         self._set(**kwargs)
         self._keras_model = None
@@ -189,6 +240,17 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
             raise ValueError(f"output_cols must name one column per model output ({len(self._outputs())}). "
                              f"Received: {self.getOutputCols()}.")
 
+    def _use_arrow_udf(self) -> bool:
+        choice = self.getOrDefault(self.inference_udf)
+        if choice not in ("auto", "arrow", "pandas"):
+            raise ValueError(f"inference_udf must be 'auto', 'arrow' or 'pandas'. Received: inference_udf={choice!r}.")
+        if choice == "arrow" and not arrow_udfs_available():
+            import pyspark
+
+            raise ValueError(f"inference_udf='arrow' needs pyspark >= 4.1 (Arrow UDFs); this is pyspark "
+                             f"{pyspark.__version__}. Use inference_udf='auto' or 'pandas'.")
+        return choice == "arrow" or (choice == "auto" and arrow_udfs_available())
+
     def _transform(self, dataset):
         from pyspark.ml.functions import vector_to_array
         from pyspark.sql import functions as F
@@ -197,6 +259,7 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
         from hvd_spark._internal.data import col, column_info
 
         self._check_columns(dataset)
+        self._use_arrow_udf()  # a bad inference_udf fails here, before any Spark job
         import cloudpickle
 
         feature_cols = self.getFeatureCols()
@@ -210,12 +273,23 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
         names = [f"_f{i}" for i in range(len(feature_cols))]
         key = _model_version(url, opts)
 
-        def predict(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
-            model = _load_cached(key, url, opts, co_bytes, num_threads)
-            renamed = (f.set_axis(feature_cols, axis=1) for f in frames)
-            yield from predict_batches(model, renamed, inputs, outputs, feature_cols, output_cols, batch_size)
+        if self._use_arrow_udf():
+            import pyarrow as pa
+            from pyspark.sql.functions import arrow_udf
 
-        udf = pandas_udf(predict, returnType=self._output_type())
+            def predict_arrow(structs: Iterator[pa.Array]) -> Iterator[pa.Array]:
+                model = _load_cached(key, url, opts, co_bytes, num_threads)
+                yield from predict_arrow_batches(model, structs, inputs, outputs, feature_cols, output_cols,
+                                                 batch_size)
+
+            udf = arrow_udf(predict_arrow, returnType=self._output_type())
+        else:
+            def predict(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
+                model = _load_cached(key, url, opts, co_bytes, num_threads)
+                renamed = (f.set_axis(feature_cols, axis=1) for f in frames)
+                yield from predict_batches(model, renamed, inputs, outputs, feature_cols, output_cols, batch_size)
+
+            udf = pandas_udf(predict, returnType=self._output_type())
         args = []
         for c, n in zip(feature_cols, names):
             info = column_info(dataset, c, "feature")

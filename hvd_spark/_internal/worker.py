@@ -92,7 +92,8 @@ def train(cfg: Dict) -> Dict:
     weight = ColumnInfo(**cfg["weight"]) if cfg["weight"] else None
     inputs = [TensorSpec.from_dict(d) for d in cfg["inputs"]]
     outputs = [TensorSpec.from_dict(d) for d in cfg["outputs"]]
-    data_kw = dict(features=features, labels=labels, weight=weight, inputs=inputs, outputs=outputs)
+    data_kw = dict(features=features, labels=labels, weight=weight, inputs=inputs, outputs=outputs,
+                   reader=cfg.get("reader", "arrow"), storage_options=cfg["store"].get("storage_options"))
 
     user_callbacks = cloudpickle.loads(cfg["callbacks"]) if cfg["callbacks"] else []
     state_cb = StateAgreementCallback()
