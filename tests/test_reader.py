@@ -101,3 +101,18 @@ def test_arrow_and_petastorm_give_the_same_rows(parquet_files):
             rows.append(np.column_stack([batch["c0"].numpy(), batch["c1"].numpy()]))
     petastorm = sorted(map(tuple, np.concatenate(rows).tolist()))
     assert petastorm == arrow
+
+
+def test_arrow_reader_reads_through_fsspec_filesystems(parquet_files):
+    """A store that is not a local path (here fsspec's in-memory filesystem; s3:// goes the same way)."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    urls = []
+    for i, path in enumerate(parquet_files[:2]):
+        with open(path, "rb") as src, fs.open(f"/hvd_spark_reader_test/part-{i}.parquet", "wb") as dst:
+            dst.write(src.read())
+        urls.append(f"memory://hvd_spark_reader_test/part-{i}.parquet")
+    local = _ids(list(arrow_batches(parquet_files[:2], ["c0"], shuffle=False, seed=0, passes=1)))
+    remote = _ids(list(arrow_batches(urls, ["c0"], shuffle=False, seed=0, passes=1, storage_options={})))
+    np.testing.assert_array_equal(remote, local)
