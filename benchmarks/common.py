@@ -36,7 +36,7 @@ def environment() -> Dict[str, str]:
 
     env = {"python": sys.version.split()[0], "machine": platform.machine(), "cpus": str(os.cpu_count()),
            "date": time.strftime("%Y-%m-%d %H:%M")}
-    for pkg in ("tensorflow-cpu", "horovod", "pyspark", "pyarrow", "petastorm", "keras"):
+    for pkg in ("tensorflow-cpu", "horovod", "pyspark", "pyarrow", "numpy", "pandas", "petastorm", "keras"):
         try:
             env[pkg] = md.version(pkg)
         except md.PackageNotFoundError:

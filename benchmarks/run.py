@@ -35,9 +35,18 @@ def _ok(flag):
     return "met" if flag else "**missed**"
 
 
-def _table(lines, title, header) -> None:
-    """Appends a section title and a Markdown table header."""
-    lines += [title, "", "| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+def _stack(d) -> str:
+    """The line naming the stack and date a section's figures come from."""
+    e = d.get("environment", {})
+    numpy = f", numpy {e['numpy']}" if "numpy" in e else ""
+    return (f"_Run {e.get('date')}: Python {e.get('python')}, pyspark {e.get('pyspark')}, pyarrow "
+            f"{e.get('pyarrow')}{numpy}._")
+
+
+def _table(lines, title, header, d) -> None:
+    """Appends a section title, the section's stack line and a Markdown table header."""
+    lines += [title, "", _stack(d), "", "| " + " | ".join(header) + " |",
+              "| " + " | ".join("---" for _ in header) + " |"]
 
 
 def report() -> str:
@@ -48,14 +57,14 @@ def report() -> str:
         ps["alpha_beta"] = alpha_beta(ps["rows"], comm)
     lines = []
     env = next((d["environment"] for d in (comm, ps, scaling, e2e, data, inf) if d), {})
-    lines.append(f"Machine: {env.get('cpus')} cores, {env.get('memory_gib')} GiB, {env.get('machine')}; Python "
-                 f"{env.get('python')}, TF {env.get('tensorflow-cpu')}, Horovod {env.get('horovod')}, pyspark "
-                 f"{env.get('pyspark')}, pyarrow {env.get('pyarrow')}; run {env.get('date')}. Figures are medians; "
-                 "spread is min-max over the repeats. One intra-op thread per rank unless said.")
+    lines.append(f"Machine: {env.get('cpus')} cores, {env.get('memory_gib')} GiB, {env.get('machine')}; TF "
+                 f"{env.get('tensorflow-cpu')}, Horovod {env.get('horovod')}. Figures are medians; spread is min-max "
+                 "over the repeats. One intra-op thread per rank unless said. Each section names the stack and date "
+                 "of its own run (sections can be re-run alone with --only).")
     lines.append("")
     if ps:
-        lines.append("### 1. Ring-allreduce vs parameter server (step time per global step = one batch per worker)")
-        lines.append("")
+        lines += ["### 1. Ring-allreduce vs parameter server (step time per global step = one batch per worker)", "",
+                  _stack(ps), ""]
         lines.append("| workers | gradient | allreduce s | PS s | PS / allreduce | alpha-beta predicted ratio | note |")
         lines.append("| --- | --- | --- | --- | --- | --- | --- |")
         preds = {(p["workers"], p["bytes"]): p for p in (ps.get("alpha_beta") or {}).get("predictions", [])}
@@ -82,8 +91,7 @@ def report() -> str:
                          f"(lowest ratio {min(r['ratio_ps_over_allreduce'] for r in ge16):.2f}).")
         lines.append("")
     if comm:
-        lines.append("### Communication: Horovod allreduce bus bandwidth (2 ranks, Gloo over loopback)")
-        lines.append("")
+        lines += ["### Communication: Horovod allreduce bus bandwidth (2 ranks, Gloo over loopback)", "", _stack(comm), ""]
         tcp, mem = comm["loopback_tcp_Bps"]["median"], comm["memcpy_Bps"]["median"]
         lines.append(f"Loopback TCP, both directions at once: {tcp / 1e9:.2f} GB/s per direction; memcpy: "
                      f"{mem / 1e9:.2f} GB/s (same run).")
@@ -104,15 +112,14 @@ def report() -> str:
                      f"{f['step_s']['off']['median'] * 1e3:.1f} ms without ({f['speedup_on_vs_off']:.2f}x).")
         lines.append("")
     if scaling:
-        _table(lines, "### 2. Scaling (compute-bound CNN, batch 64 per worker)", ["configuration", "samples/s"])
+        _table(lines, "### 2. Scaling (compute-bound CNN, batch 64 per worker)", ["configuration", "samples/s"], scaling)
         for k, v in scaling["samples_per_s"].items():
             lines.append(f"| {k} | {v['median']:.1f} ({v['min']:.1f}-{v['max']:.1f}) |")
         lines.append("")
         lines.append(f"- E(2) = X(2) / (2 X(1)) = {scaling['E2']:.2f}: target >= 0.85 {_ok(scaling['E2'] >= 0.85)}.")
         lines.append("")
     if e2e:
-        lines.append("### 3. End-to-end overhead (1 epoch, MLP, global batch 256)")
-        lines.append("")
+        lines += ["### 3. End-to-end overhead (1 epoch, MLP, global batch 256)", "", _stack(e2e), ""]
         lines.append("| rows | plain Keras s | workers | fit wall s | materialize s | launch + shutdown s | training s | "
                      "checks s | fit / plain |")
         lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -131,8 +138,7 @@ def report() -> str:
         lines.append(f"- Target fixed overhead (launch + shutdown) <= 10 s: at most {fixed:.1f} s, {_ok(fixed <= 10)}.")
         lines.append("")
     if data:
-        lines.append("### 4. Data path (one rank, batches of 256)")
-        lines.append("")
+        lines += ["### 4. Data path (one rank, batches of 256)", "", _stack(data), ""]
         lines.append(f"- pyarrow iter_batches (baseline): {data['pyarrow_rows_per_s']['median']:,.0f} rows/s.")
         for reader, target in (("arrow", 0.8), ("petastorm", 0.5)):
             if f"{reader}_tfdata_rows_per_s" in data:
@@ -141,7 +147,7 @@ def report() -> str:
                              f"rows/s; ratio {ratio:.2f}: target >= {target} {_ok(ratio >= target)}.")
         lines.append("")
     if inf:
-        _table(lines, "### 5. Inference (local[2])", ["method", "rows/s"])
+        _table(lines, "### 5. Inference (local[2])", ["method", "rows/s"], inf)
         for b, v in inf["transform_rows_per_s_by_arrow_batch"].items():
             lines.append(f"| TFTransformer.transform, Arrow batch {int(b):,} | {v['median']:,.0f} |")
         for kind, v in (inf.get("transform_rows_per_s_by_udf_at_10000") or {}).items():

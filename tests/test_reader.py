@@ -6,7 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hvd_spark._internal.reader import arrow_batches, column_values, petastorm_available, rank_dataset
+from hvd_spark._internal.reader import (arrow_batches, column_values, petastorm_available, rank_dataset,
+                                        to_model_inputs)
 from hvd_spark._internal.specs import ColumnInfo, TensorSpec
 
 
@@ -64,6 +65,22 @@ def test_column_values_of_sliced_and_chunked_lists():
     chunked = pa.chunked_array([arr.slice(0, 1), arr.slice(2, 2)])
     np.testing.assert_array_equal(column_values(chunked), [[1, 2], [5, 6], [7, 8]])
     assert column_values(pa.array([], type=pa.list_(pa.float32()))).shape == (0, 0)
+
+
+def test_model_inputs_from_pandas_objects_and_arrow_agree():
+    """Array columns reach the model as N-D arrays, whether pandas (object arrays of per-row arrays, nested
+    for list<list<>>) or Arrow gives them; a row of the wrong size is an error, not a silent reshape."""
+    x = np.arange(24, dtype=np.float32).reshape(4, 2, 3)
+    flat = pa.array(list(x.reshape(4, 6)), type=pa.list_(pa.float32()))
+    nested = pa.array([[list(r) for r in m] for m in x], type=pa.list_(pa.list_(pa.float32())))
+    spec = [TensorSpec("x", (2, 3), "float32")]
+    for col in (flat, nested):
+        np.testing.assert_array_equal(to_model_inputs([col.to_pandas().to_numpy()], spec), x)
+    np.testing.assert_array_equal(to_model_inputs([flat], spec), x)
+    assert to_model_inputs([flat.to_pandas().to_numpy()[:0]], spec).shape == (0, 2, 3)
+    ragged = pa.array([[1.0] * 6, [1.0] * 5], type=pa.list_(pa.float32())).to_pandas().to_numpy()
+    with pytest.raises(ValueError, match="6 values per row"):
+        to_model_inputs([ragged], spec)
 
 
 def _dataset_rows(files, reader, rows):

@@ -213,11 +213,34 @@ def rank_dataset(files: List[str], *, features: Sequence[ColumnInfo], labels: Se
         yield ds.prefetch(tf.data.AUTOTUNE)
 
 
+def _objects_to_array(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """An object array of per-row arrays (what pandas gives for array columns) as one N-D array.
+
+    The rows are concatenated by numpy in C (nested lists level by level) and the flat values
+    reshaped; there is no per-row Python. Rows of the wrong size are an error, not a silent reshape.
+    """
+    n = len(arr)
+    if n == 0:
+        return np.zeros((0,) + tuple(d or 0 for d in spec.shape), dtype=np.float32)
+    if not spec.shape:  # a scalar input held as Python objects (e.g. decimals): converted by the caller
+        return arr
+    if spec.elements is None:  # shape unknown: rows must stack as they are
+        return np.stack(list(arr))
+    flat = arr
+    while flat.dtype == object and len(flat):
+        flat = np.concatenate(flat)
+    if flat.size != n * spec.elements:
+        raise ValueError(f"An array column holds rows of another size than the model input expects "
+                         f"({spec.elements} values per row, shape {tuple(spec.shape)}): {flat.size} values "
+                         f"in {n} rows.")
+    return flat.reshape((n,) + tuple(spec.shape))
+
+
 def to_model_inputs(columns: Sequence, inputs: Sequence[TensorSpec]):
     """The arrays the model takes (inference), from pyarrow arrays or numpy / pandas column values.
 
     pyarrow list arrays are reshaped from their flat values; object arrays of per-row arrays
-    (what pandas gives for array columns) are stacked.
+    (what pandas gives for array columns) are concatenated in C and reshaped.
     """
     import pyarrow as pa
 
@@ -228,8 +251,7 @@ def to_model_inputs(columns: Sequence, inputs: Sequence[TensorSpec]):
         else:
             arr = np.asarray(values)
             if arr.dtype == object:
-                arr = np.stack([np.asarray(v) for v in values]) if len(values) else np.zeros((0,) + tuple(
-                    d or 0 for d in spec.shape))
+                arr = _objects_to_array(arr, spec)
         dtype = np.dtype(spec.dtype) if spec.dtype else np.float32
         arr = arr.astype(dtype, copy=False)
         if spec.elements is not None:
