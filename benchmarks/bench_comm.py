@@ -5,16 +5,15 @@ and tensor fusion on / off on a model with many small tensors.
     python -m benchmarks.bench_comm [--quick]
 """
 
-import sys
 import socket
+import sys
 import threading
 import time
 
+import cloudpickle
 import numpy as np
 
-import cloudpickle
-
-from benchmarks.common import session, stats, write, cli
+from benchmarks.common import cli, session, stats, write
 
 # The ranks run in fresh processes that cannot import this folder: ship this module's functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -75,10 +74,10 @@ def loopback_bandwidth(n_bytes=256 << 20, chunk=1 << 20, repeats=3):
         srv.close()
         payload = b"\0" * chunk
 
-        def send(s):
+        def send(s, payload=payload):
             left = n_bytes
             while left > 0:
-                s.sendall(payload[:min(chunk, left)])
+                s.sendall(payload[: min(chunk, left)])
                 left -= chunk
 
         def recv(s):
@@ -122,8 +121,13 @@ def main(quick: bool):
         sweep = hvd_spark.run(allreduce_sweep, args=(sizes, repeats), num_proc=2, verbose=0)
         fusion = {}
         for label, threshold in (("on", str(64 << 20)), ("off", "0")):
-            r = hvd_spark.run(fusion_job, args=(256, 1024, 10 if quick else 30), num_proc=2, verbose=0,
-                              env={"HOROVOD_FUSION_THRESHOLD": threshold, "HOROVOD_CYCLE_TIME": "1"})
+            r = hvd_spark.run(
+                fusion_job,
+                args=(256, 1024, 10 if quick else 30),
+                num_proc=2,
+                verbose=0,
+                env={"HOROVOD_FUSION_THRESHOLD": threshold, "HOROVOD_CYCLE_TIME": "1"},
+            )
             fusion[label] = stats(r[0])
     finally:
         spark.stop()
@@ -134,11 +138,27 @@ def main(quick: bool):
     for size in sizes:
         s = stats([max(a, b) for a, b in zip(sweep[0][size], sweep[1][size])])
         busbw = size / s["median"] * 2 * (n - 1) / n
-        rows.append({"bytes": size, "time_s": s, "busbw_Bps": busbw,
-                     "busbw_over_tcp": busbw / tcp["median"], "busbw_over_memcpy": busbw / mem["median"]})
-    data = {"ranks": n, "allreduce": rows, "loopback_tcp_Bps": tcp, "memcpy_Bps": mem,
-            "fusion": {"tensors": 256, "bytes_each": 4096, "step_s": fusion,
-                       "speedup_on_vs_off": fusion["off"]["median"] / fusion["on"]["median"]}}
+        rows.append(
+            {
+                "bytes": size,
+                "time_s": s,
+                "busbw_Bps": busbw,
+                "busbw_over_tcp": busbw / tcp["median"],
+                "busbw_over_memcpy": busbw / mem["median"],
+            }
+        )
+    data = {
+        "ranks": n,
+        "allreduce": rows,
+        "loopback_tcp_Bps": tcp,
+        "memcpy_Bps": mem,
+        "fusion": {
+            "tensors": 256,
+            "bytes_each": 4096,
+            "step_s": fusion,
+            "speedup_on_vs_off": fusion["off"]["median"] / fusion["on"]["median"],
+        },
+    }
     print(write("comm", data))
     return data
 

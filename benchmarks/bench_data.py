@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import stats, write, cli
+from benchmarks.common import cli, stats, write
 
 
 def make_files(folder, rows, width, files=4):
@@ -27,8 +27,9 @@ def make_files(folder, rows, width, files=4):
     for i in range(files):
         feats = rng.normal(size=(per, width)).astype("float32")
         offsets = pa.array(np.arange(0, per * width + 1, width, dtype=np.int32))
-        table = pa.table({"features": pa.ListArray.from_arrays(offsets, pa.array(feats.ravel())),
-                          "label": rng.integers(0, 10, per)})
+        table = pa.table(
+            {"features": pa.ListArray.from_arrays(offsets, pa.array(feats.ravel())), "label": rng.integers(0, 10, per)}
+        )
         path = os.path.join(folder, f"part-{i}.parquet")
         pq.write_table(table, path, row_group_size=per)
         paths.append(path)
@@ -41,9 +42,19 @@ def reader_rate(reader, paths, rows, width, batch):
 
     feats = [ColumnInfo("features", "array", "float", False, stored="features")]
     labels = [ColumnInfo("label", "scalar", "bigint", True, stored="label")]
-    with rank_dataset(["file://" + p for p in paths], features=feats, labels=labels, weight=None,
-                      inputs=[TensorSpec("x", (width,), "float32")], outputs=[TensorSpec("y", (10,), "float32")],
-                      batch_size=batch, shuffle=False, shuffle_buffer_size=1, seed=0, reader=reader) as ds:
+    with rank_dataset(
+        ["file://" + p for p in paths],
+        features=feats,
+        labels=labels,
+        weight=None,
+        inputs=[TensorSpec("x", (width,), "float32")],
+        outputs=[TensorSpec("y", (10,), "float32")],
+        batch_size=batch,
+        shuffle=False,
+        shuffle_buffer_size=1,
+        seed=0,
+        reader=reader,
+    ) as ds:
         steps = rows // batch
         it = iter(ds)
         next(it)  # start-up (reader threads, first row group) is not counted
@@ -97,8 +108,13 @@ def main(quick: bool):
                 rates[r].append(reader_rate(r, paths, rows, width, 256))
     pa_s = stats(rates["pyarrow"])
     whole = stats(rates["pyarrow_whole_file"])
-    data = {"rows": rows, "values_per_row": width + 1, "batch": 256, "pyarrow_rows_per_s": pa_s,
-            "pyarrow_whole_file_rows_per_s": whole}
+    data = {
+        "rows": rows,
+        "values_per_row": width + 1,
+        "batch": 256,
+        "pyarrow_rows_per_s": pa_s,
+        "pyarrow_whole_file_rows_per_s": whole,
+    }
     for r in readers:
         data[f"{r}_tfdata_rows_per_s"] = stats(rates[r])
         data[f"ratio_{r}_over_pyarrow"] = data[f"{r}_tfdata_rows_per_s"]["median"] / pa_s["median"]

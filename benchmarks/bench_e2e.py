@@ -9,11 +9,10 @@ import sys
 import tempfile
 import time
 
+import cloudpickle
 import numpy as np
 
-import cloudpickle
-
-from benchmarks.common import session, write, cli
+from benchmarks.common import cli, session, write
 
 # The ranks run in fresh processes that cannot import this folder: ship this module's functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -26,8 +25,9 @@ def _model():
     import keras
 
     keras.utils.set_random_seed(0)
-    return keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(64, activation="relu"),
-                             keras.layers.Dense(1, activation="sigmoid")])
+    return keras.Sequential(
+        [keras.Input((WIDTH,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(1, activation="sigmoid")]
+    )
 
 
 def _data(rows):
@@ -39,8 +39,8 @@ def _data(rows):
 
 def plain_keras(rows):
     """Runs in a fresh rank process with 1 thread: plain model.fit, data generated in memory."""
-    import keras
     import horovod.tensorflow as hvd
+    import keras
 
     hvd.init()
     x, y = _data(rows)
@@ -71,20 +71,31 @@ def main(quick: bool):
                 baseline = hvd_spark.run(plain_keras, args=(rows,), num_proc=1, num_threads=1, verbose=0)[0]
                 entry = {"rows": rows, "plain_keras_fit_s": baseline}
                 for n in (1, 2):
-                    est = HorovodEstimator(num_proc=n, store=store, model=_model(),
-                                           optimizer=keras.optimizers.SGD(0.05), loss="binary_crossentropy",
-                                           feature_cols=["x"], label_cols=["y"], batch_size=BATCH // n, epochs=1,
-                                           verbose=0, shuffle=False)
+                    est = HorovodEstimator(
+                        num_proc=n,
+                        store=store,
+                        model=_model(),
+                        optimizer=keras.optimizers.SGD(0.05),
+                        loss="binary_crossentropy",
+                        feature_cols=["x"],
+                        label_cols=["y"],
+                        batch_size=BATCH // n,
+                        epochs=1,
+                        verbose=0,
+                        shuffle=False,
+                    )
                     t0 = time.perf_counter()
-                    est.fit(df)
+                    summary = est.fit(df).getFitSummary()
                     wall = time.perf_counter() - t0
-                    lf = est._last_fit
-                    train = max(r["train_seconds"] for r in lf["results"])
-                    entry[f"fit_{n}w"] = {"wall_s": wall, "materialize_s": lf["materialize_seconds"],
-                                          "launch_and_shutdown_s": lf["train_job_seconds"] - train,
-                                          "training_s": train,
-                                          "checks_s": wall - lf["materialize_seconds"] - lf["train_job_seconds"],
-                                          "ratio_over_plain": wall / baseline}
+                    train = max(r.train_seconds or 0.0 for r in summary.ranks)
+                    entry[f"fit_{n}w"] = {
+                        "wall_s": wall,
+                        "materialize_s": summary.materialize_seconds,
+                        "launch_and_shutdown_s": summary.train_job_seconds - train,
+                        "training_s": train,
+                        "checks_s": wall - summary.materialize_seconds - summary.train_job_seconds,
+                        "ratio_over_plain": wall / baseline,
+                    }
                     print(rows, n, entry[f"fit_{n}w"], flush=True)
                 rows_out.append(entry)
                 df.unpersist()

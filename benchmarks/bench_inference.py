@@ -5,16 +5,15 @@ the same rows in memory, Spark's predict_batch_udf, and a row-at-a-time mapParti
     python -m benchmarks.bench_inference [--quick]
 """
 
-import sys
 import os
+import sys
 import tempfile
 import time
 
+import cloudpickle
 import numpy as np
 
-import cloudpickle
-
-from benchmarks.common import session, stats, write, cli
+from benchmarks.common import cli, session, stats, write
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -25,8 +24,14 @@ def build_model(path):
     import keras
 
     keras.utils.set_random_seed(0)
-    m = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(256, activation="relu"),
-                          keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10, activation="softmax")])
+    m = keras.Sequential(
+        [
+            keras.Input((WIDTH,)),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
     m.save(path)
     return m
 
@@ -77,9 +82,13 @@ def main(quick: bool):
             build_model(path)
             df, _ = frame(spark, rows)
             df.count()
-            transformer = TFTransformer(model_url="file://" + path, feature_cols=["features"], output_cols=["p"],
-                                        input_specs=[{"name": "x", "shape": [WIDTH], "dtype": "float32"}],
-                                        output_specs=[{"name": "p", "shape": [10], "dtype": "float32"}])
+            transformer = TFTransformer(
+                model_url="file://" + path,
+                feature_cols=["features"],
+                output_cols=["p"],
+                input_specs=[{"name": "x", "shape": [WIDTH], "dtype": "float32"}],
+                output_specs=[{"name": "p", "shape": [10], "dtype": "float32"}],
+            )
 
             def make_predict_fn():
                 import keras
@@ -87,8 +96,9 @@ def main(quick: bool):
                 m = keras.models.load_model(path)
                 return lambda v: m.predict_on_batch(v)
 
-            pbu = predict_batch_udf(make_predict_fn, return_type=T.ArrayType(T.FloatType()), batch_size=1024,
-                                    input_tensor_shapes=[[WIDTH]])
+            pbu = predict_batch_udf(
+                make_predict_fn, return_type=T.ArrayType(T.FloatType()), batch_size=1024, input_tensor_shapes=[[WIDTH]]
+            )
 
             def row_at_a_time(it):
                 import keras
@@ -119,27 +129,34 @@ def main(quick: bool):
             kind_s = {k: stats(v) for k, v in kind_rates.items()}
             _run(df.withColumn("p", pbu("features")))
             pbu_s = stats([rows / _run(df.withColumn("p", pbu("features"))) for _ in range(repeats)])
-            row_s = stats([row_rows / _run(small.rdd.mapPartitions(row_at_a_time).toDF(["p"]))
-                           for _ in range(2)])
+            row_s = stats([row_rows / _run(small.rdd.mapPartitions(row_at_a_time).toDF(["p"])) for _ in range(2)])
             single_s = stats(predict_in_process(path, rows, repeats))  # this process: TF's default threads
             import hvd_spark
 
-            single_1t = stats(hvd_spark.run(predict_in_process, args=(path, rows, repeats), num_proc=1,
-                                            num_threads=1, verbose=0)[0])
+            single_1t = stats(
+                hvd_spark.run(predict_in_process, args=(path, rows, repeats), num_proc=1, num_threads=1, verbose=0)[0]
+            )
     finally:
         spark.stop()
     best = max(sweep, key=lambda b: sweep[b]["median"])
-    out = {"rows": rows, "row_at_a_time_rows": row_rows,
-           "transform_rows_per_s_by_arrow_batch": {str(k): v for k, v in sweep.items()},
-           "best_arrow_batch": best, "transform_rows_per_s_by_udf_at_10000": kind_s,
-           "ratio_arrow_udf_over_pandas_udf": (kind_s["arrow"]["median"] / kind_s["pandas"]["median"]
-                                               if "arrow" in kind_s else None), "predict_batch_udf_rows_per_s": pbu_s, "row_at_a_time_rows_per_s": row_s,
-           "single_process_predict_rows_per_s": single_s,
-           "single_process_predict_1_thread_rows_per_s": single_1t,
-           "ratio_transform_over_single_predict_1_thread": sweep[best]["median"] / single_1t["median"],
-           "ratio_transform_over_single_predict": sweep[best]["median"] / single_s["median"],
-           "ratio_transform_over_row_at_a_time": sweep[best]["median"] / row_s["median"],
-           "ratio_transform_over_predict_batch_udf": sweep[best]["median"] / pbu_s["median"]}
+    out = {
+        "rows": rows,
+        "row_at_a_time_rows": row_rows,
+        "transform_rows_per_s_by_arrow_batch": {str(k): v for k, v in sweep.items()},
+        "best_arrow_batch": best,
+        "transform_rows_per_s_by_udf_at_10000": kind_s,
+        "ratio_arrow_udf_over_pandas_udf": (
+            kind_s["arrow"]["median"] / kind_s["pandas"]["median"] if "arrow" in kind_s else None
+        ),
+        "predict_batch_udf_rows_per_s": pbu_s,
+        "row_at_a_time_rows_per_s": row_s,
+        "single_process_predict_rows_per_s": single_s,
+        "single_process_predict_1_thread_rows_per_s": single_1t,
+        "ratio_transform_over_single_predict_1_thread": sweep[best]["median"] / single_1t["median"],
+        "ratio_transform_over_single_predict": sweep[best]["median"] / single_s["median"],
+        "ratio_transform_over_row_at_a_time": sweep[best]["median"] / row_s["median"],
+        "ratio_transform_over_predict_batch_udf": sweep[best]["median"] / pbu_s["median"],
+    }
     print(write("inference", out))
     return out
 

@@ -14,14 +14,14 @@ For a fair unit, both are timed per "global step" = n batches processed (one per
     python -m benchmarks.bench_ps [--quick]
 """
 
-import sys
 import os
 import socket
+import sys
 import time
 
 import cloudpickle
 
-from benchmarks.common import session, stats, write, cli
+from benchmarks.common import cli, session, stats, write
 
 # The ranks run in fresh processes that cannot import this folder: ship this module's functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -79,11 +79,12 @@ def ps_job(n_bytes, steps, workers):
     hvd.init()
     rank = hvd.rank()
     addrs = hvd.allgather_object(f"127.0.0.1:{_free_port()}")
-    spec = tf.train.ClusterSpec({"chief": [addrs[0]], "ps": [addrs[1]], "worker": addrs[2:2 + workers]})
+    spec = tf.train.ClusterSpec({"chief": [addrs[0]], "ps": [addrs[1]], "worker": addrs[2 : 2 + workers]})
     times = []
     if rank == 0:
-        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, task_type="chief", task_id=0,
-                                                                         rpc_layer="grpc")
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            spec, task_type="chief", task_id=0, rpc_layer="grpc"
+        )
         strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
         coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
         d, k = _model_dims(n_bytes)
@@ -103,6 +104,7 @@ def ps_job(n_bytes, steps, workers):
                     loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - y))
                 w.assign_sub(0.01 * tape.gradient(loss, w))
                 return loss
+
             x, y = next(iterator)
             return strategy.run(replica, args=(x, y))
 
@@ -138,21 +140,42 @@ def main(quick: bool, comm=None):
                 ar_s = stats([max(ts) for ts in zip(*ar)])
                 # A ps / worker serves remote steps while its Python thread waits in the final allreduce:
                 # with one inter-op thread that wait starves the server. Intra-op (compute) stays at 1.
-                ps = hvd_spark.run(ps_job, args=(size, steps, n), num_proc=n + 2, verbose=0, timeout=900,
-                                   env={"TF_NUM_INTEROP_THREADS": "4"})
+                ps = hvd_spark.run(
+                    ps_job,
+                    args=(size, steps, n),
+                    num_proc=n + 2,
+                    verbose=0,
+                    timeout=900,
+                    env={"TF_NUM_INTEROP_THREADS": "4"},
+                )
                 ps_s = stats(ps[0])
-                rows.append({"workers": n, "bytes": size, "allreduce_step_s": ar_s, "ps_step_s": ps_s,
-                             "ratio_ps_over_allreduce": ps_s["median"] / ar_s["median"],
-                             "oversubscribed": n + 2 > (os.cpu_count() or 1)})
-                print(f"workers={n} size={size >> 20} MiB allreduce={ar_s['median']:.4f}s ps={ps_s['median']:.4f}s",
-                      flush=True)
+                rows.append(
+                    {
+                        "workers": n,
+                        "bytes": size,
+                        "allreduce_step_s": ar_s,
+                        "ps_step_s": ps_s,
+                        "ratio_ps_over_allreduce": ps_s["median"] / ar_s["median"],
+                        "oversubscribed": n + 2 > (os.cpu_count() or 1),
+                    }
+                )
+                print(
+                    f"workers={n} size={size >> 20} MiB allreduce={ar_s['median']:.4f}s ps={ps_s['median']:.4f}s",
+                    flush=True,
+                )
     finally:
         spark.stop()
     model = alpha_beta(rows, comm)
-    data = {"batch_per_worker": BATCH, "rows": rows, "alpha_beta": model,
-            "algorithms": {"allreduce": "synchronous SGD, Horovod ring-allreduce over Gloo",
-                           "ps": "asynchronous PS: tf.distribute ParameterServerStrategy + ClusterCoordinator, "
-                                 "1 ps, no barrier between workers"}}
+    data = {
+        "batch_per_worker": BATCH,
+        "rows": rows,
+        "alpha_beta": model,
+        "algorithms": {
+            "allreduce": "synchronous SGD, Horovod ring-allreduce over Gloo",
+            "ps": "asynchronous PS: tf.distribute ParameterServerStrategy + ClusterCoordinator, "
+            "1 ps, no barrier between workers",
+        },
+    }
     print(write("ps_vs_allreduce", data))
     return data
 

@@ -9,7 +9,7 @@ import time
 
 import cloudpickle
 
-from benchmarks.common import session, stats, write, cli
+from benchmarks.common import cli, session, stats, write
 
 # The ranks run in fresh processes that cannot import this folder: ship this module's functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -22,16 +22,25 @@ def throughput_job(steps, epochs):
     import keras
     import tensorflow as tf
 
-    from hvd_spark._internal.keras_hvd import BroadcastStateCallback, make_distributed
+    from hvd_spark.keras import BroadcastStateCallback, make_distributed
 
     hvd.init()
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(32, 3, activation="relu"),
-                              keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
-                              keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.GlobalAveragePooling2D(),
-                              keras.layers.Dense(10)])
-    model.compile(optimizer=make_distributed(keras.optimizers.SGD(0.01)),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = keras.Sequential(
+        [
+            keras.Input((32, 32, 3)),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(64, 3, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(10),
+        ]
+    )
+    model.compile(
+        optimizer=make_distributed(keras.optimizers.SGD(0.01)),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     x = tf.random.stateless_normal([BATCH, 32, 32, 3], seed=[hvd.rank(), 0])
     y = tf.zeros([BATCH], tf.int32)
     ds = tf.data.Dataset.from_tensors((x, y)).repeat()
@@ -44,8 +53,7 @@ def throughput_job(steps, epochs):
         def on_epoch_end(self, epoch, logs=None):
             times.append(time.perf_counter() - self.t)
 
-    model.fit(ds, steps_per_epoch=steps, epochs=epochs + 1, verbose=0,
-              callbacks=[BroadcastStateCallback(), Timer()])
+    model.fit(ds, steps_per_epoch=steps, epochs=epochs + 1, verbose=0, callbacks=[BroadcastStateCallback(), Timer()])
     return [hvd.size() * BATCH * steps / t for t in times[1:]]  # the first epoch (tracing) is left out
 
 
@@ -64,8 +72,12 @@ def main(quick: bool):
     finally:
         spark.stop()
     x1, x2 = res["1 worker x 1 thread"]["median"], res["2 workers x 1 thread"]["median"]
-    data = {"batch_per_worker": BATCH, "samples_per_s": res, "E2": x2 / (2 * x1),
-            "threads_speedup_1w": res["1 worker x 2 threads"]["median"] / x1}
+    data = {
+        "batch_per_worker": BATCH,
+        "samples_per_s": res,
+        "E2": x2 / (2 * x1),
+        "threads_speedup_1w": res["1 worker x 2 threads"]["median"] / x1,
+    }
     print(write("scaling", data))
     return data
 

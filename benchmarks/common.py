@@ -6,7 +6,6 @@ import platform
 import statistics
 import sys
 import time
-from typing import Dict, List
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -15,13 +14,14 @@ def session(master: str, **conf):
     import hvd_spark
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    s = hvd_spark.local_session(master, app_name="hvd_spark-bench", conf={k.replace("_", "."): v
-                                                                          for k, v in conf.items()})
+    s = hvd_spark.local_session(
+        master, app_name="hvd_spark-bench", conf={k.replace("_", "."): v for k, v in conf.items()}
+    )
     s.sparkContext.setLogLevel("ERROR")
     return s
 
 
-def stats(samples: List[float]) -> Dict[str, float]:
+def stats(samples: list[float]) -> dict[str, float]:
     """Median and spread (min, max, and the interquartile range when there are 4+ samples)."""
     s = sorted(samples)
     out = {"median": statistics.median(s), "min": s[0], "max": s[-1], "n": len(s)}
@@ -31,11 +31,15 @@ def stats(samples: List[float]) -> Dict[str, float]:
     return out
 
 
-def environment() -> Dict[str, str]:
+def environment() -> dict[str, str]:
     import importlib.metadata as md
 
-    env = {"python": sys.version.split()[0], "machine": platform.machine(), "cpus": str(os.cpu_count()),
-           "date": time.strftime("%Y-%m-%d %H:%M")}
+    env = {
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "cpus": str(os.cpu_count()),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
     for pkg in ("tensorflow-cpu", "horovod", "pyspark", "pyarrow", "numpy", "pandas", "petastorm", "keras"):
         try:
             env[pkg] = md.version(pkg)
@@ -49,7 +53,7 @@ def environment() -> Dict[str, str]:
     return env
 
 
-def write(name: str, data: Dict) -> str:
+def write(name: str, data: dict) -> str:
     os.makedirs(RESULTS, exist_ok=True)
     data = dict(data, environment=environment())
     path = os.path.join(RESULTS, f"{name}.json")

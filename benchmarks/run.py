@@ -16,10 +16,22 @@ import time
 from benchmarks.common import RESULTS, mib
 
 ORDER = ["comm", "ps", "scaling", "e2e", "data", "inference"]
-MODULES = {"comm": "bench_comm", "ps": "bench_ps", "scaling": "bench_scaling", "e2e": "bench_e2e",
-           "data": "bench_data", "inference": "bench_inference"}
-FILES = {"comm": "comm", "ps": "ps_vs_allreduce", "scaling": "scaling", "e2e": "e2e_overhead",
-         "data": "data_path", "inference": "inference"}
+MODULES = {
+    "comm": "bench_comm",
+    "ps": "bench_ps",
+    "scaling": "bench_scaling",
+    "e2e": "bench_e2e",
+    "data": "bench_data",
+    "inference": "bench_inference",
+}
+FILES = {
+    "comm": "comm",
+    "ps": "ps_vs_allreduce",
+    "scaling": "scaling",
+    "e2e": "e2e_overhead",
+    "data": "data_path",
+    "inference": "inference",
+}
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -39,14 +51,22 @@ def _stack(d) -> str:
     """The line naming the stack and date a section's figures come from."""
     e = d.get("environment", {})
     numpy = f", numpy {e['numpy']}" if "numpy" in e else ""
-    return (f"_Run {e.get('date')}: Python {e.get('python')}, pyspark {e.get('pyspark')}, pyarrow "
-            f"{e.get('pyarrow')}{numpy}._")
+    return (
+        f"_Run {e.get('date')}: Python {e.get('python')}, pyspark {e.get('pyspark')}, pyarrow "
+        f"{e.get('pyarrow')}{numpy}._"
+    )
 
 
 def _table(lines, title, header, d) -> None:
     """Appends a section title, the section's stack line and a Markdown table header."""
-    lines += [title, "", _stack(d), "", "| " + " | ".join(header) + " |",
-              "| " + " | ".join("---" for _ in header) + " |"]
+    lines += [
+        title,
+        "",
+        _stack(d),
+        "",
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join("---" for _ in header) + " |",
+    ]
 
 
 def report() -> str:
@@ -57,14 +77,20 @@ def report() -> str:
         ps["alpha_beta"] = alpha_beta(ps["rows"], comm)
     lines = []
     env = next((d["environment"] for d in (comm, ps, scaling, e2e, data, inf) if d), {})
-    lines.append(f"Machine: {env.get('cpus')} cores, {env.get('memory_gib')} GiB, {env.get('machine')}; TF "
-                 f"{env.get('tensorflow-cpu')}, Horovod {env.get('horovod')}. Figures are medians; spread is min-max "
-                 "over the repeats. One intra-op thread per rank unless said. Each section names the stack and date "
-                 "of its own run (sections can be re-run alone with --only).")
+    lines.append(
+        f"Machine: {env.get('cpus')} cores, {env.get('memory_gib')} GiB, {env.get('machine')}; TF "
+        f"{env.get('tensorflow-cpu')}, Horovod {env.get('horovod')}. Figures are medians; spread is min-max "
+        "over the repeats. One intra-op thread per rank unless said. Each section names the stack and date "
+        "of its own run (sections can be re-run alone with --only)."
+    )
     lines.append("")
     if ps:
-        lines += ["### 1. Ring-allreduce vs parameter server (step time per global step = one batch per worker)", "",
-                  _stack(ps), ""]
+        lines += [
+            "### 1. Ring-allreduce vs parameter server (step time per global step = one batch per worker)",
+            "",
+            _stack(ps),
+            "",
+        ]
         lines.append("| workers | gradient | allreduce s | PS s | PS / allreduce | alpha-beta predicted ratio | note |")
         lines.append("| --- | --- | --- | --- | --- | --- | --- |")
         preds = {(p["workers"], p["bytes"]): p for p in (ps.get("alpha_beta") or {}).get("predictions", [])}
@@ -72,47 +98,71 @@ def report() -> str:
             pr = preds.get((r["workers"], r["bytes"]))
             a, b = r["allreduce_step_s"], r["ps_step_s"]
             predicted = f"{pr['ratio']:.2f}" if pr else "-"
-            note = (f"oversubscribed: {r['workers'] + 2} processes on {env.get('cpus', '?')} cores"
-                    if r.get("oversubscribed") else "")
-            lines.append(f"| {r['workers']} | {mib(r['bytes'])} | {a['median']:.4f} ({a['min']:.4f}-{a['max']:.4f}) | "
-                         f"{b['median']:.4f} ({b['min']:.4f}-{b['max']:.4f}) | {r['ratio_ps_over_allreduce']:.2f} | "
-                         f"{predicted} | {note} |")
+            note = (
+                f"oversubscribed: {r['workers'] + 2} processes on {env.get('cpus', '?')} cores"
+                if r.get("oversubscribed")
+                else ""
+            )
+            lines.append(
+                f"| {r['workers']} | {mib(r['bytes'])} | {a['median']:.4f} ({a['min']:.4f}-{a['max']:.4f}) | "
+                f"{b['median']:.4f} ({b['min']:.4f}-{b['max']:.4f}) | {r['ratio_ps_over_allreduce']:.2f} | "
+                f"{predicted} | {note} |"
+            )
         t64 = [r for r in ps["rows"] if r["bytes"] == 64 << 20 and r["workers"] == 4]
         ge16 = [r for r in ps["rows"] if r["bytes"] >= 16 << 20]
         lines.append("")
         lines.append(f"Algorithms: allreduce = {ps['algorithms']['allreduce']}; PS = {ps['algorithms']['ps']}.")
         lines.append("")
         if t64:
-            lines.append(f"- Target PS / allreduce >= 1.5 at 64 MiB, 4 workers: {t64[0]['ratio_ps_over_allreduce']:.2f}, "
-                         f"{_ok(t64[0]['ratio_ps_over_allreduce'] >= 1.5)}.")
+            lines.append(
+                f"- Target PS / allreduce >= 1.5 at 64 MiB, 4 workers: {t64[0]['ratio_ps_over_allreduce']:.2f}, "
+                f"{_ok(t64[0]['ratio_ps_over_allreduce'] >= 1.5)}."
+            )
         if ge16:
-            lines.append(f"- Target allreduce never slower than PS at >= 16 MiB: "
-                         f"{_ok(all(r['ratio_ps_over_allreduce'] >= 1 for r in ge16))} "
-                         f"(lowest ratio {min(r['ratio_ps_over_allreduce'] for r in ge16):.2f}).")
+            lines.append(
+                f"- Target allreduce never slower than PS at >= 16 MiB: "
+                f"{_ok(all(r['ratio_ps_over_allreduce'] >= 1 for r in ge16))} "
+                f"(lowest ratio {min(r['ratio_ps_over_allreduce'] for r in ge16):.2f})."
+            )
         lines.append("")
     if comm:
-        lines += ["### Communication: Horovod allreduce bus bandwidth (2 ranks, Gloo over loopback)", "", _stack(comm), ""]
+        lines += [
+            "### Communication: Horovod allreduce bus bandwidth (2 ranks, Gloo over loopback)",
+            "",
+            _stack(comm),
+            "",
+        ]
         tcp, mem = comm["loopback_tcp_Bps"]["median"], comm["memcpy_Bps"]["median"]
-        lines.append(f"Loopback TCP, both directions at once: {tcp / 1e9:.2f} GB/s per direction; memcpy: "
-                     f"{mem / 1e9:.2f} GB/s (same run).")
+        lines.append(
+            f"Loopback TCP, both directions at once: {tcp / 1e9:.2f} GB/s per direction; memcpy: "
+            f"{mem / 1e9:.2f} GB/s (same run)."
+        )
         lines.append("")
         lines.append("| size | time ms | busbw GB/s | busbw / loopback TCP | busbw / memcpy |")
         lines.append("| --- | --- | --- | --- | --- |")
         for r in comm["allreduce"]:
-            lines.append(f"| {mib(r['bytes'])} | {r['time_s']['median'] * 1e3:.2f} | {r['busbw_Bps'] / 1e9:.3f} | "
-                         f"{r['busbw_over_tcp']:.2f} | {r['busbw_over_memcpy']:.3f} |")
+            lines.append(
+                f"| {mib(r['bytes'])} | {r['time_s']['median'] * 1e3:.2f} | {r['busbw_Bps'] / 1e9:.3f} | "
+                f"{r['busbw_over_tcp']:.2f} | {r['busbw_over_memcpy']:.3f} |"
+            )
         big = [r for r in comm["allreduce"] if r["bytes"] >= 16 << 20]
         lines.append("")
         if big:
             worst = min(r["busbw_over_tcp"] for r in big)
-            lines.append(f"- Target busbw >= 0.7 x loopback bandwidth at >= 16 MiB: lowest {worst:.2f}, {_ok(worst >= 0.7)}.")
+            lines.append(
+                f"- Target busbw >= 0.7 x loopback bandwidth at >= 16 MiB: lowest {worst:.2f}, {_ok(worst >= 0.7)}."
+            )
         f = comm["fusion"]
-        lines.append(f"- Tensor fusion, {f['tensors']} tensors of {f['bytes_each']} B: "
-                     f"{f['step_s']['on']['median'] * 1e3:.1f} ms per step with fusion, "
-                     f"{f['step_s']['off']['median'] * 1e3:.1f} ms without ({f['speedup_on_vs_off']:.2f}x).")
+        lines.append(
+            f"- Tensor fusion, {f['tensors']} tensors of {f['bytes_each']} B: "
+            f"{f['step_s']['on']['median'] * 1e3:.1f} ms per step with fusion, "
+            f"{f['step_s']['off']['median'] * 1e3:.1f} ms without ({f['speedup_on_vs_off']:.2f}x)."
+        )
         lines.append("")
     if scaling:
-        _table(lines, "### 2. Scaling (compute-bound CNN, batch 64 per worker)", ["configuration", "samples/s"], scaling)
+        _table(
+            lines, "### 2. Scaling (compute-bound CNN, batch 64 per worker)", ["configuration", "samples/s"], scaling
+        )
         for k, v in scaling["samples_per_s"].items():
             lines.append(f"| {k} | {v['median']:.1f} ({v['min']:.1f}-{v['max']:.1f}) |")
         lines.append("")
@@ -120,39 +170,54 @@ def report() -> str:
         lines.append("")
     if e2e:
         lines += ["### 3. End-to-end overhead (1 epoch, MLP, global batch 256)", "", _stack(e2e), ""]
-        lines.append("| rows | plain Keras s | workers | fit wall s | materialize s | launch + shutdown s | training s | "
-                     "checks s | fit / plain |")
+        lines.append(
+            "| rows | plain Keras s | workers | fit wall s | materialize s | launch + shutdown s | training s | "
+            "checks s | fit / plain |"
+        )
         lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in e2e["rows"]:
             for n in (1, 2):
                 f = r.get(f"fit_{n}w")
                 if f:
-                    lines.append(f"| {r['rows']:,} | {r['plain_keras_fit_s']:.1f} | {n} | {f['wall_s']:.1f} | "
-                                 f"{f['materialize_s']:.1f} | {f['launch_and_shutdown_s']:.1f} | {f['training_s']:.1f} | "
-                                 f"{f['checks_s']:.1f} | {f['ratio_over_plain']:.2f} |")
+                    lines.append(
+                        f"| {r['rows']:,} | {r['plain_keras_fit_s']:.1f} | {n} | {f['wall_s']:.1f} | "
+                        f"{f['materialize_s']:.1f} | {f['launch_and_shutdown_s']:.1f} | {f['training_s']:.1f} | "
+                        f"{f['checks_s']:.1f} | {f['ratio_over_plain']:.2f} |"
+                    )
         big = max(e2e["rows"], key=lambda r: r["rows"])
         lines.append("")
-        lines.append(f"- Target 1-worker fit <= 1.5 x plain Keras at the largest size ({big['rows']:,} rows): "
-                     f"{big['fit_1w']['ratio_over_plain']:.2f}, {_ok(big['fit_1w']['ratio_over_plain'] <= 1.5)}.")
+        lines.append(
+            f"- Target 1-worker fit <= 1.5 x plain Keras at the largest size ({big['rows']:,} rows): "
+            f"{big['fit_1w']['ratio_over_plain']:.2f}, {_ok(big['fit_1w']['ratio_over_plain'] <= 1.5)}."
+        )
         fixed = max(r["fit_1w"]["launch_and_shutdown_s"] for r in e2e["rows"])
         lines.append(f"- Target fixed overhead (launch + shutdown) <= 10 s: at most {fixed:.1f} s, {_ok(fixed <= 10)}.")
         lines.append("")
     if data:
         lines += ["### 4. Data path (one rank, batches of 256)", "", _stack(data), ""]
-        lines.append(f"- pyarrow iter_batches of 256 rows (the target's baseline): "
-                     f"{data['pyarrow_rows_per_s']['median']:,.0f} rows/s.")
+        lines.append(
+            f"- pyarrow iter_batches of 256 rows (the target's baseline): "
+            f"{data['pyarrow_rows_per_s']['median']:,.0f} rows/s."
+        )
         if "pyarrow_whole_file_rows_per_s" in data:
-            lines.append(f"- pyarrow, each file read whole (no batching; serial, like iter_batches): "
-                         f"{data['pyarrow_whole_file_rows_per_s']['median']:,.0f} rows/s.")
+            lines.append(
+                f"- pyarrow, each file read whole (no batching; serial, like iter_batches): "
+                f"{data['pyarrow_whole_file_rows_per_s']['median']:,.0f} rows/s."
+            )
         for reader, target in (("arrow", 0.8), ("petastorm", 0.5)):
             if f"{reader}_tfdata_rows_per_s" in data:
                 ratio = data[f"ratio_{reader}_over_pyarrow"]
-                lines.append(f"- reader='{reader}' into tf.data: {data[f'{reader}_tfdata_rows_per_s']['median']:,.0f} "
-                             f"rows/s; ratio {ratio:.2f}: target >= {target} {_ok(ratio >= target)}"
-                             + (f"; {data[f'ratio_{reader}_over_pyarrow_whole_file']:.2f}x the whole-file read. The reader "
-                                   "reads row groups in a prefetch thread while tf.data rebatches on the other "
-                                   "core, which is how it passes the serial baselines."
-                                if f"ratio_{reader}_over_pyarrow_whole_file" in data else "."))
+                lines.append(
+                    f"- reader='{reader}' into tf.data: {data[f'{reader}_tfdata_rows_per_s']['median']:,.0f} "
+                    f"rows/s; ratio {ratio:.2f}: target >= {target} {_ok(ratio >= target)}"
+                    + (
+                        f"; {data[f'ratio_{reader}_over_pyarrow_whole_file']:.2f}x the whole-file read. The reader "
+                        "reads row groups in a prefetch thread while tf.data rebatches on the other "
+                        "core, which is how it passes the serial baselines."
+                        if f"ratio_{reader}_over_pyarrow_whole_file" in data
+                        else "."
+                    )
+                )
         lines.append("")
     if inf:
         _table(lines, "### 5. Inference (local[2])", ["method", "rows/s"], inf)
@@ -161,17 +226,23 @@ def report() -> str:
         for kind, v in (inf.get("transform_rows_per_s_by_udf_at_10000") or {}).items():
             lines.append(f"| TFTransformer.transform, {kind} UDF, Arrow batch 10,000 | {v['median']:,.0f} |")
         lines.append(f"| predict_batch_udf (batch 1024) | {inf['predict_batch_udf_rows_per_s']['median']:,.0f} |")
-        lines.append(f"| single-process model.predict (in memory, TF default threads = 2) | "
-                     f"{inf['single_process_predict_rows_per_s']['median']:,.0f} |")
+        lines.append(
+            f"| single-process model.predict (in memory, TF default threads = 2) | "
+            f"{inf['single_process_predict_rows_per_s']['median']:,.0f} |"
+        )
         if "single_process_predict_1_thread_rows_per_s" in inf:
-            lines.append(f"| single-process model.predict (in memory, 1 thread) | "
-                         f"{inf['single_process_predict_1_thread_rows_per_s']['median']:,.0f} |")
+            lines.append(
+                f"| single-process model.predict (in memory, 1 thread) | "
+                f"{inf['single_process_predict_1_thread_rows_per_s']['median']:,.0f} |"
+            )
         lines.append(f"| row-at-a-time mapPartitions | {inf['row_at_a_time_rows_per_s']['median']:,.0f} |")
         lines.append("")
         r1, r2 = inf["ratio_transform_over_single_predict"], inf["ratio_transform_over_row_at_a_time"]
-        lines.append(f"- Target transform >= 1.5 x single-process predict: {r1:.2f}, {_ok(r1 >= 1.5)} (against the "
-                     "process using both cores); against a 1-thread process: "
-                     f"{inf.get('ratio_transform_over_single_predict_1_thread', float('nan')):.2f}.")
+        lines.append(
+            f"- Target transform >= 1.5 x single-process predict: {r1:.2f}, {_ok(r1 >= 1.5)} (against the "
+            "process using both cores); against a 1-thread process: "
+            f"{inf.get('ratio_transform_over_single_predict_1_thread', float('nan')):.2f}."
+        )
         lines.append(f"- Target transform >= 20 x row-at-a-time: {r2:.1f}, {_ok(r2 >= 20)}.")
         lines.append("")
     return "\n".join(lines)
@@ -201,8 +272,12 @@ def plots() -> None:
         fig, ax = plt.subplots(figsize=(6, 4))
         for n in sorted({r["workers"] for r in ps["rows"]}):
             rows = [r for r in ps["rows"] if r["workers"] == n]
-            ax.plot([r["bytes"] >> 20 for r in rows], [r["ratio_ps_over_allreduce"] for r in rows], "o-",
-                    label=f"{n} workers")
+            ax.plot(
+                [r["bytes"] >> 20 for r in rows],
+                [r["ratio_ps_over_allreduce"] for r in rows],
+                "o-",
+                label=f"{n} workers",
+            )
         ax.axhline(1.0, color="gray", ls=":")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("gradient size (MiB)")
@@ -220,7 +295,7 @@ def update_readme(table: str) -> None:
         text = f.read()
     start, end = "<!-- RESULTS START -->", "<!-- RESULTS END -->"
     if start in text and end in text:
-        text = text[:text.index(start) + len(start)] + "\n" + table + "\n" + text[text.index(end):]
+        text = text[: text.index(start) + len(start)] + "\n" + table + "\n" + text[text.index(end) :]
         with open(path, "w") as f:
             f.write(text)
 

@@ -28,8 +28,12 @@ def allreduce_job(mib: int, repeats: int):
         out = hvd.allreduce(big, op=hvd.Sum)
         _ = out.numpy()[0]
         times.append(time.perf_counter() - t)
-    return {"rank": hvd.rank(), "size": hvd.size(), "sum": small.tolist(),
-            "allreduce_ms_median": float(np.median(times) * 1e3)}
+    return {
+        "rank": hvd.rank(),
+        "size": hvd.size(),
+        "sum": small.tolist(),
+        "allreduce_ms_median": float(np.median(times) * 1e3),
+    }
 
 
 def main():
@@ -48,8 +52,10 @@ def main():
     finally:
         spark.stop()
     for r in results:
-        print(f"rank {r['rank']}/{r['size']}: allreduce(sum of rank+1) = {r['sum']}; "
-              f"{a.mib} MiB float32 allreduce over Gloo: {r['allreduce_ms_median']:.1f} ms (median of {a.repeats})")
+        print(
+            f"rank {r['rank']}/{r['size']}: allreduce(sum of rank+1) = {r['sum']}; "
+            f"{a.mib} MiB float32 allreduce over Gloo: {r['allreduce_ms_median']:.1f} ms (median of {a.repeats})"
+        )
     expected = float(sum(range(1, a.num_proc + 1)))
     assert all(r["sum"] == [expected] * 4 for r in results), results
 

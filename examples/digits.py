@@ -28,6 +28,7 @@ def digits_frames(spark, seed: int = 7):
 
     def frame(X, y):
         return spark.createDataFrame(pd.DataFrame({"features": list(X), "label": y.astype("int64")}))
+
     return frame(X_tr, y_tr), frame(X_te, y_te)
 
 
@@ -71,10 +72,20 @@ def main():
     try:
         train_df, test_df = digits_frames(spark)
         est = HorovodEstimator(
-            num_proc=a.num_proc, store=a.store, model=digits_model(),
-            optimizer=keras.optimizers.Adam(learning_rate=0.002), loss="sparse_categorical_crossentropy",
-            metrics=["accuracy"], feature_cols=["features"], label_cols=["label"], validation=0.1,
-            batch_size=a.batch_size, epochs=a.epochs, random_seed=1, run_id=a.run_id)
+            num_proc=a.num_proc,
+            store=a.store,
+            model=digits_model(),
+            optimizer=keras.optimizers.Adam(learning_rate=0.002),
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+            feature_cols=["features"],
+            label_cols=["label"],
+            validation=0.1,
+            batch_size=a.batch_size,
+            epochs=a.epochs,
+            random_seed=1,
+            run_id=a.run_id,
+        )
         t0 = time.time()
         fitted = est.fit(train_df)
         fit_s = time.time() - t0
@@ -94,8 +105,10 @@ def main():
         shutil.rmtree(saved, ignore_errors=True)
 
         history = fitted.getHistory()
-        print(f"run {fitted.getRunId()}: {len(history['loss'])} epochs, final val_accuracy "
-              f"{history['val_accuracy'][-1]:.4f}")
+        print(
+            f"run {fitted.getRunId()}: {len(history['loss'])} epochs, final val_accuracy "
+            f"{history['val_accuracy'][-1]:.4f}"
+        )
         print(f"fit: {fit_s:.1f}s   transform of {len(scored)} rows: {transform_s:.1f}s")
         print(f"held-out accuracy: {accuracy:.4f}   saved/loaded model predicts the same: {same}")
         if accuracy < 0.9 or not same:

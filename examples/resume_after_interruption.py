@@ -45,9 +45,19 @@ def main():
     spark = hvd_spark.local_session("local[2]", app_name="hvd_spark-resume")
     spark.sparkContext.setLogLevel("ERROR")
     run_id = f"resume-demo-{uuid.uuid4().hex[:6]}"
-    common = dict(num_proc=2, store=a.store, model=digits_model(), optimizer=keras.optimizers.Adam(0.002),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"], feature_cols=["features"],
-                  label_cols=["label"], validation=0.1, epochs=6, run_id=run_id)
+    common = dict(
+        num_proc=2,
+        store=a.store,
+        model=digits_model(),
+        optimizer=keras.optimizers.Adam(0.002),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+        feature_cols=["features"],
+        label_cols=["label"],
+        validation=0.1,
+        epochs=6,
+        run_id=run_id,
+    )
     try:
         train_df, _ = digits_frames(spark)
         try:
@@ -55,14 +65,16 @@ def main():
         except RankFailedError as e:
             print(f"first fit interrupted as planned: {str(e).splitlines()[0]}")
         store = hvd_spark.Store(a.store)
-        print(f"complete checkpoints after the interruption: {[c[0] for c in store.checkpoints(run_id)]}")
+        print(f"complete checkpoints after the interruption: {[c.epoch for c in store.checkpoints(run_id)]}")
         est = HorovodEstimator(**common)
         fitted = est.fit(train_df)
         history = fitted.getHistory()
-        print(f"second fit resumed; history now covers {len(history['loss'])} epochs: "
-              f"val_accuracy {[round(v, 3) for v in history['val_accuracy']]}")
-        print(f"optimizer steps: {est._last_fit['results'][0]['iterations']} "
-              f"(= 6 epochs x {est._last_fit['steps_per_epoch']} steps)")
+        print(
+            f"second fit resumed; history now covers {len(history['loss'])} epochs: "
+            f"val_accuracy {[round(v, 3) for v in history['val_accuracy']]}"
+        )
+        summary = fitted.getFitSummary()
+        print(f"optimizer steps: {summary.ranks[0].iterations} (= 6 epochs x {summary.steps_per_epoch} steps)")
     finally:
         spark.stop()
 

@@ -6,9 +6,14 @@ Public API:
     Store: shared storage for data, checkpoints and models.
     run: run any Horovod function on Spark barrier tasks.
     local_session: a SparkSession for one machine, set up for barrier jobs.
+    FitSummary, RankSummary: what ``TFTransformer.getFitSummary()`` reports about the fit.
     HvdSparkError, RankFailedError, JobTimeoutError, LaunchError: run-time errors.
+
+    hvd_spark.keras (imported on its own): Keras 3 gradient averaging and callbacks for functions
+    run with ``run``.
 """
 
+from hvd_spark._internal.contracts import FitSummary, RankSummary
 from hvd_spark._internal.store import Store
 from hvd_spark._run import run
 from hvd_spark._session import local_session
@@ -28,6 +33,7 @@ def __getattr__(name):
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'hvd_spark' has no attribute {name!r}")
 
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -36,6 +42,8 @@ __all__ = [
     "Store",
     "run",
     "local_session",
+    "FitSummary",
+    "RankSummary",
     "HvdSparkError",
     "RankFailedError",
     "JobTimeoutError",

@@ -1,14 +1,27 @@
 """``hvd_spark.run``: run any Horovod function on Spark barrier tasks."""
 
-from typing import Any, Callable, Dict, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 from hvd_spark._internal.launcher import launch
 
 
-def run(fn: Callable, args=(), kwargs: Optional[Dict[str, Any]] = None, num_proc: Optional[int] = None, *,
-        spark=None, use_gloo: Optional[bool] = None, use_mpi: Optional[bool] = None,
-        env: Optional[Dict[str, str]] = None, num_threads: Optional[int] = None,
-        start_timeout: Optional[float] = None, timeout: Optional[float] = None, verbose: int = 1) -> List[Any]:
+def run(
+    fn: Callable,
+    args=(),
+    kwargs: dict[str, Any] | None = None,
+    num_proc: int | None = None,
+    *,
+    spark=None,
+    backend: str | None = None,
+    use_gloo: bool | None = None,
+    use_mpi: bool | None = None,
+    env: dict[str, str] | None = None,
+    num_threads: int | None = None,
+    start_timeout: float | None = None,
+    timeout: float | None = None,
+    verbose: int = 1,
+) -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` on ``num_proc`` Horovod ranks as one Spark barrier stage.
 
     Each barrier task starts one rank in a child process with the Horovod environment set,
@@ -22,9 +35,11 @@ def run(fn: Callable, args=(), kwargs: Optional[Dict[str, Any]] = None, num_proc
         kwargs: keyword arguments for ``fn``.
         num_proc: number of ranks; defaults to the application's task slots. Must not exceed them.
         spark: the SparkSession to use; defaults to the active one.
-        use_gloo: use Horovod's Gloo controller (the default on CPU).
-        use_mpi: use the MPI controller (``mpirun`` started by rank 0's task; all tasks on one
-            host). Needs Horovod built with MPI.
+        backend: Horovod's controller, ``"gloo"`` (the default on CPU) or ``"mpi"`` (``mpirun``
+            started by rank 0's task; all tasks on one host; needs Horovod built with MPI). The
+            same name as the estimator's ``backend`` param.
+        use_gloo: ``backend="gloo"``, as ``horovod.spark.run`` spells it.
+        use_mpi: ``backend="mpi"``, as ``horovod.spark.run`` spells it.
         env: extra environment variables for every rank; they win over hvd_spark's defaults
             (e.g. ``TF_NUM_INTEROP_THREADS``), not over the rank's identity.
         num_threads: compute threads per rank (TF intra/inter-op, OpenMP); defaults to
@@ -57,6 +72,18 @@ def run(fn: Callable, args=(), kwargs: Optional[Dict[str, Any]] = None, num_proc
     from hvd_spark._internal.logs import ensure_visible
 
     ensure_visible(verbose)
-    return launch(fn, args, kwargs, num_proc=num_proc, spark=spark, use_gloo=use_gloo, use_mpi=use_mpi, env=env,
-                  num_threads=num_threads, start_timeout=start_timeout,
-                  timeout=timeout, description="hvd_spark.run")
+    return launch(
+        fn,
+        args,
+        kwargs,
+        num_proc=num_proc,
+        spark=spark,
+        backend=backend,
+        use_gloo=use_gloo,
+        use_mpi=use_mpi,
+        env=env,
+        num_threads=num_threads,
+        start_timeout=start_timeout,
+        timeout=timeout,
+        description="hvd_spark.run",
+    )

@@ -2,16 +2,15 @@
 
 import os
 import sys
-from typing import Dict, Optional
 
 
-def local_session(master: str = "local[*]", *, app_name: str = "hvd_spark",
-                  conf: Optional[Dict[str, str]] = None):
+def local_session(master: str = "local[*]", *, app_name: str = "hvd_spark", conf: dict[str, str] | None = None):
     """Returns a SparkSession on this machine (or the active one, if any).
 
     It binds the driver to the loopback address (``SPARK_LOCAL_IP`` defaults to 127.0.0.1),
-    makes Python workers use this interpreter (``PYSPARK_PYTHON``), turns off the UI and enables Arrow for pandas conversions. Use it for examples, tests and
-    single-machine jobs; on a cluster build your session as usual.
+    makes Python workers use this interpreter (``PYSPARK_PYTHON``), turns off the UI and enables
+    Arrow for pandas conversions. Use it for examples, tests and single-machine jobs; on a cluster
+    build your session as usual.
 
     Args:
         master: Spark master URL, e.g. ``local[2]`` or ``local-cluster[2,1,1024]``.
@@ -24,14 +23,17 @@ def local_session(master: str = "local[*]", *, app_name: str = "hvd_spark",
     # Python workers run this interpreter (and so see the same packages) unless told otherwise.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
-    builder = (SparkSession.builder.master(master).appName(app_name)
-               .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
-               .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "4")
-               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-               .config("spark.python.worker.reuse", "true"))
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
+        .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.python.worker.reuse", "true")
+    )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

@@ -32,7 +32,7 @@ class RankFailedError(HvdSparkError):
         self.remote_traceback = remote_traceback
         text = f"rank {rank} failed with {exc_type}: {remote_message}"
         if remote_traceback:
-            text += "\n\nRemote traceback (rank %d):\n%s" % (rank, remote_traceback.rstrip())
+            text += f"\n\nRemote traceback (rank {rank}):\n{remote_traceback.rstrip()}"
         super().__init__(text)
 
     def __reduce__(self):

@@ -16,20 +16,15 @@ def spark(tmp_path_factory):
     import hvd_spark
 
     local_dir = tmp_path_factory.mktemp("spark-local")
-    session = hvd_spark.local_session("local[2]", app_name="hvd_spark-tests", conf={
-        "spark.local.dir": str(local_dir),
-        "spark.sql.warehouse.dir": str(local_dir / "warehouse"),
-        "spark.driver.memory": "2g",
-    })
+    session = hvd_spark.local_session(
+        "local[2]",
+        app_name="hvd_spark-tests",
+        conf={
+            "spark.local.dir": str(local_dir),
+            "spark.sql.warehouse.dir": str(local_dir / "warehouse"),
+            "spark.driver.memory": "2g",
+        },
+    )
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
-
-
-def horovod_mpi_built() -> bool:
-    try:
-        import horovod.tensorflow as hvd
-
-        return bool(hvd.mpi_built())
-    except ImportError:
-        return False

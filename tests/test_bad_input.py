@@ -1,6 +1,7 @@
 """Bad input fails before any work, with a message naming the parameter or column, and leaves the store empty."""
 
 import os
+import threading
 
 import keras
 import pytest
@@ -11,11 +12,25 @@ from hvd_spark._internal.reader import petastorm_available
 
 @pytest.fixture(scope="module")
 def df(spark):
-    rows = [([0.1 * i, 0.2], i % 2, "s", [1.0] * (1 + i % 2), [1.0, 2.0, 3.0],
-             [float("nan") if i == 3 else 0.5, 0.5], None if i == 5 else i % 2, False, 1.0, i % 3)
-            for i in range(8)]
-    schema = ("x array<float>, y long, s string, rag array<double>, x3 array<double>, xnan array<double>, "
-              "ynull long, v0 boolean, w double, y3 int")
+    rows = [
+        (
+            [0.1 * i, 0.2],
+            i % 2,
+            "s",
+            [1.0] * (1 + i % 2),
+            [1.0, 2.0, 3.0],
+            [float("nan") if i == 3 else 0.5, 0.5],
+            None if i == 5 else i % 2,
+            False,
+            1.0,
+            i % 3,
+        )
+        for i in range(8)
+    ]
+    schema = (
+        "x array<float>, y long, s string, rag array<double>, x3 array<double>, xnan array<double>, "
+        "ynull long, v0 boolean, w double, y3 int"
+    )
     return spark.createDataFrame(rows, schema).cache()
 
 
@@ -35,18 +50,33 @@ CASES = [
     (dict(label_cols=["missing_label"]), ValueError, r"label column 'missing_label' is not in the DataFrame"),
     (dict(feature_cols=["s"]), TypeError, r"feature column 's' has type string\. Expected a numeric column"),
     (dict(feature_cols=["rag"]), ValueError, r"Column 'rag' has ragged arrays: rows have between 1 and 2 values"),
-    (dict(feature_cols=["x3"]), ValueError, r"Model input .* expects 2 values per row .*column 'x3' has rows of "
-                                            r"length 3"),
+    (
+        dict(feature_cols=["x3"]),
+        ValueError,
+        r"Model input .* expects 2 values per row .*column 'x3' has rows of "
+        r"length 3",
+    ),
     (dict(label_cols=["x3"]), ValueError, r"label column 'x3' has 3 values per row\. Expected 1"),
     (dict(feature_cols=["xnan"]), ValueError, r"Feature column 'xnan' has 1 of 8 rows with null or NaN"),
     (dict(label_cols=["ynull"]), ValueError, r"Label column 'ynull' has 1 of 8 rows with null or NaN"),
     (dict(model="uncompiled"), ValueError, r"The model is not compiled, so optimizer and loss are required"),
     (dict(num_proc=0), ValueError, r"num_proc must be at least 1"),
-    (dict(num_proc=5), ValueError, r"num_proc must be at most the number of task slots \(2\)\. Received: num_proc=5"),
+    (
+        dict(num_proc=5),
+        ValueError,
+        r"num_proc must be at most the number of task slots \(2\) for a barrier stage\. Received: num_proc=5",
+    ),
+    (dict(start_timeout=0), ValueError, r"start_timeout must be greater than 0"),
+    (dict(start_timeout="soon"), ValueError, r"start_timeout must be a number of seconds\. Received: 'soon'"),
+    (dict(callbacks="unpicklable"), TypeError, r"callbacks must be picklable with cloudpickle: every rank receives"),
     (dict(batch_size=0), ValueError, r"batch_size must be at least 1\. Received: batch_size=0"),
     (dict(epochs=0), ValueError, r"epochs must be at least 1"),
-    (dict(validation=1.0), ValueError, r"validation must be a fraction in \[0, 1\) or a column name\. Received: "
-                                       r"validation=1\.0"),
+    (
+        dict(validation=1.0),
+        ValueError,
+        r"validation must be a fraction in \[0, 1\) or a column name\. Received: "
+        r"validation=1\.0",
+    ),
     (dict(validation=-0.2), ValueError, r"validation must be a fraction in \[0, 1\)"),
     (dict(validation="no_such_col"), ValueError, r"validation column 'no_such_col' is not in the DataFrame"),
     (dict(validation="v0"), ValueError, r"The validation split is empty \(validation='v0' selected 0 of 8 rows\)"),
@@ -58,11 +88,23 @@ CASES = [
     (dict(sample_weight_col="x"), TypeError, r"sample weight column 'x' must be numeric"),
     (dict(model="not a model"), TypeError, r"model must be a keras.Model"),
     (dict(store=None), ValueError, r"store is required"),
-    (dict(reader="parquet"), ValueError, r"reader must be one of \['arrow', 'petastorm'\]\. Received: "
-                                         r"reader='parquet'"),
+    (
+        dict(reader="parquet"),
+        ValueError,
+        r"reader must be one of \['arrow', 'petastorm'\]\. Received: "
+        r"reader='parquet'",
+    ),
 ]
 if not petastorm_available():
     CASES.append((dict(reader="petastorm"), ValueError, r"reader='petastorm' needs Petastorm 0\.13\.1 with pyarrow 12"))
+
+
+class _LockedCallback(keras.callbacks.Callback):
+    """A callback holding a lock: cloudpickle cannot copy it to the ranks."""
+
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
 
 
 @pytest.mark.parametrize("override,exc,match", CASES, ids=[str(c[0]) for c in CASES])
@@ -72,6 +114,8 @@ def test_bad_input_raises_before_any_work(df, tmp_path, override, exc, match):
     kw.update(override)
     if kw["model"] == "uncompiled":
         kw["model"] = _model(compiled=False)
+    if kw.get("callbacks") == "unpicklable":
+        kw["callbacks"] = [_LockedCallback()]
     with pytest.raises(exc, match=match):
         HorovodEstimator(**kw).fit(df)
     assert _files(store) == []
@@ -80,8 +124,7 @@ def test_bad_input_raises_before_any_work(df, tmp_path, override, exc, match):
 def test_empty_dataframe(df, tmp_path):
     store = str(tmp_path / "store")
     with pytest.raises(ValueError, match=r"The DataFrame passed to fit\(\) is empty: 0 rows"):
-        HorovodEstimator(num_proc=2, store=store, model=_model(), feature_cols=["x"], label_cols=["y"]).fit(
-            df.limit(0))
+        HorovodEstimator(num_proc=2, store=store, model=_model(), feature_cols=["x"], label_cols=["y"]).fit(df.limit(0))
     assert _files(store) == []
 
 
@@ -89,8 +132,9 @@ def test_unwritable_store(df, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     with pytest.raises(ValueError, match=r"store must be writable by hvd_spark\. Received: .*a_file/store"):
-        HorovodEstimator(num_proc=2, store=str(blocker / "store"), model=_model(), feature_cols=["x"],
-                         label_cols=["y"]).fit(df)
+        HorovodEstimator(
+            num_proc=2, store=str(blocker / "store"), model=_model(), feature_cols=["x"], label_cols=["y"]
+        ).fit(df)
 
 
 def test_wrong_param_types_fail_at_construction():
@@ -103,9 +147,13 @@ def test_wrong_param_types_fail_at_construction():
 def test_transform_refuses_existing_output_column(spark, tmp_path):
     from hvd_spark import TFTransformer
 
-    t = TFTransformer(model_url="file:///nonexistent.keras", feature_cols=["x"], label_cols=["y"],
-                      input_specs=[{"name": "in", "shape": [2], "dtype": "float32"}],
-                      output_specs=[{"name": "out", "shape": [1], "dtype": "float32"}])
+    t = TFTransformer(
+        model_url="file:///nonexistent.keras",
+        feature_cols=["x"],
+        label_cols=["y"],
+        input_specs=[{"name": "in", "shape": [2], "dtype": "float32"}],
+        output_specs=[{"name": "out", "shape": [1], "dtype": "float32"}],
+    )
     df = spark.createDataFrame([([1.0, 2.0], 0.0, 1.0)], "x array<double>, y double, y__output double")
     with pytest.raises(ValueError, match=r"Output columns \['y__output'\] already exist"):
         t.transform(df)
@@ -114,10 +162,18 @@ def test_transform_refuses_existing_output_column(spark, tmp_path):
 def test_transform_refuses_unknown_inference_udf(spark):
     from hvd_spark import TFTransformer
 
-    t = TFTransformer(model_url="file:///nonexistent.keras", feature_cols=["x"], label_cols=["y"],
-                      input_specs=[{"name": "in", "shape": [2], "dtype": "float32"}],
-                      output_specs=[{"name": "out", "shape": [1], "dtype": "float32"}], inference_udf="numpy")
+    t = TFTransformer(
+        model_url="file:///nonexistent.keras",
+        feature_cols=["x"],
+        label_cols=["y"],
+        input_specs=[{"name": "in", "shape": [2], "dtype": "float32"}],
+        output_specs=[{"name": "out", "shape": [1], "dtype": "float32"}],
+        inference_udf="numpy",
+    )
     df = spark.createDataFrame([([1.0, 2.0], 0.0)], "x array<double>, y double")
-    with pytest.raises(ValueError, match=r"inference_udf must be 'auto', 'arrow' or 'pandas'\. Received: "
-                                         r"inference_udf='numpy'"):
+    with pytest.raises(
+        ValueError,
+        match=r"inference_udf must be 'auto', 'arrow' or 'pandas'\. Received: "
+        r"inference_udf='numpy'",
+    ):
         t.transform(df)

@@ -43,11 +43,10 @@ def test_allreduce_on_local_cluster(tmp_path):
 
 def _check_allreduce_script(script, env, cwd):
     """Runs SCRIPT in a fresh process and checks: right sums, ordered ranks, two executors."""
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=cwd)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    data = json.loads(lines[-1][len("RESULT "):])
+    data = json.loads(lines[-1][len("RESULT ") :])
     assert [r["rank"] for r in data["results"]] == [0, 1]
     assert all(r["size"] == 2 and r["sum"] == [3.0] for r in data["results"])
     # The barrier tasks ran in two different executors.
@@ -73,24 +72,62 @@ def test_allreduce_on_standalone_cluster(tmp_path):
 
     home = os.path.dirname(pyspark.__file__)
     spark_class = os.path.join(home, "bin", "spark-class")
-    env = dict(os.environ, SPARK_HOME=home, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
-               SPARK_WORKER_DIR=str(tmp_path / "work"), SPARK_LOG_DIR=str(tmp_path / "logs"))
+    env = dict(
+        os.environ,
+        SPARK_HOME=home,
+        PYSPARK_PYTHON=sys.executable,
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_WORKER_DIR=str(tmp_path / "work"),
+        SPARK_LOG_DIR=str(tmp_path / "logs"),
+    )
     port = _free_port()
     procs = []
     try:
-        procs.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                       "--port", str(port), "--webui-port", str(_free_port())], env=env,
-                                      stdout=open(tmp_path / "master.log", "w"), stderr=subprocess.STDOUT,
-                                      start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.master.Master",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--webui-port",
+                    str(_free_port()),
+                ],
+                env=env,
+                stdout=open(tmp_path / "master.log", "w"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         time.sleep(3)
-        procs.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker",
-                                       f"spark://127.0.0.1:{port}", "--host", "127.0.0.1", "--cores", "2",
-                                       "--memory", "2g", "--webui-port", str(_free_port())], env=env,
-                                      stdout=open(tmp_path / "worker.log", "w"), stderr=subprocess.STDOUT,
-                                      start_new_session=True))
-        script = SCRIPT.replace('hvd_spark.local_session("local-cluster[2,1,1024]", conf={"spark.executor.memory": "1g"})',
-                                f'hvd_spark.local_session("spark://127.0.0.1:{port}", conf={{"spark.executor.memory": '
-                                f'"1g", "spark.executor.cores": "1", "spark.cores.max": "2"}})')
+        procs.append(
+            subprocess.Popen(
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.worker.Worker",
+                    f"spark://127.0.0.1:{port}",
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    "2",
+                    "--memory",
+                    "2g",
+                    "--webui-port",
+                    str(_free_port()),
+                ],
+                env=env,
+                stdout=open(tmp_path / "worker.log", "w"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+        script = SCRIPT.replace(
+            'hvd_spark.local_session("local-cluster[2,1,1024]", conf={"spark.executor.memory": "1g"})',
+            f'hvd_spark.local_session("spark://127.0.0.1:{port}", conf={{"spark.executor.memory": '
+            f'"1g", "spark.executor.cores": "1", "spark.cores.max": "2"}})',
+        )
         _check_allreduce_script(script, env, tmp_path)  # two executor JVMs on the worker
     finally:
         for p in procs:

@@ -21,8 +21,13 @@ def _frame(spark, names, n=96, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.uniform(-1, 1, size=(n, 2)).astype("float32")
     y = ((x[:, 0] * x[:, 1]) > 0).astype("int64")
-    cols = {names["features"]: list(x), names["scalar"]: x[:, 0].astype("float64"), names["label"]: y,
-            names["weight"]: np.ones(n), names["validation"]: (np.arange(n) % 5 == 0).astype("int64")}
+    cols = {
+        names["features"]: list(x),
+        names["scalar"]: x[:, 0].astype("float64"),
+        names["label"]: y,
+        names["weight"]: np.ones(n),
+        names["validation"]: (np.arange(n) % 5 == 0).astype("int64"),
+    }
     return spark.createDataFrame(pd.DataFrame(cols)).repartition(2)
 
 
@@ -32,7 +37,7 @@ def test_stored_names_are_identifiers_and_shared():
     f = [ColumnInfo(n, "scalar", "double", False) for n in NAMES]
     (features, labels, weights) = with_stored_names(f, [f[0]], [None])
     assert [i.stored for i in features] == [f"c{i}" for i in range(len(NAMES))]
-    assert labels[0].stored == "c0" and weights == [None]   # one column used twice: one stored name
+    assert labels[0].stored == "c0" and weights == [None]  # one column used twice: one stored name
     assert all(i.stored.isidentifier() for i in features)
 
 
@@ -45,30 +50,56 @@ def test_prepare_and_stats_accept_every_name(spark):
     assert prepared.columns == [i.stored for i in infos] + [data_mod.VAL_COL]
     stats = data_mod.column_stats(prepared, infos, None)
     assert stats["rows"] == 6 and set(stats["columns"]) == set(NAMES)
-    assert sorted(prepared.toPandas()["c5"]) == [float(i) for i in range(6)]   # 'x.y' read as itself
+    assert sorted(prepared.toPandas()["c5"]) == [float(i) for i in range(6)]  # 'x.y' read as itself
 
 
-@pytest.mark.parametrize("names", [
-    dict(features="wine features", scalar="od280/od315", label="class", weight="x.y", validation="_is val",
-         output="pred.class"),
-    dict(features="_features", scalar="a`b", label="class label", weight="1st", validation="x.y.z",
-         output="my output"),
-], ids=["keywords-spaces-slashes-dots", "underscores-backticks"])
+@pytest.mark.parametrize(
+    "names",
+    [
+        dict(
+            features="wine features",
+            scalar="od280/od315",
+            label="class",
+            weight="x.y",
+            validation="_is val",
+            output="pred.class",
+        ),
+        dict(
+            features="_features",
+            scalar="a`b",
+            label="class label",
+            weight="1st",
+            validation="x.y.z",
+            output="my output",
+        ),
+    ],
+    ids=["keywords-spaces-slashes-dots", "underscores-backticks"],
+)
 def test_fit_and_transform_with_awkward_names(spark, tmp_path, names):
     df = _frame(spark, names).cache()
     a = keras.Input(shape=(2,), name="a")
     b = keras.Input(shape=(1,), name="b")
     h = keras.layers.Dense(8, activation="tanh")(keras.layers.Concatenate()([a, b]))
     model = keras.Model([a, b], keras.layers.Dense(1, activation="sigmoid")(h))
-    est = HorovodEstimator(num_proc=2, store=str(tmp_path), model=model, optimizer=keras.optimizers.Adam(0.01),
-                           loss="binary_crossentropy", metrics=["accuracy"],
-                           feature_cols=[names["features"], names["scalar"]], label_cols=[names["label"]],
-                           sample_weight_col=names["weight"], validation=names["validation"],
-                           output_cols=[names["output"]], batch_size=16, epochs=2)
+    est = HorovodEstimator(
+        num_proc=2,
+        store=str(tmp_path),
+        model=model,
+        optimizer=keras.optimizers.Adam(0.01),
+        loss="binary_crossentropy",
+        metrics=["accuracy"],
+        feature_cols=[names["features"], names["scalar"]],
+        label_cols=[names["label"]],
+        sample_weight_col=names["weight"],
+        validation=names["validation"],
+        output_cols=[names["output"]],
+        batch_size=16,
+        epochs=2,
+    )
     fitted = est.fit(df)
     history = fitted.getHistory()
     assert len(history["loss"]) == 2 and len(history["val_loss"]) == 2
-    assert len({r["weights_digest"] for r in est._last_fit["results"]}) == 1
+    assert len({r.weights_digest for r in fitted.getFitSummary().ranks}) == 1
 
     out = fitted.transform(df)
     assert out.columns == df.columns + [names["output"]]

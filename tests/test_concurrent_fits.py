@@ -48,8 +48,9 @@ def _attempts(store_root):
 
 
 def _prepared(spark, df):
-    (features, labels) = with_stored_names([data_mod.column_info(df, "x", "feature")],
-                                           [data_mod.column_info(df, "y", "label")])
+    (features, labels) = with_stored_names(
+        [data_mod.column_info(df, "x", "feature")], [data_mod.column_info(df, "y", "label")]
+    )
     prepared = data_mod.prepare(df, features, labels, None, 0.25, seed=0)
     stats = data_mod.column_stats(prepared, features + labels, 0.25)
     return prepared, stats
@@ -73,7 +74,7 @@ def test_exclusive_publication_has_one_winner(tmp_path):
     winners = [i for i, won in wins if won]
     assert len(winners) == 1
     assert store.read_json(store.path("k", "meta.json")) == {"writer": winners[0]}
-    assert store.listdir(store.path("k")) == ["meta.json"]   # no temporary files left
+    assert store.listdir(store.path("k")) == ["meta.json"]  # no temporary files left
 
 
 def test_two_threads_materialize_the_same_data_once(spark, tmp_path):
@@ -93,7 +94,7 @@ def test_two_threads_materialize_the_same_data_once(spark, tmp_path):
     for t in threads:
         t.join(300)
     assert not errors, errors
-    assert metas[0]["attempt"] == metas[1]["attempt"]           # the second waited and reused the first
+    assert metas[0]["attempt"] == metas[1]["attempt"]  # the second waited and reused the first
     attempts, leftovers = _attempts(str(tmp_path))
     assert attempts == {"samekey": [metas[0]["attempt"]]} and leftovers == []
     assert sum(r for _, r in metas[0]["train_files"]) == metas[0]["train_rows"]
@@ -108,8 +109,10 @@ def test_dead_writer_leftovers_are_removed(spark, tmp_path):
     dead = os.path.join(folder, "a-20260101000000-deadbeef")
     os.makedirs(os.path.join(dead, "train"))
     open(os.path.join(dead, "train", "part-00000.parquet"), "wb").write(b"half")
-    store.write_json(os.path.join(folder, "_writing-a-20260101000000-deadbeef.json"),
-                     {"attempt": "a-20260101000000-deadbeef", "heartbeat": time.time() - 3 * settings.LEASE_STALE})
+    store.write_json(
+        os.path.join(folder, "_writing-a-20260101000000-deadbeef.json"),
+        {"attempt": "a-20260101000000-deadbeef", "heartbeat": time.time() - 3 * settings.LEASE_STALE},
+    )
     # A complete attempt that is not published (a replaced one) may still be read: it stays.
     kept = os.path.join(folder, "a-20260101000000-0000cafe")
     os.makedirs(kept)
@@ -117,7 +120,7 @@ def test_dead_writer_leftovers_are_removed(spark, tmp_path):
 
     t0 = time.monotonic()
     meta = data_mod.materialize(prepared, store, "k2", stats, 12, 2)
-    assert time.monotonic() - t0 < settings.LEASE_STALE   # a stale lease is not waited for
+    assert time.monotonic() - t0 < settings.LEASE_STALE  # a stale lease is not waited for
     attempts, leftovers = _attempts(str(tmp_path))
     assert attempts == {"k2": sorted([meta["attempt"], "a-20260101000000-0000cafe"])} and leftovers == []
     assert store.read_json(os.path.join(folder, data_mod.META_NAME))["attempt"] == meta["attempt"]
@@ -162,8 +165,9 @@ def test_another_driver_process_materializes_the_same_key(spark, tmp_path):
     ready, go = str(tmp_path / "ready"), str(tmp_path / "go")
     script = OTHER_DRIVER.format(tests=os.path.dirname(__file__), src=src, ready=ready, go=go, store=store_root)
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     try:
         deadline = time.monotonic() + 180
         while not os.path.exists(ready):
@@ -186,9 +190,22 @@ def test_another_driver_process_materializes_the_same_key(spark, tmp_path):
 def test_two_fits_from_threads_on_one_store(spark, tmp_path):
     df = _regression_frame(spark).cache()
     store = str(tmp_path / "store")
-    ests = [HorovodEstimator(num_proc=2, store=store, model=_linear(), optimizer=keras.optimizers.SGD(0.05),
-                             loss="mse", feature_cols=["x"], label_cols=["y"], validation=0.2, batch_size=16,
-                             epochs=3, run_id=f"thread-{i}") for i in range(2)]
+    ests = [
+        HorovodEstimator(
+            num_proc=2,
+            store=store,
+            model=_linear(),
+            optimizer=keras.optimizers.SGD(0.05),
+            loss="mse",
+            feature_cols=["x"],
+            label_cols=["y"],
+            validation=0.2,
+            batch_size=16,
+            epochs=3,
+            run_id=f"thread-{i}",
+        )
+        for i in range(2)
+    ]
     results, errors = {}, []
 
     def fit(i):
@@ -203,10 +220,10 @@ def test_two_fits_from_threads_on_one_store(spark, tmp_path):
     for t in threads:
         t.join(600)
     assert not errors, errors
-    assert ests[0]._last_fit["data_key"] == ests[1]._last_fit["data_key"]
+    assert results[0].getFitSummary().data_key == results[1].getFitSummary().data_key
     attempts, leftovers = _attempts(store)
-    assert list(attempts.values()) == [attempts[ests[0]._last_fit["data_key"]]]
-    assert len(attempts[ests[0]._last_fit["data_key"]]) == 1 and leftovers == []
+    assert list(attempts.values()) == [attempts[results[0].getFitSummary().data_key]]
+    assert len(attempts[results[0].getFitSummary().data_key]) == 1 and leftovers == []
     for i in range(2):
         history = results[i].getHistory()
         assert len(history["loss"]) == 3 and history["loss"][-1] < 0.5 * history["loss"][0]
@@ -218,12 +235,21 @@ def test_cross_validator_with_parallelism_two(spark, tmp_path):
 
     df = _regression_frame(spark, n=320).cache()
     store = str(tmp_path / "store")
-    est = HorovodEstimator(num_proc=1, store=store, model=_linear(), optimizer=keras.optimizers.SGD(0.05),
-                           loss="mse", feature_cols=["x"], label_cols=["y"], batch_size=16, epochs=4, verbose=0)
+    est = HorovodEstimator(
+        num_proc=1,
+        store=store,
+        model=_linear(),
+        optimizer=keras.optimizers.SGD(0.05),
+        loss="mse",
+        feature_cols=["x"],
+        label_cols=["y"],
+        batch_size=16,
+        epochs=4,
+        verbose=0,
+    )
     grid = ParamGridBuilder().addGrid(est.batch_size, [8, 32]).build()
     evaluator = RegressionEvaluator(labelCol="y", predictionCol="y__output", metricName="rmse")
-    cv = CrossValidator(estimator=est, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2, parallelism=2,
-                        seed=3)
+    cv = CrossValidator(estimator=est, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2, parallelism=2, seed=3)
     cv_model = cv.fit(df)
     y_std = float(np.std(df.select("y").toPandas()["y"]))
     assert len(cv_model.avgMetrics) == 2 and all(m < 0.5 * y_std for m in cv_model.avgMetrics), cv_model.avgMetrics

@@ -27,11 +27,21 @@ def fitted(digits, tmp_path_factory):
     """One real 2-rank training on digits, shared by the tests that only read its result."""
     store = str(tmp_path_factory.mktemp("store"))
     keras.utils.set_random_seed(1)  # the model's initial weights
-    est = HorovodEstimator(num_proc=2, store=store, model=digits_model(),
-                           optimizer=keras.optimizers.Adam(learning_rate=0.002),
-                           loss="sparse_categorical_crossentropy", metrics=["accuracy"],
-                           feature_cols=["features"], label_cols=["label"], validation=0.1, batch_size=32,
-                           epochs=10, random_seed=1, run_id="digits")
+    est = HorovodEstimator(
+        num_proc=2,
+        store=store,
+        model=digits_model(),
+        optimizer=keras.optimizers.Adam(learning_rate=0.002),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+        feature_cols=["features"],
+        label_cols=["label"],
+        validation=0.1,
+        batch_size=32,
+        epochs=10,
+        random_seed=1,
+        run_id="digits",
+    )
     model = est.fit(digits[0])
     return est, model, store
 
@@ -51,16 +61,16 @@ def test_digits_accuracy_history_and_identical_weights(fitted, digits):
     assert len(history["loss"]) == 10 and len(history["val_accuracy"]) == 10
     assert history["loss"][-1] < history["loss"][0]
     # Both ranks trained on different files and ended with bit-identical weights.
-    results = est._last_fit["results"]
-    assert len({r["weights_digest"] for r in results}) == 1
-    assert [r["rank"] for r in results] == [0, 1]
+    ranks = model.getFitSummary().ranks
+    assert len({r.weights_digest for r in ranks}) == 1
+    assert [r.rank for r in ranks] == [0, 1]
     # Input columns are kept; the output column is array<double>.
     out = model.transform(digits[1])
     assert out.columns == ["features", "label", "label__output"]
     assert out.schema["label__output"].dataType.simpleString() == "array<double>"
     # Ten checkpoints, each complete, and TensorBoard logs, in the run directory.
     s = Store(store)
-    assert [c[0] for c in s.checkpoints("digits")] == list(range(1, 11))
+    assert [c.epoch for c in s.checkpoints("digits")] == list(range(1, 11))
     assert s.exists(s.model_path("digits")) and s.listdir(s.logs_path("digits"))
 
 
@@ -109,7 +119,7 @@ def test_checkpoint_loads_in_fresh_process_and_continues_training(fitted, tmp_pa
     """A checkpoint written with the distributed optimizer loads anywhere, step counter intact."""
     _, _, store = fitted
     s = Store(store)
-    epoch, ckpt, _ = s.latest_checkpoint("digits")
+    ckpt = s.latest_checkpoint("digits").model_path
     script = textwrap.dedent(f"""
         import keras, numpy as np
         m = keras.models.load_model({ckpt!r})
@@ -129,8 +139,13 @@ def test_streaming_transform(fitted, digits, spark, tmp_path):
     src = str(tmp_path / "stream_in")
     digits[1].write.parquet(src)
     stream = spark.readStream.schema(digits[1].schema).parquet(src)
-    query = (model.transform(stream).writeStream.format("memory").queryName("digits_scored")
-             .trigger(availableNow=True).start())
+    query = (
+        model.transform(stream)
+        .writeStream.format("memory")
+        .queryName("digits_scored")
+        .trigger(availableNow=True)
+        .start()
+    )
     assert query.awaitTermination(240)
     streamed = spark.sql("select * from digits_scored").toPandas().sort_values("label", kind="stable")
     batch = model.transform(spark.read.parquet(src)).toPandas().sort_values("label", kind="stable")
@@ -159,29 +174,39 @@ def test_resume_counts_epochs_exactly(spark, tmp_path):
     df = _xor_frame(spark, 256)
     store = str(tmp_path / "store")
     model = _small_model()
-    kw = dict(num_proc=2, store=store, model=model, optimizer=keras.optimizers.SGD(learning_rate=0.05),
-              loss="binary_crossentropy", metrics=["accuracy"], feature_cols=["x"], label_cols=["y"],
-              batch_size=16, run_id="resume-me", validation=0.25)
+    kw = dict(
+        num_proc=2,
+        store=store,
+        model=model,
+        optimizer=keras.optimizers.SGD(learning_rate=0.05),
+        loss="binary_crossentropy",
+        metrics=["accuracy"],
+        feature_cols=["x"],
+        label_cols=["y"],
+        batch_size=16,
+        run_id="resume-me",
+        validation=0.25,
+    )
     first = HorovodEstimator(epochs=2, **kw)
     m2 = first.fit(df)
-    steps = first._last_fit["steps_per_epoch"]
+    steps = m2.getFitSummary().steps_per_epoch
     assert len(m2.getHistory()["loss"]) == 2
-    assert first._last_fit["results"][0]["iterations"] == 2 * steps
+    assert m2.getFitSummary().ranks[0].iterations == 2 * steps
 
     second = HorovodEstimator(epochs=5, **kw)
     m5 = second.fit(df)
     history = m5.getHistory()
     assert len(history["loss"]) == 5 and len(history["val_loss"]) == 5
-    assert history["loss"][:2] == m2.getHistory()["loss"]          # the first two epochs are kept, not redone
-    assert second._last_fit["results"][0]["iterations"] == 5 * steps  # optimizer step counter continued
-    assert [c[0] for c in Store(store).checkpoints("resume-me")] == [1, 2, 3, 4, 5]
+    assert history["loss"][:2] == m2.getHistory()["loss"]  # the first two epochs are kept, not redone
+    assert m5.getFitSummary().ranks[0].iterations == 5 * steps  # optimizer step counter continued
+    assert [c.epoch for c in Store(store).checkpoints("resume-me")] == [1, 2, 3, 4, 5]
     lr = float(m5.getModel().optimizer.learning_rate.numpy())
-    assert abs(lr - 0.05) < 1e-7                                    # never scaled, let alone twice
+    assert abs(lr - 0.05) < 1e-7  # never scaled, let alone twice
 
     # A finished run returns its model without training again.
     third = HorovodEstimator(epochs=5, **kw)
     m5b = third.fit(df)
-    assert not hasattr(third, "_last_fit") and m5b.getHistory() == history
+    assert m5b.getFitSummary() is None and m5b.getHistory() == history
 
     # A different model in the same run_id is refused before any work.
     other = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3), keras.layers.Dense(1, activation="sigmoid")])
@@ -197,22 +222,41 @@ def test_both_readers_train_to_identical_weights_across_ranks(spark, tmp_path, r
         pytest.skip("Petastorm needs pyarrow 12 (the Spark 3.5 line)")
     df = _xor_frame(spark, 512, seed=4)
     keras.utils.set_random_seed(4)
-    est = HorovodEstimator(num_proc=2, store=str(tmp_path), model=_small_model(),
-                           optimizer=keras.optimizers.Adam(0.05), loss="binary_crossentropy", metrics=["accuracy"],
-                           feature_cols=["x"], label_cols=["y"], batch_size=32, epochs=8, reader=reader)
+    est = HorovodEstimator(
+        num_proc=2,
+        store=str(tmp_path),
+        model=_small_model(),
+        optimizer=keras.optimizers.Adam(0.05),
+        loss="binary_crossentropy",
+        metrics=["accuracy"],
+        feature_cols=["x"],
+        label_cols=["y"],
+        batch_size=32,
+        epochs=8,
+        reader=reader,
+    )
     model = est.fit(df)
-    assert len({r["weights_digest"] for r in est._last_fit["results"]}) == 1
+    assert len({r.weights_digest for r in model.getFitSummary().ranks}) == 1
     assert model.getHistory()["accuracy"][-1] >= 0.85, model.getHistory()["accuracy"]
 
 
 @pytest.mark.parametrize("rows,partitions", [(7, 1), (7, 2), (1, 1)])
 def test_uneven_and_tiny_data_finish(spark, tmp_path, rows, partitions):
     df = _xor_frame(spark, rows, partitions=partitions, seed=rows)
-    est = HorovodEstimator(num_proc=2, store=str(tmp_path), model=_small_model(), optimizer="sgd",
-                           loss="binary_crossentropy", feature_cols=["x"], label_cols=["y"], batch_size=4, epochs=2)
+    est = HorovodEstimator(
+        num_proc=2,
+        store=str(tmp_path),
+        model=_small_model(),
+        optimizer="sgd",
+        loss="binary_crossentropy",
+        feature_cols=["x"],
+        label_cols=["y"],
+        batch_size=4,
+        epochs=2,
+    )
     model = est.fit(df)
     assert len(model.getHistory()["loss"]) == 2
-    assert len({r["weights_digest"] for r in est._last_fit["results"]}) == 1
+    assert len({r.weights_digest for r in model.getFitSummary().ranks}) == 1
     out = model.transform(df).toPandas()
     assert len(out) == rows and out["y__output"].between(0, 1).all()
 
@@ -225,17 +269,27 @@ def test_multi_input_multi_output_with_sample_weights(spark, tmp_path):
     cls = keras.layers.Dense(1, activation="sigmoid", name="cls")(h)
     reg = keras.layers.Dense(2, name="reg")(h)
     model = keras.Model([a, b], [cls, reg])
-    est = HorovodEstimator(num_proc=2, store=str(tmp_path), model=model, optimizer="adam",
-                           loss=["binary_crossentropy", "mse"], loss_weights=[1.0, 0.5],
-                           feature_cols=["x", "x0"], label_cols=["y", "x"], sample_weight_col="w",
-                           output_cols=["p_cls", "p_reg"], batch_size=16, epochs=2)
+    est = HorovodEstimator(
+        num_proc=2,
+        store=str(tmp_path),
+        model=model,
+        optimizer="adam",
+        loss=["binary_crossentropy", "mse"],
+        loss_weights=[1.0, 0.5],
+        feature_cols=["x", "x0"],
+        label_cols=["y", "x"],
+        sample_weight_col="w",
+        output_cols=["p_cls", "p_reg"],
+        batch_size=16,
+        epochs=2,
+    )
     fitted = est.fit(df)
     out = fitted.transform(df)
     assert out.schema["p_cls"].dataType.simpleString() == "double"
     assert out.schema["p_reg"].dataType.simpleString() == "array<double>"
     pdf = out.toPandas()
     assert pdf["p_reg"].map(len).eq(2).all() and pdf["p_cls"].between(0, 1).all()
-    assert len({r["weights_digest"] for r in est._last_fit["results"]}) == 1
+    assert len({r.weights_digest for r in fitted.getFitSummary().ranks}) == 1
 
 
 def test_pipeline_with_vector_assembler_save_load(spark, tmp_path):
@@ -243,9 +297,17 @@ def test_pipeline_with_vector_assembler_save_load(spark, tmp_path):
     from pyspark.ml.feature import VectorAssembler
 
     df = _xor_frame(spark, 128).selectExpr("x[0] as a", "x[1] as b", "y")
-    est = HorovodEstimator(num_proc=2, store=str(tmp_path / "store"), model=_small_model(),
-                           optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
-                           feature_cols=["features"], label_cols=["y"], batch_size=16, epochs=2)
+    est = HorovodEstimator(
+        num_proc=2,
+        store=str(tmp_path / "store"),
+        model=_small_model(),
+        optimizer=keras.optimizers.Adam(0.01),
+        loss="binary_crossentropy",
+        feature_cols=["features"],
+        label_cols=["y"],
+        batch_size=16,
+        epochs=2,
+    )
     pipeline = Pipeline(stages=[VectorAssembler(inputCols=["a", "b"], outputCol="features"), est])
     fitted = pipeline.fit(df)
     before = fitted.transform(df).select("y__output").toPandas()["y__output"].to_numpy()
@@ -269,7 +331,7 @@ def averaging_job(distributed):
     import keras
     import numpy as np
 
-    from hvd_spark._internal.keras_hvd import BroadcastStateCallback, make_distributed
+    from hvd_spark.keras import BroadcastStateCallback, make_distributed
 
     hvd.init()
     keras.utils.set_random_seed(100 + hvd.rank())
@@ -315,21 +377,43 @@ def test_killed_worker_then_training_finishes(spark, tmp_path):
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     df = _xor_frame(spark, 128)
     store = str(tmp_path / "store")
-    est = HorovodEstimator(num_proc=2, store=store, model=_small_model(), optimizer="sgd", loss="binary_crossentropy",
-                           feature_cols=["x"], label_cols=["y"], batch_size=16, epochs=4, run_id="crashy",
-                           callbacks=[KillRankOnce(str(tmp_path / "killed"))], max_restarts=1)
+    est = HorovodEstimator(
+        num_proc=2,
+        store=store,
+        model=_small_model(),
+        optimizer="sgd",
+        loss="binary_crossentropy",
+        feature_cols=["x"],
+        label_cols=["y"],
+        batch_size=16,
+        epochs=4,
+        run_id="crashy",
+        callbacks=[KillRankOnce(str(tmp_path / "killed"))],
+        max_restarts=1,
+    )
     model = est.fit(df)
-    assert os.path.exists(tmp_path / "killed")               # the kill happened
-    assert est._last_fit["restarts"] == 1
-    assert len(model.getHistory()["loss"]) == 4               # every epoch exactly once
-    assert [c[0] for c in Store(store).checkpoints("crashy")] == [1, 2, 3, 4]
-    assert est._last_fit["results"][0]["iterations"] == 4 * est._last_fit["steps_per_epoch"]
+    assert os.path.exists(tmp_path / "killed")  # the kill happened
+    summary = model.getFitSummary()
+    assert summary.restarts == 1
+    assert len(model.getHistory()["loss"]) == 4  # every epoch exactly once
+    assert [c.epoch for c in Store(store).checkpoints("crashy")] == [1, 2, 3, 4]
+    assert summary.ranks[0].iterations == 4 * summary.steps_per_epoch
 
     # Without restarts, the same kill fails the fit and names the rank.
     os.remove(tmp_path / "killed")
     from hvd_spark import RankFailedError
 
     with pytest.raises(RankFailedError, match="rank 1 failed with ProcessDied: process killed by signal 9"):
-        HorovodEstimator(num_proc=2, store=store, model=_small_model(), optimizer="sgd",
-                         loss="binary_crossentropy", feature_cols=["x"], label_cols=["y"], batch_size=16, epochs=4,
-                         run_id="crashy-2", callbacks=[KillRankOnce(str(tmp_path / "killed"))]).fit(df)
+        HorovodEstimator(
+            num_proc=2,
+            store=store,
+            model=_small_model(),
+            optimizer="sgd",
+            loss="binary_crossentropy",
+            feature_cols=["x"],
+            label_cols=["y"],
+            batch_size=16,
+            epochs=4,
+            run_id="crashy-2",
+            callbacks=[KillRankOnce(str(tmp_path / "killed"))],
+        ).fit(df)

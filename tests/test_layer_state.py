@@ -58,15 +58,25 @@ def _bn_model():
 def test_batchnorm_and_custom_state_train_on_two_ranks(digits, tmp_path):
     keras.utils.set_random_seed(3)
     store = str(tmp_path / "store")
-    est = HorovodEstimator(num_proc=2, store=store, model=_bn_model(), optimizer=keras.optimizers.Adam(0.005),
-                           loss="sparse_categorical_crossentropy", metrics=["accuracy"],
-                           feature_cols=["features"],  # RunningCenter is found through Keras' registry
-                           label_cols=["label"], validation=0.2, batch_size=32, epochs=3, run_id="bn")
+    est = HorovodEstimator(
+        num_proc=2,
+        store=store,
+        model=_bn_model(),
+        optimizer=keras.optimizers.Adam(0.005),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+        feature_cols=["features"],  # RunningCenter is found through Keras' registry
+        label_cols=["label"],
+        validation=0.2,
+        batch_size=32,
+        epochs=3,
+        run_id="bn",
+    )
     fitted = est.fit(digits[0])
-    results = est._last_fit["results"]
+    ranks = fitted.getFitSummary().ranks
     # The ranks' moving statistics had diverged and were averaged: bit-identical weights at the end.
-    assert len({r["weights_digest"] for r in results}) == 1
-    assert all(r["state_reconciled"] > 0 for r in results)
+    assert len({r.weights_digest for r in ranks}) == 1
+    assert all(r.state_reconciled > 0 for r in ranks)
 
     # The saved model (plain Keras, fresh load) predicts what transform() predicts.
     s = Store(store)
@@ -81,7 +91,7 @@ def test_batchnorm_and_custom_state_train_on_two_ranks(digits, tmp_path):
     assert accuracy >= 0.85, f"held-out accuracy {accuracy:.3f}"
 
     # Every checkpoint holds the agreed statistics: the last one equals the final model.
-    _, ckpt, _ = s.latest_checkpoint("bn")
+    ckpt = s.latest_checkpoint("bn").model_path
     last = keras.models.load_model(ckpt, custom_objects={"RunningCenter": RunningCenter})
     for a, b in zip(last.non_trainable_weights, saved.non_trainable_weights):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -95,15 +105,20 @@ def sync_bn_job(synchronized):
     import keras
     import numpy as np
 
-    from hvd_spark._internal.keras_hvd import BroadcastStateCallback, make_distributed, synchronize_batch_norm
+    from hvd_spark.keras import BroadcastStateCallback, make_distributed, synchronize_batch_norm
 
     hvd.init()
 
     def model(sync):
         keras.utils.set_random_seed(5)
-        m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
-                              keras.layers.BatchNormalization(momentum=0.0, synchronized=sync),
-                              keras.layers.Dense(1)])
+        m = keras.Sequential(
+            [
+                keras.Input((3,)),
+                keras.layers.Dense(4),
+                keras.layers.BatchNormalization(momentum=0.0, synchronized=sync),
+                keras.layers.Dense(1),
+            ]
+        )
         return m
 
     rng = np.random.default_rng(0)
@@ -113,10 +128,20 @@ def sync_bn_job(synchronized):
     opt = make_distributed(keras.optimizers.SGD(0.01))
     m.compile(optimizer=opt, loss="mse")
     changed = synchronize_batch_norm(m)
-    m.fit(xs[hvd.rank()], ys[hvd.rank()], batch_size=16, epochs=2, shuffle=False, verbose=0,
-          callbacks=[BroadcastStateCallback()])
-    out = {"changed": changed, "moving_mean": np.asarray(m.layers[1].moving_mean).tolist(),
-           "weights": [w.tolist() for w in m.get_weights()]}
+    m.fit(
+        xs[hvd.rank()],
+        ys[hvd.rank()],
+        batch_size=16,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[BroadcastStateCallback()],
+    )
+    out = {
+        "changed": changed,
+        "moving_mean": np.asarray(m.layers[1].moving_mean).tolist(),
+        "weights": [w.tolist() for w in m.get_weights()],
+    }
     if hvd.rank() == 0:
         # The reference: one process, plain BatchNormalization, the global batch of 32 rows.
         ref = model(False)

@@ -6,8 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hvd_spark._internal.reader import (arrow_batches, column_values, petastorm_available, rank_dataset,
-                                        to_model_inputs)
+from hvd_spark._internal.reader import arrow_batches, column_values, petastorm_available, rank_dataset, to_model_inputs
 from hvd_spark._internal.specs import ColumnInfo, TensorSpec
 
 
@@ -20,10 +19,14 @@ def parquet_files(tmp_path_factory):
     for i in range(3):
         n = 100
         x = rng.normal(size=(n, 6)).astype("float32")
-        x[:, 0] = np.arange(offset, offset + n)      # a row id, to compare multisets of rows
-        table = pa.table({"c0": pa.array(list(x), type=pa.list_(pa.float32())),
-                          "c1": pa.array(np.arange(offset, offset + n) % 3, type=pa.int32()),
-                          "c2": pa.array(np.ones(n), type=pa.float64())})
+        x[:, 0] = np.arange(offset, offset + n)  # a row id, to compare multisets of rows
+        table = pa.table(
+            {
+                "c0": pa.array(list(x), type=pa.list_(pa.float32())),
+                "c1": pa.array(np.arange(offset, offset + n) % 3, type=pa.int32()),
+                "c2": pa.array(np.ones(n), type=pa.float64()),
+            }
+        )
         path = str(d / f"part-{i}.parquet")
         pq.write_table(table, path, row_group_size=25)
         files.append(path)
@@ -49,10 +52,10 @@ def test_shuffling_is_seeded_per_rank_and_per_pass(parquet_files):
         return _ids(list(arrow_batches(parquet_files, ["c0", "c1"], shuffle=True, seed=seed, passes=passes)))
 
     a, b, c = order(1), order(1), order(2)
-    np.testing.assert_array_equal(a, b)                         # same seed: same order
-    assert not np.array_equal(a, c)                             # another rank's seed: another order
+    np.testing.assert_array_equal(a, b)  # same seed: same order
+    assert not np.array_equal(a, c)  # another rank's seed: another order
     first, second = a[:300], a[300:]
-    assert not np.array_equal(first, second)                    # each pass reshuffles
+    assert not np.array_equal(first, second)  # each pass reshuffles
     np.testing.assert_array_equal(np.sort(first), np.arange(300))  # each pass: every row exactly once
     np.testing.assert_array_equal(np.sort(second), np.arange(300))
     batches = list(arrow_batches(parquet_files, ["c0", "c1"], shuffle=True, seed=1, passes=1))
@@ -87,9 +90,19 @@ def _dataset_rows(files, reader, rows):
     feats = [ColumnInfo("x", "array", "float", False, stored="c0")]
     labels = [ColumnInfo("y", "scalar", "int", True, stored="c1")]
     weight = ColumnInfo("w", "scalar", "double", False, stored="c2")
-    with rank_dataset(files, features=feats, labels=labels, weight=weight,
-                      inputs=[TensorSpec("x", (2, 3), "float32")], outputs=[TensorSpec("y", (3,), "float32")],
-                      batch_size=16, shuffle=True, shuffle_buffer_size=64, seed=5, reader=reader) as ds:
+    with rank_dataset(
+        files,
+        features=feats,
+        labels=labels,
+        weight=weight,
+        inputs=[TensorSpec("x", (2, 3), "float32")],
+        outputs=[TensorSpec("y", (3,), "float32")],
+        batch_size=16,
+        shuffle=True,
+        shuffle_buffer_size=64,
+        seed=5,
+        reader=reader,
+    ) as ds:
         got = []
         for x, y, w in ds.take(rows // 16 + 1):
             assert x.shape[1:] == (2, 3) and y.shape.rank == 1 and w.dtype.name == "float32"
@@ -109,9 +122,17 @@ def test_arrow_and_petastorm_give_the_same_rows(parquet_files):
     from hvd_spark._internal.reader import _petastorm_source
 
     names = ["c0", "c1"]
-    arrow = sorted(map(tuple, np.concatenate(
-        [np.column_stack([b["c0"], b["c1"]]) for b in arrow_batches(parquet_files, names, shuffle=True, seed=3,
-                                                                     passes=1)]).tolist()))
+    arrow = sorted(
+        map(
+            tuple,
+            np.concatenate(
+                [
+                    np.column_stack([b["c0"], b["c1"]])
+                    for b in arrow_batches(parquet_files, names, shuffle=True, seed=3, passes=1)
+                ]
+            ).tolist(),
+        )
+    )
     with _petastorm_source([f"file://{f}" for f in parquet_files], names, shuffle=True, seed=3, workers=1) as ds:
         rows = []
         for batch in ds.take(12):

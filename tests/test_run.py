@@ -7,11 +7,10 @@ import time
 
 import cloudpickle
 import pytest
+from _helpers import horovod_mpi_built
 
 import hvd_spark
 from hvd_spark import JobTimeoutError, RankFailedError
-
-from conftest import horovod_mpi_built
 
 # The functions below run in the ranks' processes, which cannot import this test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -29,10 +28,19 @@ def collectives():
     gathered = hvd.allgather(tf.constant([[r, r * r]], dtype=tf.int32)).numpy()
     from_root = hvd.broadcast(tf.constant([r * 7.0 + 3.0]), root_rank=0).numpy()
     big = hvd.allreduce(tf.fill([1 << 18], float(r + 1)), op=hvd.Sum).numpy()
-    return {"rank": r, "size": hvd.size(), "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
-            "summed": summed.tolist(), "averaged": averaged.tolist(), "gathered": gathered.tolist(),
-            "from_root": from_root.tolist(), "big_ok": bool(np.all(big == 3.0)), "pid": os.getpid(),
-            "threads": os.environ.get("TF_NUM_INTRAOP_THREADS")}
+    return {
+        "rank": r,
+        "size": hvd.size(),
+        "local_rank": hvd.local_rank(),
+        "local_size": hvd.local_size(),
+        "summed": summed.tolist(),
+        "averaged": averaged.tolist(),
+        "gathered": gathered.tolist(),
+        "from_root": from_root.tolist(),
+        "big_ok": bool(np.all(big == 3.0)),
+        "pid": os.getpid(),
+        "threads": os.environ.get("TF_NUM_INTRAOP_THREADS"),
+    }
 
 
 def test_collectives_exact_values_ordered_by_rank(spark):
@@ -153,8 +161,9 @@ def test_stalled_collective_is_reported_by_rank(spark):
     with pytest.raises(JobTimeoutError, match=r"ranks \[0, 1\] had not finished") as info:
         hvd_spark.run(stall_rank_one, num_proc=2, spark=spark, timeout=40)
     assert info.value.ranks == [0, 1]
-    where = {int(line.split(":")[0].split()[-1]): line for line in str(info.value).splitlines()
-             if line.startswith("  rank ")}
+    where = {
+        int(line.split(":")[0].split()[-1]): line for line in str(info.value).splitlines() if line.startswith("  rank ")
+    }
     # Rank 0 waits inside Horovod's allreduce; rank 1 never left its own code (the sleep).
     assert "allreduce" in where[0] and "stall_rank_one" in where[0]
     assert "stall_rank_one" in where[1] and "allreduce" not in where[1]
@@ -162,8 +171,11 @@ def test_stalled_collective_is_reported_by_rank(spark):
 
 @pytest.mark.timeout(60)  # Spark alone would retry barrier scheduling for about 10 minutes
 def test_too_many_processes_fails_fast(spark):
-    with pytest.raises(ValueError, match=r"num_proc must be at most the number of task slots \(2\) for a barrier stage\. "
-                                         r"Received: num_proc=3"):
+    with pytest.raises(
+        ValueError,
+        match=r"num_proc must be at most the number of task slots \(2\) for a barrier stage\. "
+        r"Received: num_proc=3",
+    ):
         hvd_spark.run(rank_output, num_proc=3, spark=spark)
 
 

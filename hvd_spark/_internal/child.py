@@ -7,6 +7,7 @@ must stay light: it runs before the user's imports and must not import pyspark.
 """
 
 import contextlib
+import io
 import os
 import sys
 import time
@@ -68,8 +69,9 @@ if __name__ == "__main__":
     # SIGUSR1 prints where this rank is (its Python stack): the launcher asks for it on a timeout.
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=False)
     faulthandler.enable(file=sys.stderr)
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.stderr.reconfigure(line_buffering=True)
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True)
     code = main(sys.argv[1])
     sys.stdout.flush()
     sys.stderr.flush()

@@ -11,7 +11,8 @@ import math
 import posixpath
 import time
 import uuid
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any, TypeGuard
 
 from hvd_spark._internal.specs import ColumnInfo, TensorSpec, check_feature_lengths, check_label_lengths
 from hvd_spark._internal.store import Store
@@ -33,8 +34,16 @@ def column_info(df, name: str, role: str) -> ColumnInfo:
     if name not in df.columns:
         raise ValueError(f"{role} column '{name}' is not in the DataFrame. Available columns: {df.columns}.")
     dtype = df.schema[name].dataType
-    numeric = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType,
-               T.BooleanType)
+    numeric = (
+        T.ByteType,
+        T.ShortType,
+        T.IntegerType,
+        T.LongType,
+        T.FloatType,
+        T.DoubleType,
+        T.DecimalType,
+        T.BooleanType,
+    )
     integer = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.BooleanType)
     if isinstance(dtype, numeric):
         return ColumnInfo(name, "scalar", dtype.simpleString(), isinstance(dtype, integer))
@@ -42,8 +51,10 @@ def column_info(df, name: str, role: str) -> ColumnInfo:
         return ColumnInfo(name, "array", dtype.elementType.simpleString(), isinstance(dtype.elementType, integer))
     if isinstance(dtype, (VectorUDT, OldVectorUDT)):
         return ColumnInfo(name, "vector", "double", False)
-    raise TypeError(f"{role} column '{name}' has type {dtype.simpleString()}. Expected a numeric column, an array "
-                    "of numbers, or a Vector (pyspark.ml.linalg).")
+    raise TypeError(
+        f"{role} column '{name}' has type {dtype.simpleString()}. Expected a numeric column, an array "
+        "of numbers, or a Vector (pyspark.ml.linalg)."
+    )
 
 
 def col(name: str):
@@ -70,8 +81,9 @@ def _as_stored(info: ColumnInfo):
     return c.alias(info.stored)
 
 
-def prepare(df, features: Sequence[ColumnInfo], labels: Sequence[ColumnInfo], weight: Optional[ColumnInfo],
-            validation, seed: int):
+def prepare(
+    df, features: Sequence[ColumnInfo], labels: Sequence[ColumnInfo], weight: ColumnInfo | None, validation, seed: int
+):
     """The projected DataFrame that is checked and written: the needed columns only, under their
     stored names (see ``specs.with_stored_names``), plus the split flag."""
     from pyspark.sql import functions as F
@@ -96,46 +108,73 @@ def prepare(df, features: Sequence[ColumnInfo], labels: Sequence[ColumnInfo], we
     return df.select(*cols)
 
 
-def column_stats(prepared, infos: Sequence[ColumnInfo], validation) -> Dict:
+def column_stats(prepared, infos: Sequence[ColumnInfo], validation) -> dict:
     """One Spark job: row counts, nulls / NaNs per column, array lengths, validation flag range."""
     from pyspark.sql import functions as F
 
-    aggs = [F.count(F.lit(1)).alias("rows"), F.sum(F.col(VAL_COL).cast("int")).alias("val_rows"),
-            F.sum(F.col(VAL_COL).isNull().cast("int")).alias("val_nulls")]
+    aggs = [
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.col(VAL_COL).cast("int")).alias("val_rows"),
+        F.sum(F.col(VAL_COL).isNull().cast("int")).alias("val_nulls"),
+    ]
     unique = list({i.name: i for i in infos}.values())
     for i, info in enumerate(unique):
         c = F.col(info.stored)
         if info.kind == "scalar":
             bad = c.isNull() | (F.isnan(c.cast("double")) if not info.is_integer else F.lit(False))
-            aggs += [F.sum(bad.cast("int")).alias(f"bad_{i}"), F.lit(None).alias(f"min_{i}"),
-                     F.lit(None).alias(f"max_{i}")]
+            aggs += [
+                F.sum(bad.cast("int")).alias(f"bad_{i}"),
+                F.lit(None).alias(f"min_{i}"),
+                F.lit(None).alias(f"max_{i}"),
+            ]
         else:
             bad = c.isNull() | F.exists(c, lambda x: x.isNull() | F.isnan(x.cast("double")))
-            aggs += [F.sum(bad.cast("int")).alias(f"bad_{i}"), F.min(F.size(c)).alias(f"min_{i}"),
-                     F.max(F.size(c)).alias(f"max_{i}")]
+            aggs += [
+                F.sum(bad.cast("int")).alias(f"bad_{i}"),
+                F.min(F.size(c)).alias(f"min_{i}"),
+                F.max(F.size(c)).alias(f"max_{i}"),
+            ]
     row = prepared.agg(*aggs).collect()[0].asDict()
-    out = {"rows": row["rows"] or 0, "val_rows": row["val_rows"] or 0, "val_nulls": row["val_nulls"] or 0,
-           "columns": {}}
+    out: dict[str, Any] = {
+        "rows": row["rows"] or 0,
+        "val_rows": row["val_rows"] or 0,
+        "val_nulls": row["val_nulls"] or 0,
+        "columns": {},
+    }
     for i, info in enumerate(unique):
-        out["columns"][info.name] = {"bad": row[f"bad_{i}"] or 0, "min_len": row[f"min_{i}"],
-                                     "max_len": row[f"max_{i}"]}
+        out["columns"][info.name] = {
+            "bad": row[f"bad_{i}"] or 0,
+            "min_len": row[f"min_{i}"],
+            "max_len": row[f"max_{i}"],
+        }
     return out
 
 
-def check_stats(stats: Dict, features: Sequence[ColumnInfo], labels: Sequence[ColumnInfo],
-                weight: Optional[ColumnInfo], inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                validation, num_proc: int) -> None:
+def check_stats(
+    stats: dict,
+    features: Sequence[ColumnInfo],
+    labels: Sequence[ColumnInfo],
+    weight: ColumnInfo | None,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    validation,
+    num_proc: int,
+) -> None:
     """Raises ValueError for the first problem in the statistics (before anything is written)."""
     rows = stats["rows"]
     if rows == 0:
-        raise ValueError("The DataFrame passed to fit() is empty: 0 rows. Expected at least one row per process "
-                         f"(num_proc={num_proc}).")
+        raise ValueError(
+            "The DataFrame passed to fit() is empty: 0 rows. Expected at least one row per process "
+            f"(num_proc={num_proc})."
+        )
     for role, infos in (("feature", features), ("label", labels), ("sample weight", [weight] if weight else [])):
         for info in infos:
             bad = stats["columns"][info.name]["bad"]
             if bad:
-                raise ValueError(f"{role.capitalize()} column '{info.name}' has {bad} of {rows} rows with null or "
-                                 "NaN values. Remove or fill them before fit (e.g. df.dropna() / df.fillna()).")
+                raise ValueError(
+                    f"{role.capitalize()} column '{info.name}' has {bad} of {rows} rows with null or "
+                    "NaN values. Remove or fill them before fit (e.g. df.dropna() / df.fillna())."
+                )
     for info, spec in zip(features, inputs):
         s = stats["columns"][info.name]
         check_feature_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind)
@@ -143,20 +182,29 @@ def check_stats(stats: Dict, features: Sequence[ColumnInfo], labels: Sequence[Co
         s = stats["columns"][info.name]
         check_label_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind)
     if isinstance(validation, str) and stats["val_nulls"]:
-        raise ValueError(f"validation column '{validation}' has {stats['val_nulls']} rows that are null or not 0/1. "
-                         "Expected true/false or 1/0 in every row.")
+        raise ValueError(
+            f"validation column '{validation}' has {stats['val_nulls']} rows that are null or not 0/1. "
+            "Expected true/false or 1/0 in every row."
+        )
     val_rows, train_rows = stats["val_rows"], rows - stats["val_rows"]
     if validation and val_rows == 0:
-        raise ValueError(f"The validation split is empty (validation={validation!r} selected 0 of {rows} rows). "
-                         "Raise the fraction, mark some rows in the validation column, or set validation=None.")
+        raise ValueError(
+            f"The validation split is empty (validation={validation!r} selected 0 of {rows} rows). "
+            "Raise the fraction, mark some rows in the validation column, or set validation=None."
+        )
     if train_rows == 0:
         raise ValueError(f"The training split is empty: all {rows} rows went to validation ({validation!r}).")
 
 
 def dataset_key(df, infos: Sequence[ColumnInfo], validation, seed: int) -> str:
     """Identifies a materialization: the DataFrame's query plan, the columns and the split."""
-    spec = {"plan": df.semanticHash(), "columns": [i.to_dict() for i in infos], "validation": validation,
-            "seed": seed if validation and not isinstance(validation, str) else None, "format": FORMAT_VERSION}
+    spec = {
+        "plan": df.semanticHash(),
+        "columns": [i.to_dict() for i in infos],
+        "validation": validation,
+        "seed": seed if validation and not isinstance(validation, str) else None,
+        "format": FORMAT_VERSION,
+    }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -166,7 +214,7 @@ def _num_files(rows: int, row_bytes: int, num_proc: int) -> int:
     return min(max(1, rows), math.ceil(n / num_proc) * num_proc)
 
 
-def _parquet_files(store: Store, path: str) -> List[Tuple[str, int]]:
+def _parquet_files(store: Store, path: str) -> list[tuple[str, int]]:
     import pyarrow.parquet as pq
 
     out = []
@@ -178,20 +226,21 @@ def _parquet_files(store: Store, path: str) -> List[Tuple[str, int]]:
     return out
 
 
-def _usable(meta: Optional[Dict], num_proc: int) -> bool:
+def _usable(meta: dict | None, num_proc: int) -> TypeGuard[dict]:
     """Whether published data can feed ``num_proc`` ranks with a file each (or has fewer rows than ranks)."""
     return meta is not None and (len(meta["train_files"]) >= num_proc or meta["train_rows"] < num_proc)
 
 
-def _read_meta(store: Store, path: str) -> Optional[Dict]:
+def _read_meta(store: Store, path: str) -> dict | None:
     try:
         return store.read_json(path)
     except FileNotFoundError:
         return None
 
 
-def materialize(prepared, store: Store, key: str, stats: Dict, row_bytes: int, num_proc: int,
-                wait: Optional[float] = None) -> Dict:
+def materialize(
+    prepared, store: Store, key: str, stats: dict, row_bytes: int, num_proc: int, wait: float | None = None
+) -> dict:
     """Writes train / validation Parquet under ``data/<key>`` (or reuses it) and returns its metadata.
 
     Safe when several fits (threads, processes, other drivers) materialize into one store:
@@ -209,22 +258,25 @@ def materialize(prepared, store: Store, key: str, stats: Dict, row_bytes: int, n
     """
     from hvd_spark._internal import settings
 
-    wait = settings.seconds_setting(wait, settings.ENV_MATERIALIZE_WAIT, None, settings.DEFAULT_MATERIALIZE_WAIT,
-                                    "materialize_wait")
+    wait = settings.seconds_setting(
+        wait, settings.ENV_MATERIALIZE_WAIT, None, settings.DEFAULT_MATERIALIZE_WAIT, "materialize_wait"
+    )
     folder = store.data_path(key)
     meta_path = posixpath.join(folder, META_NAME)
     deadline, last_log = time.monotonic() + wait, 0.0
     while True:
         meta = _read_meta(store, meta_path)
         if _usable(meta, num_proc):
-            logger.info("reusing materialized data %s (%d train / %d val rows)", key,
-                        meta["train_rows"], meta["val_rows"])
+            logger.info(
+                "reusing materialized data %s (%d train / %d val rows)", key, meta["train_rows"], meta["val_rows"]
+            )
             return meta
         writers = store.live_leases(folder, _LEASE_PREFIX, settings.LEASE_STALE)
         if not writers or time.monotonic() > deadline:
             if writers:
-                logger.warning("gave up waiting after %.0fs for %s writing data %s; writing it again",
-                               wait, _who(writers), key)
+                logger.warning(
+                    "gave up waiting after %.0fs for %s writing data %s; writing it again", wait, _who(writers), key
+                )
             break
         if time.monotonic() - last_log > 30:
             logger.info("waiting for %s, which is writing the same data (%s) to the store", _who(writers), key)
@@ -235,10 +287,10 @@ def materialize(prepared, store: Store, key: str, stats: Dict, row_bytes: int, n
     _remove_dead_attempts(store, folder, meta)
     attempt = f"a-{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:8]}"
     try:
-        with store.lease(posixpath.join(folder, f"{_LEASE_PREFIX}{attempt}.json"), settings.LEASE_HEARTBEAT,
-                         key=key, attempt=attempt):
-            return _write_attempt(prepared, store, key, attempt, stats, row_bytes, num_proc,
-                                  replace=meta is not None)
+        with store.lease(
+            posixpath.join(folder, f"{_LEASE_PREFIX}{attempt}.json"), settings.LEASE_HEARTBEAT, key=key, attempt=attempt
+        ):
+            return _write_attempt(prepared, store, key, attempt, stats, row_bytes, num_proc, replace=meta is not None)
     except BaseException:
         if not store.listdir(folder):  # nothing of this key is left: leave no empty folder either
             store.rm(folder)
@@ -249,11 +301,11 @@ _LEASE_PREFIX = "_writing-"
 _COMPLETE = "_complete"
 
 
-def _who(leases: List[Dict]) -> str:
+def _who(leases: list[dict]) -> str:
     return ", ".join(f"a fit on host {d.get('host')} (pid {d.get('pid')})" for d in leases)
 
 
-def _remove_dead_attempts(store: Store, folder: str, meta: Optional[Dict]) -> None:
+def _remove_dead_attempts(store: Store, folder: str, meta: dict | None) -> None:
     """Removes attempt folders of writers that died: not complete and without a live lease.
 
     Complete attempts are kept even when not published (a fit may be reading them).
@@ -270,12 +322,13 @@ def _remove_dead_attempts(store: Store, folder: str, meta: Optional[Dict]) -> No
             logger.info("removing %s, left incomplete by a fit that stopped while writing it", store.url(path))
             store.rm(path)
     for name in names:  # leases whose writer is gone
-        if name.startswith(_LEASE_PREFIX) and name[len(_LEASE_PREFIX):-len(".json")] not in live:
+        if name.startswith(_LEASE_PREFIX) and name[len(_LEASE_PREFIX) : -len(".json")] not in live:
             store.rm(posixpath.join(folder, name))
 
 
-def _write_attempt(prepared, store: Store, key: str, attempt: str, stats: Dict, row_bytes: int, num_proc: int,
-                   replace: bool) -> Dict:
+def _write_attempt(
+    prepared, store: Store, key: str, attempt: str, stats: dict, row_bytes: int, num_proc: int, replace: bool
+) -> dict:
     from pyspark.sql import functions as F
 
     t0 = time.time()
@@ -285,16 +338,28 @@ def _write_attempt(prepared, store: Store, key: str, attempt: str, stats: Dict, 
     train_rows, val_rows = stats["rows"] - stats["val_rows"], stats["val_rows"]
     published = False
     try:
-        meta = {"key": key, "attempt": attempt, "train_rows": train_rows, "val_rows": val_rows,
-                "format": FORMAT_VERSION, "created": time.time()}
+        meta = {
+            "key": key,
+            "attempt": attempt,
+            "train_rows": train_rows,
+            "val_rows": val_rows,
+            "format": FORMAT_VERSION,
+            "created": time.time(),
+        }
         for split, rows, cond in (("train", train_rows, ~F.col(VAL_COL)), ("val", val_rows, F.col(VAL_COL))):
             files = []
             if rows:
                 n = _num_files(rows, row_bytes, num_proc)
                 split_path = posixpath.join(path, split)
-                (prepared.filter(cond).drop(VAL_COL).repartition(n).write.mode("errorifexists")
-                 .option("parquet.block.size", 256 * 1024 * 1024).option("compression", "snappy")
-                 .parquet(store.url(split_path)))
+                (
+                    prepared.filter(cond)
+                    .drop(VAL_COL)
+                    .repartition(n)
+                    .write.mode("errorifexists")
+                    .option("parquet.block.size", 256 * 1024 * 1024)
+                    .option("compression", "snappy")
+                    .parquet(store.url(split_path))
+                )
                 files = _parquet_files(store, split_path)
             meta[f"{split}_files"] = [[p, r] for p, r in files]
         store.write_bytes(posixpath.join(path, _COMPLETE), b"")
@@ -315,6 +380,7 @@ def _write_attempt(prepared, store: Store, key: str, attempt: str, stats: Dict, 
         if not published:
             store.rm(path)
         raise
-    logger.info("materialized %d train / %d val rows to %s in %.1fs", train_rows, val_rows,
-                store.url(path), time.time() - t0)
+    logger.info(
+        "materialized %d train / %d val rows to %s in %.1fs", train_rows, val_rows, store.url(path), time.time() - t0
+    )
     return meta

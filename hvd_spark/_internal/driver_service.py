@@ -15,13 +15,29 @@ import socket
 import socketserver
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from collections.abc import Callable
+from enum import StrEnum
 
 logger = logging.getLogger("hvd_spark")
 rank_logger = logging.getLogger("hvd_spark.rank")
 
+KIND = "t"  # the field of every message that says its kind
 
-def send_line(sock: socket.socket, message: dict, lock: Optional[threading.Lock] = None) -> None:
+
+class Kind(StrEnum):
+    """Message kinds. Tasks and ranks send the first six to the driver; the driver sends the last two."""
+
+    HELLO = "hello"  # the first message of every connection: {"token", "role", "partition" or "rank"}
+    RANK = "rank"  # a task's rank, once assigned: {"rank"}
+    LOG = "log"  # one line of a rank's output: {"rank", "line"}
+    EVENT = "event"  # a progress event from a rank: {"rank", "payload"}
+    FAIL = "fail"  # a rank's failure: the outcome record
+    DONE = "done"  # a task finished: {"rank", "ok"}
+    ABORT = "abort"  # to every task: stop now: {"reason", "dump"}
+    ALL_DONE = "all_done"  # to every task: every rank finished, exit
+
+
+def send_line(sock: socket.socket, message: dict, lock: "threading.Lock | None" = None) -> None:
     data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
     if lock is None:
         sock.sendall(data)
@@ -43,7 +59,7 @@ def read_lines(sock: socket.socket):
 
 
 class _Handler(socketserver.BaseRequestHandler):
-    def handle(self):
+    def handle(self) -> None:
         service: DriverService = self.server.service  # type: ignore[attr-defined]
         sock = self.request
         sock.settimeout(30)
@@ -99,31 +115,30 @@ class DriverService:
         bind: address to listen on ('' for every interface).
     """
 
-    def __init__(self, num_proc: int, *, on_event: Optional[Callable[[int, dict], None]] = None,
-                 bind: str = ""):
+    def __init__(self, num_proc: int, *, on_event: Callable[[int, dict], None] | None = None, bind: str = ""):
         self.num_proc = num_proc
         self.token = secrets.token_hex(16)
         self._on_event = on_event
         self._bind = bind
-        self._server: Optional[_Server] = None
-        self._thread: Optional[threading.Thread] = None
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Condition()
-        self.tasks: Dict[int, _Conn] = {}          # partition -> connection
-        self.rank_of_partition: Dict[int, int] = {}
-        self.started: Dict[int, float] = {}        # partition -> time of hello
-        self.done: Dict[int, dict] = {}            # rank -> done message
-        self.failures: List[dict] = []             # in the order they reached the driver
-        self.rank0_partition: Optional[int] = None
+        self.tasks: dict[int, _Conn] = {}  # partition -> connection
+        self.rank_of_partition: dict[int, int] = {}
+        self.started: dict[int, float] = {}  # partition -> time of hello
+        self.done: dict[int, dict] = {}  # rank -> done message
+        self.failures: list[dict] = []  # in the order they reached the driver
 
     @property
     def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("The driver service has not been started.")
         return self._server.server_address[1]
 
     def start(self) -> int:
         self._server = _Server((self._bind, 0), _Handler)
         self._server.service = self  # type: ignore[attr-defined]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="hvd_spark-driver-service",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="hvd_spark-driver-service", daemon=True)
         self._thread.start()
         return self.port
 
@@ -151,28 +166,26 @@ class DriverService:
             self._lock.notify_all()
 
     def _dispatch(self, conn: _Conn, msg: dict) -> None:
-        kind = msg.get("t")
-        if kind == "log":
+        kind = msg.get(KIND)
+        if kind == Kind.LOG:
             rank_logger.info("[rank %s] %s", msg.get("rank"), msg.get("line", ""))
-        elif kind == "rank":
+        elif kind == Kind.RANK:
             with self._lock:
                 self.rank_of_partition[conn.partition] = msg["rank"]
                 conn.rank = msg["rank"]
-                if msg["rank"] == 0:
-                    self.rank0_partition = conn.partition
                 self._lock.notify_all()
-        elif kind == "event":
+        elif kind == Kind.EVENT:
             if self._on_event is not None:
                 try:
                     self._on_event(int(msg.get("rank", -1)), msg.get("payload") or {})
                 except Exception:  # a progress callback must never break the job
                     logger.exception("progress callback failed")
-        elif kind == "fail":
+        elif kind == Kind.FAIL:
             with self._lock:
                 msg["received"] = time.time()
                 self.failures.append(msg)
                 self._lock.notify_all()
-        elif kind == "done":
+        elif kind == Kind.DONE:
             with self._lock:
                 self.done[int(msg["rank"])] = msg
                 self._lock.notify_all()
@@ -190,8 +203,13 @@ class DriverService:
 
     def snapshot(self):
         with self._lock:
-            return (dict(self.started), dict(self.rank_of_partition), dict(self.done), list(self.failures),
-                    set(self.tasks))
+            return (
+                dict(self.started),
+                dict(self.rank_of_partition),
+                dict(self.done),
+                list(self.failures),
+                set(self.tasks),
+            )
 
 
 class TaskClient:
@@ -202,7 +220,7 @@ class TaskClient:
         self.sock = socket.create_connection((host, int(port)), timeout=timeout)
         self.sock.settimeout(None)
         self._lock = threading.Lock()
-        self.send(dict(hello, t="hello", token=token))
+        self.send({**hello, KIND: Kind.HELLO, "token": token})
 
     @property
     def local_ip(self) -> str:

@@ -1,9 +1,9 @@
 """``HorovodEstimator``: fit a Keras 3 model on a Spark DataFrame with Horovod ring-allreduce."""
 
+import dataclasses
 import logging
 import time
 import uuid
-from typing import Dict, List
 
 import cloudpickle
 from pyspark import keyword_only
@@ -11,11 +11,13 @@ from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 
 from hvd_spark._internal import data as data_mod
+from hvd_spark._internal.contracts import DataSpec, FitSummary, RankSummary, RunConfig
 from hvd_spark._internal.params import EstimatorParams
+from hvd_spark._internal.restarts import RESTARTABLE, should_restart
 from hvd_spark._internal.specs import assign_files, specs_to_dicts, steps_per_epoch, with_stored_names
 from hvd_spark._internal.store import Store, validate_run_id
 from hvd_spark._internal.transformer import TFTransformer
-from hvd_spark.errors import HvdSparkError, JobTimeoutError, LaunchError, RankFailedError
+from hvd_spark.errors import HvdSparkError
 
 logger = logging.getLogger("hvd_spark")
 
@@ -68,20 +70,69 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     """
 
     @keyword_only
-    def __init__(self, *, num_proc=None, store=None, model=None, optimizer=None, loss=None, loss_weights=None,
-                 metrics=None, custom_objects=None, feature_cols=None, label_cols=None, sample_weight_col=None,
-                 validation=None, callbacks=None, batch_size=32, val_batch_size=None, epochs=1,
-                 train_steps_per_epoch=None, validation_steps_per_epoch=None, shuffle=True,
-                 shuffle_buffer_size=10000, random_seed=0, run_id=None, verbose=1, backend="gloo",
-                 output_cols=None, start_timeout=None, max_restarts=0, reader="arrow"):
+    def __init__(
+        self,
+        *,
+        num_proc=None,
+        store=None,
+        model=None,
+        optimizer=None,
+        loss=None,
+        loss_weights=None,
+        metrics=None,
+        custom_objects=None,
+        feature_cols=None,
+        label_cols=None,
+        sample_weight_col=None,
+        validation=None,
+        callbacks=None,
+        batch_size=32,
+        val_batch_size=None,
+        epochs=1,
+        train_steps_per_epoch=None,
+        validation_steps_per_epoch=None,
+        shuffle=True,
+        shuffle_buffer_size=10000,
+        random_seed=0,
+        run_id=None,
+        verbose=1,
+        backend="gloo",
+        output_cols=None,
+        start_timeout=None,
+        max_restarts=0,
+        reader="arrow",
+    ):
         super().__init__()
-        self._setDefault(num_proc=None, store=None, model=None, optimizer=None, loss=None, loss_weights=None,
-                         metrics=None, custom_objects=None, feature_cols=None, label_cols=None, validation=None,
-                         sample_weight_col=None,
-                         callbacks=None, batch_size=32, val_batch_size=None, epochs=1, train_steps_per_epoch=None,
-                         validation_steps_per_epoch=None, shuffle=True, shuffle_buffer_size=10000, random_seed=0,
-                         run_id=None, verbose=1, backend="gloo", output_cols=None, start_timeout=None,
-                         max_restarts=0, reader="arrow")
+        self._setDefault(
+            num_proc=None,
+            store=None,
+            model=None,
+            optimizer=None,
+            loss=None,
+            loss_weights=None,
+            metrics=None,
+            custom_objects=None,
+            feature_cols=None,
+            label_cols=None,
+            validation=None,
+            sample_weight_col=None,
+            callbacks=None,
+            batch_size=32,
+            val_batch_size=None,
+            epochs=1,
+            train_steps_per_epoch=None,
+            validation_steps_per_epoch=None,
+            shuffle=True,
+            shuffle_buffer_size=10000,
+            random_seed=0,
+            run_id=None,
+            verbose=1,
+            backend="gloo",
+            output_cols=None,
+            start_timeout=None,
+            max_restarts=0,
+            reader="arrow",
+        )
         self.setParams(**self._input_kwargs)
 
     @keyword_only
@@ -96,11 +147,12 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         return self.getOrDefault(name)
 
     # --- validation (before any work) ---
-    def _check_params(self) -> Dict:
+    def _check_params(self) -> dict:
         p = {param.name: self.getOrDefault(param) for param in self.params}
         if p["store"] is None:
-            raise ValueError("store is required: a path, URL or hvd_spark.Store reachable from every executor. "
-                             "Received: store=None.")
+            raise ValueError(
+                "store is required: a path, URL or hvd_spark.Store reachable from every executor. Received: store=None."
+            )
         if p["model"] is None:
             raise ValueError("model is required: a built Keras 3 model. Received: model=None.")
         if not p["feature_cols"]:
@@ -118,9 +170,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         v = p["validation"]
         if v is not None and not isinstance(v, str):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
-                raise ValueError(f"validation must be a fraction in [0, 1) or a column name. Received: validation={v!r}.")
-        if p["backend"] not in ("gloo", "mpi"):
-            raise ValueError(f"backend must be 'gloo' or 'mpi'. Received: backend={p['backend']!r}.")
+                raise ValueError(
+                    f"validation must be a fraction in [0, 1) or a column name. Received: validation={v!r}."
+                )
         if p["run_id"] is not None:
             validate_run_id(p["run_id"])
         from hvd_spark._internal.reader import check_reader
@@ -134,12 +186,13 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
     # --- fit ---
     def _fit(self, dataset):
-        from hvd_spark._internal.launcher import available_slots, launch
+        from hvd_spark._internal.launcher import launch, resolve_launch_options
         from hvd_spark._internal.logs import ensure_visible
         from hvd_spark._internal.model_info import is_compiled, model_fingerprint, model_specs
         from hvd_spark._internal.serde import dumps_keras_obj, model_custom_objects, model_to_bytes
         from hvd_spark._internal.worker import train
 
+        # --- 1. check: params, model against columns, launch options (nothing written yet) ---
         t_start = time.time()
         p = self._check_params()
         ensure_visible(p["verbose"])
@@ -147,66 +200,102 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         inputs, outputs = model_specs(model)
         features, labels = p["feature_cols"], p["label_cols"]
         if len(features) != len(inputs):
-            raise ValueError(f"feature_cols must name one column per model input ({len(inputs)}: "
-                             f"{[s.name for s in inputs]}). Received: {features}.")
+            raise ValueError(
+                f"feature_cols must name one column per model input ({len(inputs)}: "
+                f"{[s.name for s in inputs]}). Received: {features}."
+            )
         if len(labels) != len(outputs):
-            raise ValueError(f"label_cols must name one column per model output ({len(outputs)}: "
-                             f"{[s.name for s in outputs]}). Received: {labels}.")
+            raise ValueError(
+                f"label_cols must name one column per model output ({len(outputs)}: "
+                f"{[s.name for s in outputs]}). Received: {labels}."
+            )
         if p["output_cols"] and len(p["output_cols"]) != len(outputs):
-            raise ValueError(f"output_cols must name one column per model output ({len(outputs)}). "
-                             f"Received: {p['output_cols']}.")
+            raise ValueError(
+                f"output_cols must name one column per model output ({len(outputs)}). Received: {p['output_cols']}."
+            )
         if not is_compiled(model) and (p["optimizer"] is None or p["loss"] is None):
-            raise ValueError("The model is not compiled, so optimizer and loss are required. Received: "
-                             f"optimizer={p['optimizer']!r}, loss={p['loss']!r}. Pass both, or compile the model.")
+            raise ValueError(
+                "The model is not compiled, so optimizer and loss are required. Received: "
+                f"optimizer={p['optimizer']!r}, loss={p['loss']!r}. Pass both, or compile the model."
+            )
         f_infos = [data_mod.column_info(dataset, c, "feature") for c in features]
         l_infos = [data_mod.column_info(dataset, c, "label") for c in labels]
-        w_info = data_mod.column_info(dataset, p["sample_weight_col"], "sample weight") \
-            if p["sample_weight_col"] else None
+        w_info = (
+            data_mod.column_info(dataset, p["sample_weight_col"], "sample weight") if p["sample_weight_col"] else None
+        )
         if w_info is not None and w_info.kind != "scalar":
             raise TypeError(f"sample weight column '{w_info.name}' must be numeric. Received an {w_info.kind} column.")
         validation = p["validation"] or None
         if isinstance(validation, str):
             vinfo = data_mod.column_info(dataset, validation, "validation")
             if vinfo.kind != "scalar":
-                raise TypeError(f"validation column '{validation}' must be boolean or 0/1. Received an {vinfo.kind} "
-                                "column.")
+                raise TypeError(
+                    f"validation column '{validation}' must be boolean or 0/1. Received an {vinfo.kind} column."
+                )
         spark = dataset.sparkSession
-        slots = available_slots(spark.sparkContext)
-        num_proc = p["num_proc"] or slots
-        if num_proc > slots:
-            raise ValueError(f"num_proc must be at most the number of task slots ({slots}). Received: "
-                             f"num_proc={num_proc}. Lower num_proc or add executors / cores.")
+        # Everything the launch needs is resolved (and checked) now, before any data is written.
+        options = resolve_launch_options(
+            spark.sparkContext, num_proc=p["num_proc"], backend=p["backend"], start_timeout=p["start_timeout"]
+        )
+        num_proc = options.num_proc
+        custom_objects = model_custom_objects(model, p["custom_objects"]) or None
+        for name, value in (("callbacks", p["callbacks"]), ("custom_objects", custom_objects)):
+            try:
+                cloudpickle.dumps(value)
+            except Exception as e:
+                raise TypeError(
+                    f"{name} must be picklable with cloudpickle: every rank receives a copy. Received: {value!r} ({e})."
+                ) from e
         store = Store.create(p["store"])
         store.check_writable()
+        # --- 2. plan the resume: a run with checkpoints continues from the latest one ---
         run_id = p["run_id"] or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         fingerprint = model_fingerprint(model)
-        custom_objects = model_custom_objects(model, p["custom_objects"]) or None
         run_json = f"{store.run_path(run_id)}/run.json"
         resume = None
-        history_so_far: List[Dict] = []
+        history_so_far: list[dict] = []
         if store.exists(run_json) and store.latest_checkpoint(run_id) is not None:
             # A run that holds checkpoints may only be continued with the same architecture and columns.
             info = store.read_json(run_json)
             if info.get("model_fingerprint") != fingerprint:
-                raise ValueError(f"run_id '{run_id}' in {store.prefix} holds a different model (architecture "
-                                 f"{info.get('model_fingerprint')}, this model is {fingerprint}). Use a new run_id to "
-                                 "start a new run, or pass the same model architecture to resume.")
+                raise ValueError(
+                    f"run_id '{run_id}' in {store.prefix} holds a different model (architecture "
+                    f"{info.get('model_fingerprint')}, this model is {fingerprint}). Use a new run_id to "
+                    "start a new run, or pass the same model architecture to resume."
+                )
             if info.get("feature_cols") != features or info.get("label_cols") != labels:
-                raise ValueError(f"run_id '{run_id}' was trained with feature_cols={info.get('feature_cols')}, "
-                                 f"label_cols={info.get('label_cols')}. Received: feature_cols={features}, "
-                                 f"label_cols={labels}. Use a new run_id for different columns.")
+                raise ValueError(
+                    f"run_id '{run_id}' was trained with feature_cols={info.get('feature_cols')}, "
+                    f"label_cols={info.get('label_cols')}. Received: feature_cols={features}, "
+                    f"label_cols={labels}. Use a new run_id for different columns."
+                )
             resume = store.latest_checkpoint(run_id)
             if resume is not None:
-                history_so_far = store.read_json(resume[2])["history"]
-        if resume is not None and resume[0] >= p["epochs"]:
-            logger.info("run '%s' already has %d of %d epochs; returning its model without training",
-                        run_id, resume[0], p["epochs"])
-            at_epoch = {c[0]: c[1] for c in store.checkpoints(run_id)}
-            model_path = store.model_path(run_id) if resume[0] == p["epochs"] and store.exists(
-                store.model_path(run_id)) else at_epoch.get(p["epochs"], resume[1])
-            return self._transformer(store, model_path, run_id, history_so_far[:p["epochs"]], inputs, outputs,
-                                     dict(p, custom_objects=custom_objects))
+                history_so_far = store.read_json(resume.meta_path)["history"]
+        if resume is not None and resume.epoch >= p["epochs"]:
+            logger.info(
+                "run '%s' already has %d of %d epochs; returning its model without training",
+                run_id,
+                resume.epoch,
+                p["epochs"],
+            )
+            at_epoch = {c.epoch: c.model_path for c in store.checkpoints(run_id)}
+            model_path = (
+                store.model_path(run_id)
+                if resume.epoch == p["epochs"] and store.exists(store.model_path(run_id))
+                else at_epoch.get(p["epochs"], resume.model_path)
+            )
+            return self._transformer(
+                store,
+                model_path,
+                run_id,
+                history_so_far[: p["epochs"]],
+                inputs,
+                outputs,
+                dict(p, custom_objects=custom_objects),
+            )
 
+        # --- 3. check the values (nulls, lengths), then materialize to Parquet (or reuse the same data) ---
         seed = int(p["random_seed"])
         f_infos, l_infos, (w_info,) = with_stored_names(f_infos, l_infos, [w_info])
         prepared = data_mod.prepare(dataset, f_infos, l_infos, w_info, validation, seed)
@@ -218,95 +307,172 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         meta = data_mod.materialize(prepared, store, key, stats, row_values * 4, num_proc)
         t_mat = time.time() - t_mat
 
+        # --- 4. plan the ranks: files per rank, steps per epoch, the run configuration ---
         train_files, _ = assign_files(meta["train_files"], num_proc)
         if len(meta["train_files"]) < num_proc:
-            logger.warning("%d training rows in %d file(s) for %d processes: some ranks read the same rows",
-                           meta["train_rows"], len(meta["train_files"]), num_proc)
+            logger.warning(
+                "%d training rows in %d file(s) for %d processes: some ranks read the same rows",
+                meta["train_rows"],
+                len(meta["train_files"]),
+                num_proc,
+            )
         val_files = assign_files(meta["val_files"], num_proc)[0] if meta["val_rows"] else None
         batch_size = int(p["batch_size"])
         val_batch = int(p["val_batch_size"] or batch_size)
         steps = p["train_steps_per_epoch"] or steps_per_epoch(meta["train_rows"], batch_size, num_proc)
-        val_steps = (p["validation_steps_per_epoch"] or steps_per_epoch(meta["val_rows"], val_batch, num_proc)) \
-            if val_files else None
+        val_steps = (
+            (p["validation_steps_per_epoch"] or steps_per_epoch(meta["val_rows"], val_batch, num_proc))
+            if val_files
+            else None
+        )
 
         if resume is None:  # a new run, or one that failed before its first checkpoint
-            store.write_json(run_json, {"run_id": run_id, "model_fingerprint": fingerprint, "feature_cols": features,
-                                        "label_cols": labels, "created": time.time(), "data_key": key})
+            store.write_json(
+                run_json,
+                {
+                    "run_id": run_id,
+                    "model_fingerprint": fingerprint,
+                    "feature_cols": features,
+                    "label_cols": labels,
+                    "created": time.time(),
+                    "data_key": key,
+                },
+            )
         comp = {k: (dumps_keras_obj(p[k]) if p[k] is not None else None) for k in ("optimizer", "loss", "metrics")}
         comp["loss_weights"] = p["loss_weights"]
-        cfg = {
-            "store": store.to_config(), "run_id": run_id, "epochs": int(p["epochs"]),
-            "compile": comp,
-            "custom_objects": cloudpickle.dumps(custom_objects) if custom_objects else None,
-            "callbacks": cloudpickle.dumps(list(p["callbacks"])) if p["callbacks"] else None,
-            "features": [i.to_dict() for i in f_infos], "labels": [i.to_dict() for i in l_infos],
-            "weight": w_info.to_dict() if w_info else None,
-            "inputs": specs_to_dicts(inputs), "outputs": specs_to_dicts(outputs),
-            "train_files": train_files, "val_files": val_files, "batch_size": batch_size, "val_batch_size": val_batch,
-            "steps_per_epoch": int(steps), "validation_steps": int(val_steps) if val_steps else None,
-            "shuffle": bool(p["shuffle"]), "shuffle_buffer_size": int(p["shuffle_buffer_size"]), "seed": seed,
-            "verbose": int(p["verbose"]), "reader": p["reader"],
-            "num_threads": int(spark.sparkContext.getConf().get("spark.task.cpus", "1")),
-        }
+        cfg = RunConfig(
+            store=store.to_config(),
+            run_id=run_id,
+            epochs=int(p["epochs"]),
+            compile=comp,
+            custom_objects=cloudpickle.dumps(custom_objects) if custom_objects else None,
+            callbacks=cloudpickle.dumps(list(p["callbacks"])) if p["callbacks"] else None,
+            data=DataSpec(tuple(f_infos), tuple(l_infos), w_info, tuple(inputs), tuple(outputs)),
+            train_files=train_files,
+            val_files=val_files,
+            batch_size=batch_size,
+            val_batch_size=val_batch,
+            steps_per_epoch=int(steps),
+            validation_steps=int(val_steps) if val_steps else None,
+            shuffle=bool(p["shuffle"]),
+            shuffle_buffer_size=int(p["shuffle_buffer_size"]),
+            seed=seed,
+            verbose=int(p["verbose"]),
+            reader=p["reader"],
+            num_threads=options.num_threads,
+        )
         model_bytes = None
-        logger.info("training run '%s' on %d ranks: %d train rows, %d val rows, %d steps/epoch, "
-                    "batch %d per rank", run_id, num_proc, meta["train_rows"], meta["val_rows"], steps, batch_size)
+        logger.info(
+            "training run '%s' on %d ranks: %d train rows, %d val rows, %d steps/epoch, batch %d per rank",
+            run_id,
+            num_proc,
+            meta["train_rows"],
+            meta["val_rows"],
+            steps,
+            batch_size,
+        )
+        # --- 5. train, restarting failed attempts from the latest checkpoint ---
         t_train = time.time()
         attempt = 0
         while True:
             # Every attempt starts from the latest complete checkpoint (none: from the user's model).
             resume = store.latest_checkpoint(run_id)
             if resume is not None:
-                logger.info("resuming run '%s' from epoch %d of %d", run_id, resume[0], p["epochs"])
+                logger.info("resuming run '%s' from epoch %d of %d", run_id, resume.epoch, p["epochs"])
             elif model_bytes is None:
                 model_bytes = model_to_bytes(model)
-            cfg.update({
-                "initial_epoch": resume[0] if resume else 0, "resume_ckpt": resume[1] if resume else None,
-                "history_so_far": store.read_json(resume[2])["history"] if resume else [],
-                "model_bytes": None if resume else model_bytes,
-            })
-            if resume is not None and resume[0] >= cfg["epochs"]:
+            cfg = dataclasses.replace(
+                cfg,
+                initial_epoch=resume.epoch if resume else 0,
+                resume_ckpt=resume.model_path if resume else None,
+                history_so_far=tuple(store.read_json(resume.meta_path)["history"]) if resume else (),
+                model_bytes=None if resume else model_bytes,
+            )
+            if resume is not None and resume.epoch >= cfg.epochs:
                 # The failed attempt had finished training; only the final model was missing.
-                store.upload_file(store.local_copy(resume[1]), store.model_path(run_id))
-                results = [{"rank": 0, "weights_digest": "", "epoch_logs": cfg["history_so_far"]}]
+                store.upload_file(store.local_copy(resume.model_path), store.model_path(run_id))
+                results = [{"rank": 0, "weights_digest": "", "epoch_logs": list(cfg.history_so_far)}]
                 break
             try:
-                results = launch(train, args=(cfg,), num_proc=num_proc, spark=spark, use_mpi=p["backend"] == "mpi",
-                                 start_timeout=p["start_timeout"], on_event=_Progress(p["verbose"]),
-                                 description="HorovodEstimator.fit")
+                results = launch(
+                    train,
+                    args=(cfg,),
+                    spark=spark,
+                    options=options,
+                    on_event=_Progress(p["verbose"]),
+                    description="HorovodEstimator.fit",
+                )
                 break
-            except (RankFailedError, LaunchError, JobTimeoutError) as e:
-                if attempt >= p["max_restarts"]:
+            except RESTARTABLE as e:
+                if not should_restart(e, attempt, p["max_restarts"]):
                     raise
                 attempt += 1
                 latest = store.latest_checkpoint(run_id)
-                logger.warning("training attempt %d of run '%s' failed (%s); restarting (%d of max_restarts=%d) "
-                               "from %s", attempt, run_id, str(e).splitlines()[0], attempt, p["max_restarts"],
-                               f"the checkpoint of epoch {latest[0]}" if latest else "the start")
+                logger.warning(
+                    "training attempt %d of run '%s' failed (%s); restarting (%d of max_restarts=%d) from %s",
+                    attempt,
+                    run_id,
+                    str(e).splitlines()[0],
+                    attempt,
+                    p["max_restarts"],
+                    f"the checkpoint of epoch {latest.epoch}" if latest else "the start",
+                )
         t_train = time.time() - t_train
+        # --- 6. verify that the ranks agree, then build the model ---
         digests = {r["weights_digest"] for r in results}
         if len(digests) > 1:
-            raise HvdSparkError(f"Ranks ended training with different weights ({len(digests)} distinct digests); "
-                                "gradient averaging did not hold. Please report this with your model.")
+            raise HvdSparkError(
+                f"Ranks ended training with different weights ({len(digests)} distinct digests); "
+                "gradient averaging did not hold. Please report this with your model."
+            )
         epoch_logs = results[0]["epoch_logs"]
         from hvd_spark._internal.keras_hvd import history_from
 
-        logger.info("fit of run '%s' took %.1fs (materialize %.1fs, training job %.1fs)", run_id,
-                    time.time() - t_start, t_mat, t_train)
-        self._last_fit = {"run_id": run_id, "results": results, "materialize_seconds": t_mat,
-                          "train_job_seconds": t_train, "data_key": key, "steps_per_epoch": steps,
-                          "restarts": attempt}
-        return self._transformer(store, store.model_path(run_id), run_id, epoch_logs, inputs, outputs,
-                                 dict(p, custom_objects=custom_objects), history=history_from(epoch_logs))
+        logger.info(
+            "fit of run '%s' took %.1fs (materialize %.1fs, training job %.1fs)",
+            run_id,
+            time.time() - t_start,
+            t_mat,
+            t_train,
+        )
+        summary = FitSummary(
+            run_id=run_id,
+            data_key=key,
+            steps_per_epoch=int(steps),
+            restarts=attempt,
+            materialize_seconds=t_mat,
+            train_job_seconds=t_train,
+            fit_seconds=time.time() - t_start,
+            ranks=tuple(RankSummary.from_result(r) for r in sorted(results, key=lambda r: r["rank"])),
+        )
+        model = self._transformer(
+            store,
+            store.model_path(run_id),
+            run_id,
+            epoch_logs,
+            inputs,
+            outputs,
+            dict(p, custom_objects=custom_objects),
+            history=history_from(epoch_logs),
+        )
+        model._fit_summary = summary
+        return model
 
     def _transformer(self, store, model_path, run_id, epoch_logs, inputs, outputs, p, history=None):
         from hvd_spark._internal.keras_hvd import history_from
 
-        t = TFTransformer(model_url=store.url(model_path), storage_options=store.storage_options,
-                          feature_cols=p["feature_cols"], label_cols=p["label_cols"], output_cols=p["output_cols"],
-                          input_specs=specs_to_dicts(inputs), output_specs=specs_to_dicts(outputs),
-                          history=history if history is not None else history_from(epoch_logs), run_id=run_id,
-                          custom_objects=p["custom_objects"])
+        t = TFTransformer(
+            model_url=store.url(model_path),
+            storage_options=store.storage_options,
+            feature_cols=p["feature_cols"],
+            label_cols=p["label_cols"],
+            output_cols=p["output_cols"],
+            input_specs=specs_to_dicts(inputs),
+            output_specs=specs_to_dicts(outputs),
+            history=history if history is not None else history_from(epoch_logs),
+            run_id=run_id,
+            custom_objects=p["custom_objects"],
+        )
         return t
 
     # --- persistence (save / load come from MLWritable / MLReadable) ---
@@ -320,7 +486,6 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         from hvd_spark._internal.persistence import EstimatorWriter
 
         return EstimatorWriter(self)
-
 
 
 class _Progress:

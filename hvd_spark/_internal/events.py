@@ -2,9 +2,9 @@
 
 import os
 import threading
-from typing import Optional
 
 from hvd_spark._internal import settings
+from hvd_spark._internal.driver_service import KIND, Kind
 
 _client = None
 _lock = threading.Lock()
@@ -30,9 +30,4 @@ def send_event(payload: dict) -> bool:
                 _client = TaskClient(addr, token, {"role": "rank", "rank": rank}, timeout=10)
             except OSError:
                 return False
-        return _client.send({"t": "event", "rank": rank, "payload": payload})
-
-
-def current_rank() -> Optional[int]:
-    value = os.environ.get(settings.ENV_RANK)
-    return int(value) if value else None
+        return _client.send({KIND: Kind.EVENT, "rank": rank, "payload": payload})

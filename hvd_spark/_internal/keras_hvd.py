@@ -7,7 +7,6 @@ and is used here: an optimizer whose ``apply`` first averages the gradients with
 """
 
 import contextlib
-from typing import Dict, List, Optional
 
 import keras
 import tensorflow as tf
@@ -50,8 +49,9 @@ def make_distributed(optimizer: keras.optimizers.Optimizer, *, compression: str 
                     grads[i] = g
         return base.apply(self, grads, trainable_variables)
 
-    dist = type(base.__name__, (base,), {"apply": apply, "__module__": base.__module__,
-                                         "__qualname__": base.__qualname__})
+    dist = type(
+        base.__name__, (base,), {"apply": apply, "__module__": base.__module__, "__qualname__": base.__qualname__}
+    )
     optimizer.__class__ = dist
     setattr(optimizer, _DIST_ATTR, base)
     return optimizer
@@ -78,8 +78,13 @@ def broadcast_variables(variables, root_rank: int = 0) -> None:
 
     for v in variables:
         value = v.value if hasattr(v, "value") else v
-        v.assign(hvd.broadcast(tf.convert_to_tensor(value), root_rank=root_rank,
-                               name=f"bcast.{v.path if hasattr(v, 'path') else v.name}".replace(":", "_")))
+        v.assign(
+            hvd.broadcast(
+                tf.convert_to_tensor(value),
+                root_rank=root_rank,
+                name=f"bcast.{v.path if hasattr(v, 'path') else v.name}".replace(":", "_"),
+            )
+        )
 
 
 def reconcile_variables(variables, *, name: str = "state") -> int:
@@ -98,9 +103,17 @@ def reconcile_variables(variables, *, name: str = "state") -> int:
     variables = list(variables)
     if hvd.size() == 1 or not variables:
         return 0
-    digests = np.array([[int.from_bytes(hashlib.blake2b(np.ascontiguousarray(np.asarray(v)).tobytes(),
-                                                        digest_size=7).digest(), "little")
-                         for v in variables]], dtype=np.int64)
+    digests = np.array(
+        [
+            [
+                int.from_bytes(
+                    hashlib.blake2b(np.ascontiguousarray(np.asarray(v)).tobytes(), digest_size=7).digest(), "little"
+                )
+                for v in variables
+            ]
+        ],
+        dtype=np.int64,
+    )
     gathered = hvd.allgather(tf.constant(digests), name=f"hvd_spark.{name}.digests").numpy()
     differ = [variables[i] for i in range(len(variables)) if (gathered[:, i] != gathered[0, i]).any()]
     floats = [v for v in differ if keras.backend.standardize_dtype(v.dtype).startswith(("float", "bfloat"))]
@@ -181,15 +194,16 @@ def _global_moments(layer, inputs, mask):
         weights = tf.ones_like(x)
     else:
         weights = tf.cast(tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(x)), x.dtype)
-    local = tf.stack([tf.reduce_sum(weights, axes), tf.reduce_sum(x * weights, axes),
-                      tf.reduce_sum(tf.square(x) * weights, axes)])
+    local = tf.stack(
+        [tf.reduce_sum(weights, axes), tf.reduce_sum(x * weights, axes), tf.reduce_sum(tf.square(x) * weights, axes)]
+    )
     count, total, squares = tf.unstack(hvd.allreduce(local, op=hvd.Sum))
     mean = tf.math.divide_no_nan(total, count)
     variance = tf.maximum(tf.math.divide_no_nan(squares, count) - tf.square(mean), 0.0)
     return tf.cast(mean, dtype), tf.cast(variance, dtype)
 
 
-def average_logs(logs: Dict[str, float]) -> Dict[str, float]:
+def average_logs(logs: dict[str, float]) -> dict[str, float]:
     """Averages scalar metrics over the ranks; every rank must call it with the same keys."""
     import horovod.tensorflow as hvd
 
@@ -247,20 +261,26 @@ class EventCallback(keras.callbacks.Callback):
         self._send = send
 
     def on_epoch_end(self, epoch, logs=None):
-        self._send({"kind": "epoch", "epoch": epoch + 1, "epochs": self.total_epochs,
-                    "logs": {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}})
+        self._send(
+            {
+                "kind": "epoch",
+                "epoch": epoch + 1,
+                "epochs": self.total_epochs,
+                "logs": {k: float(v) for k, v in (logs or {}).items() if _is_number(v)},
+            }
+        )
 
 
-def history_from(logs_per_epoch: List[Dict[str, float]]) -> Dict[str, List[float]]:
+def history_from(logs_per_epoch: list[dict[str, float]]) -> dict[str, list[float]]:
     """Turns a list of per-epoch logs into Keras' ``History.history`` layout."""
-    history: Dict[str, List[float]] = {}
+    history: dict[str, list[float]] = {}
     for logs in logs_per_epoch:
         for k, v in logs.items():
             history.setdefault(k, []).append(float(v))
     return history
 
 
-def set_threads(num_threads: Optional[int]) -> None:
+def set_threads(num_threads: int | None) -> None:
     """Applies the rank's thread budget to TensorFlow (before any op runs)."""
     if not num_threads:
         return

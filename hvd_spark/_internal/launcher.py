@@ -11,20 +11,32 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import cloudpickle
 
 from hvd_spark._internal import settings
-from hvd_spark._internal.topology import task_slots
+from hvd_spark._internal.driver_service import KIND, Kind
+from hvd_spark._internal.topology import task_cpus, task_slots
 from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError
 
 logger = logging.getLogger("hvd_spark")
 
 # Failures that follow from another rank's failure (its peer went away), not causes of their own.
 _SECONDARY_TYPES = ("HorovodInternalError", "HorovodShutdown")
-_SECONDARY_TEXT = ("connection closed by peer", "connection reset by peer", "broken pipe", "horovod has been shut down",
-                   "horovodallreduce", "horovodallgather", "horovodbroadcast", "horovodgroupedallreduce", "gloo")
+_SECONDARY_TEXT = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "horovod has been shut down",
+    "horovodallreduce",
+    "horovodallgather",
+    "horovodbroadcast",
+    "horovodgroupedallreduce",
+    "gloo",
+)
 
 
 def _is_secondary(rec: dict) -> bool:
@@ -49,7 +61,7 @@ class _SlotPool:
 
     def __init__(self):
         self._cond = threading.Condition()
-        self._used: Dict[str, int] = {}
+        self._used: dict[str, int] = {}
 
     @contextlib.contextmanager
     def claim(self, app: str, n: int, total: int, description: str):
@@ -57,9 +69,15 @@ class _SlotPool:
         with self._cond:
             while self._used.get(app, 0) and self._used[app] + n > total:
                 if time.monotonic() - last_log >= 30 or last_log == t0:
-                    logger.info("%s waits for %d task slots: %d of %d are held by other hvd_spark jobs of this "
-                                "driver (waiting %.0fs)", description, n, self._used[app], total,
-                                time.monotonic() - t0)
+                    logger.info(
+                        "%s waits for %d task slots: %d of %d are held by other hvd_spark jobs of this "
+                        "driver (waiting %.0fs)",
+                        description,
+                        n,
+                        self._used[app],
+                        total,
+                        time.monotonic() - t0,
+                    )
                     last_log = time.monotonic()
                 self._cond.wait(5.0)
             self._used[app] = self._used.get(app, 0) + n
@@ -77,8 +95,7 @@ _SLOTS = _SlotPool()
 def available_slots(sc) -> int:
     """Task slots of the running Spark application, for barrier scheduling."""
     conf = sc.getConf()
-    return task_slots(sc.master, default_parallelism=sc.defaultParallelism,
-                      task_cpus=int(conf.get("spark.task.cpus", "1")))
+    return task_slots(sc.master, default_parallelism=sc.defaultParallelism, task_cpus=task_cpus(conf))
 
 
 def _driver_address(sc) -> str:
@@ -87,25 +104,143 @@ def _driver_address(sc) -> str:
     return host
 
 
-def _controller(use_gloo: Optional[bool], use_mpi: Optional[bool]) -> str:
+BACKENDS = ("gloo", "mpi")
+
+
+def resolve_backend(backend: str | None = None, use_gloo: bool | None = None, use_mpi: bool | None = None) -> str:
+    """The Horovod controller, ``"gloo"`` or ``"mpi"``, from ``backend`` or horovod's
+    ``use_gloo`` / ``use_mpi`` flags (kept for ``horovod.spark.run`` compatibility)."""
     if use_gloo and use_mpi:
-        raise ValueError("Choose one controller: use_gloo=True or use_mpi=True, not both. "
-                         "Received: use_gloo=True, use_mpi=True.")
-    if use_mpi:
-        import horovod.tensorflow as hvd  # noqa: F401 - the build tells whether MPI is there
+        raise ValueError(
+            "Choose one controller: use_gloo=True or use_mpi=True, not both. Received: use_gloo=True, use_mpi=True."
+        )
+    flag = "mpi" if use_mpi else ("gloo" if use_gloo else None)
+    if backend is not None and flag is not None and backend != flag:
+        raise ValueError(
+            f"backend={backend!r} contradicts use_{flag}=True. Pass one of them: backend is the same choice."
+        )
+    chosen = backend or flag or "gloo"
+    if chosen not in BACKENDS:
+        raise ValueError(f"backend must be 'gloo' or 'mpi'. Received: backend={chosen!r}.")
+    if chosen == "mpi" and not _mpi_available():
+        raise ValueError(
+            "backend='mpi' (use_mpi=True) needs Horovod built with MPI and mpirun on the PATH, and this "
+            "installation has not both. Install OpenMPI (apt-get install openmpi-bin libopenmpi-dev) and rerun "
+            "scripts/setup.sh, or use the Gloo controller (backend='gloo')."
+        )
+    return chosen
 
-        if not hvd.mpi_built():
-            raise ValueError("use_mpi=True needs Horovod built with MPI, and this Horovod was built without it. "
-                             "Install OpenMPI (apt-get install openmpi-bin libopenmpi-dev) and rerun "
-                             "scripts/setup.sh, or use the Gloo controller (use_gloo=True).")
-        return "mpi"
-    return "gloo"
+
+_MPI_AVAILABLE: bool | None = None
 
 
-def _pick_failure(failures: List[dict]) -> dict:
+def _mpi_available() -> bool:
+    """Whether Horovod was built with MPI and mpirun exists; asked of a separate interpreter, so that
+    the driver does not import TensorFlow (cached for the process)."""
+    global _MPI_AVAILABLE
+    if _MPI_AVAILABLE is None:
+        import shutil
+        import subprocess
+        import sys
+
+        code = "import horovod.tensorflow as hvd; print(bool(hvd.mpi_built()))"
+        try:
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+            built = out.returncode == 0 and out.stdout.strip().endswith("True")
+        except subprocess.TimeoutExpired:
+            built = False
+        _MPI_AVAILABLE = built and shutil.which("mpirun") is not None
+    return _MPI_AVAILABLE
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Everything a launch needs that can be known on the driver, resolved and checked before any
+    work starts (:func:`resolve_launch_options`); ``fit`` resolves them before writing data."""
+
+    num_proc: int
+    slots: int
+    backend: str
+    num_threads: int
+    start_timeout: float
+    timeout: float | None
+    abort_grace: float
+    gloo_timeout: float
+    env: dict[str, str] | None = None
+
+
+def resolve_launch_options(
+    sc,
+    *,
+    num_proc: int | None,
+    backend: str | None = None,
+    use_gloo: bool | None = None,
+    use_mpi: bool | None = None,
+    env: dict[str, str] | None = None,
+    num_threads: int | None = None,
+    start_timeout: float | None = None,
+    timeout: float | None = None,
+) -> LaunchOptions:
+    """Checks a launch's options against the running application: the one place for the slot check."""
+    conf = sc.getConf()
+    slots = available_slots(sc)
+    if num_proc is None:
+        num_proc = slots
+    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
+        raise ValueError(f"num_proc must be a positive integer. Received: num_proc={num_proc!r}.")
+    if num_proc > slots:
+        raise ValueError(
+            f"num_proc must be at most the number of task slots ({slots}) for a barrier stage. Received: "
+            f"num_proc={num_proc}. Lower num_proc or add executors / cores (master={sc.master}, "
+            f"spark.task.cpus={task_cpus(conf)})."
+        )
+    if env is not None and (
+        not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    ):
+        raise TypeError("env must map str to str.")
+    if num_threads is not None and (
+        isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
+    ):
+        raise ValueError(f"num_threads must be a positive integer. Received: num_threads={num_threads!r}.")
+    return LaunchOptions(
+        num_proc=num_proc,
+        slots=slots,
+        backend=resolve_backend(backend, use_gloo, use_mpi),
+        num_threads=num_threads if num_threads is not None else task_cpus(conf),
+        start_timeout=settings.seconds_setting(
+            start_timeout,
+            settings.ENV_START_TIMEOUT,
+            conf.get(settings.CONF_START_TIMEOUT, None),
+            settings.DEFAULT_START_TIMEOUT,
+            "start_timeout",
+        ),
+        timeout=settings.parse_seconds("timeout", timeout) if timeout is not None else None,
+        abort_grace=settings.seconds_setting(
+            None, settings.ENV_ABORT_GRACE, None, settings.DEFAULT_ABORT_GRACE, "abort_grace"
+        ),
+        gloo_timeout=settings.seconds_setting(
+            None, settings.ENV_GLOO_TIMEOUT, None, settings.DEFAULT_GLOO_TIMEOUT, "gloo_timeout"
+        ),
+        env=dict(env) if env is not None else None,
+    )
+
+
+def pickled_payload(fn: Callable, args=(), kwargs=None) -> bytes:
+    """``(fn, args, kwargs)`` pickled for the ranks; a clear error names what does not pickle."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable. Received: {type(fn).__name__}.")
+    try:
+        return cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    except Exception as e:
+        raise TypeError(f"fn and its arguments must be picklable with cloudpickle: {e}") from e
+
+
+def _pick_failure(failures: list[dict]) -> dict:
     """The failure that caused the others: not a peer-lost error if there is one, then the earliest."""
+
     def key(rec):
         return (_is_secondary(rec), rec.get("time") or float("inf"), rec["rank"])
+
     return sorted(failures, key=key)[0]
 
 
@@ -122,89 +257,89 @@ def _raise_failure(rec: dict) -> None:
     raise err
 
 
-def _where_ranks_were(records: List[dict], ranks: List[int]) -> str:
+def _where_ranks_were(records: list[dict], ranks: list[int]) -> str:
     """The innermost Python frames of each listed rank, from the stacks they printed on abort."""
     out = []
     for rec in sorted(records, key=lambda r: r["rank"]):
         if rec["rank"] not in ranks or not rec.get("tail"):
             continue
         tail = rec["tail"]
-        starts = [i for i, line in enumerate(tail) if line.startswith(("Stack (most recent call first)",
-                                                                       "Current thread"))]
+        starts = [
+            i for i, line in enumerate(tail) if line.startswith(("Stack (most recent call first)", "Current thread"))
+        ]
         if not starts:
             continue
-        frames = [line.strip() for line in tail[starts[-1] + 1:] if line.strip().startswith("File ")]
+        frames = [line.strip() for line in tail[starts[-1] + 1 :] if line.strip().startswith("File ")]
         out.append(f"  rank {rec['rank']}: " + " <- ".join(frames[:6]))
     return "\n".join(out)
 
 
-def launch(fn: Callable, args=(), kwargs=None, *, num_proc: int, spark=None,
-           use_gloo: Optional[bool] = None, use_mpi: Optional[bool] = None,
-           env: Optional[Dict[str, str]] = None, num_threads: Optional[int] = None,
-           start_timeout: Optional[float] = None,
-           timeout: Optional[float] = None, on_event: Optional[Callable[[int, dict], None]] = None,
-           description: str = "hvd_spark job") -> List[Any]:
-    """Runs ``fn`` on ``num_proc`` Horovod ranks; see :func:`hvd_spark.run` for the arguments."""
+def launch(
+    fn: Callable,
+    args=(),
+    kwargs=None,
+    *,
+    num_proc: int | None = None,
+    spark=None,
+    backend: str | None = None,
+    use_gloo: bool | None = None,
+    use_mpi: bool | None = None,
+    env: dict[str, str] | None = None,
+    num_threads: int | None = None,
+    start_timeout: float | None = None,
+    timeout: float | None = None,
+    on_event: Callable[[int, dict], None] | None = None,
+    description: str = "hvd_spark job",
+    options: LaunchOptions | None = None,
+) -> list[Any]:
+    """Runs ``fn`` on Horovod ranks; see :func:`hvd_spark.run` for the arguments.
+
+    ``options``, resolved earlier with :func:`resolve_launch_options`, replaces the option
+    arguments (the estimator resolves them before it writes any data).
+    """
     from pyspark.sql import SparkSession
 
-    if not callable(fn):
-        raise TypeError(f"fn must be callable. Received: {type(fn).__name__}.")
+    payload = pickled_payload(fn, args, kwargs)
     spark = spark or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
     sc = spark.sparkContext
-    conf = sc.getConf()
-    slots = available_slots(sc)
-    if num_proc is None:
-        num_proc = slots
-    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
-        raise ValueError(f"num_proc must be a positive integer. Received: num_proc={num_proc!r}.")
-    if num_proc > slots:
-        raise ValueError(
-            f"num_proc must be at most the number of task slots ({slots}) for a barrier stage. Received: "
-            f"num_proc={num_proc}. Lower num_proc or add executors / cores (master={sc.master}, "
-            f"spark.task.cpus={conf.get('spark.task.cpus', '1')}).")
-    if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise TypeError("env must map str to str.")
-    controller = _controller(use_gloo, use_mpi)
-    start_timeout = settings.seconds_setting(start_timeout, settings.ENV_START_TIMEOUT,
-                                             conf.get(settings.CONF_START_TIMEOUT, None),
-                                             settings.DEFAULT_START_TIMEOUT, "start_timeout")
-    if timeout is not None:
-        timeout = settings.parse_seconds("timeout", timeout)
-    abort_grace = settings.seconds_setting(None, settings.ENV_ABORT_GRACE, None, settings.DEFAULT_ABORT_GRACE,
-                                           "abort_grace")
-    gloo_timeout = settings.seconds_setting(None, settings.ENV_GLOO_TIMEOUT, None, settings.DEFAULT_GLOO_TIMEOUT,
-                                            "gloo_timeout")
-    if num_threads is None:
-        num_threads = int(conf.get("spark.task.cpus", "1"))
-    try:
-        payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
-    except Exception as e:
-        raise TypeError(f"fn and its arguments must be picklable with cloudpickle: {e}") from e
-
-    with _SLOTS.claim(sc.applicationId, num_proc, slots, description):
-        return _launch_claimed(sc, payload, num_proc=num_proc, controller=controller, env=env,
-                               num_threads=num_threads, start_timeout=start_timeout, timeout=timeout,
-                               abort_grace=abort_grace, gloo_timeout=gloo_timeout, on_event=on_event,
-                               description=description)
+    if options is None:
+        options = resolve_launch_options(
+            sc,
+            num_proc=num_proc,
+            backend=backend,
+            use_gloo=use_gloo,
+            use_mpi=use_mpi,
+            env=env,
+            num_threads=num_threads,
+            start_timeout=start_timeout,
+            timeout=timeout,
+        )
+    with _SLOTS.claim(sc.applicationId, options.num_proc, options.slots, description):
+        return _launch_claimed(sc, payload, options, on_event=on_event, description=description)
 
 
-def _launch_claimed(sc, payload: bytes, *, num_proc: int, controller: str, env, num_threads: int,
-                    start_timeout: float, timeout: Optional[float], abort_grace: float, gloo_timeout: float,
-                    on_event, description: str) -> List[Any]:
+def _launch_claimed(sc, payload: bytes, options: LaunchOptions, *, on_event, description: str) -> list[Any]:
     """Submits the barrier stage and watches it (the slots are claimed)."""
     from pyspark import InheritableThread
 
     from hvd_spark._internal.driver_service import DriverService
 
+    num_proc, start_timeout, timeout = options.num_proc, options.start_timeout, options.timeout
+    abort_grace = options.abort_grace
     service = DriverService(num_proc, on_event=on_event)
     port = service.start()
     spec = {
-        "driver_addr": f"{_driver_address(sc)}:{port}", "token": service.token, "payload": payload,
-        "controller": controller, "env": dict(env or {}), "num_threads": int(num_threads),
-        "gloo_timeout": gloo_timeout, "abort_grace": abort_grace,
+        "driver_addr": f"{_driver_address(sc)}:{port}",
+        "token": service.token,
+        "payload": payload,
+        "backend": options.backend,
+        "env": dict(options.env or {}),
+        "num_threads": int(options.num_threads),
+        "gloo_timeout": options.gloo_timeout,
+        "abort_grace": abort_grace,
     }
     group = f"hvd_spark-{uuid.uuid4().hex[:12]}"
-    box: Dict[str, Any] = {}
+    box: dict[str, Any] = {}
 
     def task_fn(_):
         from hvd_spark._internal.task import run_task
@@ -218,13 +353,13 @@ def _launch_claimed(sc, payload: bytes, *, num_proc: int, controller: str, env, 
         except BaseException as e:  # noqa: BLE001 - re-raised below, with what the driver knows
             box["error"] = e
 
-    logger.info("starting %d ranks (%s) on %s", num_proc, controller, sc.master)
+    logger.info("starting %d ranks (%s) on %s", num_proc, options.backend, sc.master)
     t0 = time.monotonic()
     thread = InheritableThread(target=submit, name=f"{group}-submit")
     thread.daemon = True
     thread.start()
-    problem: Optional[BaseException] = None
-    aborted_at: Optional[float] = None
+    problem: BaseException | None = None
+    aborted_at: float | None = None
     cancelled = False
     all_done_sent = False
     try:
@@ -235,10 +370,10 @@ def _launch_claimed(sc, payload: bytes, *, num_proc: int, controller: str, env, 
             if failures and aborted_at is None:
                 first = failures[0]
                 logger.error("rank %s failed (%s); stopping the other ranks", first["rank"], first["type"])
-                service.broadcast({"t": "abort", "reason": f"rank {first['rank']} failed"})
+                service.broadcast({KIND: Kind.ABORT, "reason": f"rank {first['rank']} failed"})
                 aborted_at = now
             if len(done) == num_proc and not all_done_sent:
-                service.broadcast({"t": "all_done"})
+                service.broadcast({KIND: Kind.ALL_DONE})
                 all_done_sent = True
             if problem is None and len(started) < num_proc and now - t0 > start_timeout:
                 missing = sorted(set(range(num_proc)) - set(started))
@@ -246,25 +381,28 @@ def _launch_claimed(sc, payload: bytes, *, num_proc: int, controller: str, env, 
                     f"{len(missing)} of {num_proc} barrier tasks did not start within start_timeout="
                     f"{start_timeout:g}s (tasks/partitions {missing}). Spark could not schedule them all at once: "
                     f"check that {num_proc} task slots are free (master={sc.master}) or raise start_timeout "
-                    f"({settings.ENV_START_TIMEOUT}).", ranks=missing)
+                    f"({settings.ENV_START_TIMEOUT}).",
+                    ranks=missing,
+                )
             if problem is None and timeout is not None and now - t0 > timeout:
                 missing = sorted(set(range(num_proc)) - set(done))
                 problem = JobTimeoutError(
                     f"the job did not finish within timeout={timeout:g}s; ranks {missing} had not finished.",
-                    ranks=missing)
+                    ranks=missing,
+                )
             if problem is not None and aborted_at is None:
-                service.broadcast({"t": "abort", "reason": str(problem), "dump": True})
+                service.broadcast({KIND: Kind.ABORT, "reason": str(problem), "dump": True})
                 aborted_at = now
             if aborted_at is not None and not cancelled and now - aborted_at > abort_grace + 10:
                 # Tasks that do not react to the abort are cancelled through Spark.
                 logger.warning("cancelling Spark job group %s", group)
                 sc.cancelJobGroup(group)
                 cancelled = True
-            if cancelled and now - aborted_at > abort_grace + 70:
+            if cancelled and aborted_at is not None and now - aborted_at > abort_grace + 70:
                 logger.error("Spark job group %s did not stop after cancellation", group)
                 break
     except KeyboardInterrupt:
-        service.broadcast({"t": "abort", "reason": "interrupted on the driver"})
+        service.broadcast({KIND: Kind.ABORT, "reason": "interrupted on the driver"})
         sc.cancelJobGroup(group)
         raise
     finally:
@@ -272,7 +410,7 @@ def _launch_claimed(sc, payload: bytes, *, num_proc: int, controller: str, env, 
     elapsed = time.monotonic() - t0
     _, _, _, failures, _ = service.snapshot()
 
-    records: List[dict] = [cloudpickle.loads(b) for b in box.get("records") or []]
+    records: list[dict] = [cloudpickle.loads(b) for b in box.get("records") or []]
     errors = [r for r in records if r["status"] == "error"]
     if errors:
         _raise_failure(_pick_failure(errors))

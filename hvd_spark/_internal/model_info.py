@@ -2,12 +2,11 @@
 
 import hashlib
 import json
-from typing import List, Tuple
 
 from hvd_spark._internal.specs import TensorSpec
 
 
-def _specs(tensors, names, what: str) -> List[TensorSpec]:
+def _specs(tensors, names, what: str) -> list[TensorSpec]:
     out = []
     for i, t in enumerate(tensors):
         shape = tuple(t.shape)
@@ -19,7 +18,7 @@ def _specs(tensors, names, what: str) -> List[TensorSpec]:
     return out
 
 
-def model_specs(model) -> Tuple[List[TensorSpec], List[TensorSpec]]:
+def model_specs(model) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The model's inputs and outputs (shape without the batch axis, dtype)."""
     import keras
 
@@ -30,11 +29,14 @@ def model_specs(model) -> Tuple[List[TensorSpec], List[TensorSpec]]:
     except (AttributeError, ValueError):
         inputs = outputs = []
     if not inputs or not outputs:
-        raise ValueError("model must be built with known input shapes: use a Functional or Sequential model that "
-                         "starts with keras.Input(shape=...). Received: a model without defined inputs "
-                         f"({type(model).__name__}).")
-    in_names = list(getattr(model, "input_names", None) or [getattr(t, "name", f"input_{i}")
-                                                             for i, t in enumerate(inputs)])
+        raise ValueError(
+            "model must be built with known input shapes: use a Functional or Sequential model that "
+            "starts with keras.Input(shape=...). Received: a model without defined inputs "
+            f"({type(model).__name__})."
+        )
+    in_names = list(
+        getattr(model, "input_names", None) or [getattr(t, "name", f"input_{i}") for i, t in enumerate(inputs)]
+    )
     out_names = list(getattr(model, "output_names", None) or [f"output_{i}" for i in range(len(outputs))])
     return _specs(inputs, in_names, "input"), _specs(outputs, out_names, "output")
 

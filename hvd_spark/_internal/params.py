@@ -14,6 +14,7 @@ def _opt_int(name):
         if isinstance(x, bool) or not isinstance(x, int):
             raise TypeError(f"{name} must be an integer or None. Received: {x!r}.")
         return x
+
     return conv
 
 
@@ -22,6 +23,7 @@ def _opt_str(name):
         if x is None or isinstance(x, str):
             return x
         raise TypeError(f"{name} must be a string or None. Received: {x!r}.")
+
     return conv
 
 
@@ -34,6 +36,7 @@ def _str_list(name):
         if isinstance(x, (list, tuple)) and all(isinstance(c, str) for c in x):
             return list(x)
         raise TypeError(f"{name} must be a column name or a list of column names. Received: {x!r}.")
+
     return conv
 
 
@@ -42,12 +45,20 @@ def _param(name, doc, conv=_identity):
 
 
 class ColumnParams(Params):
-    feature_cols = _param("feature_cols", "Feature column names, one per model input, in the model's input order. "
-                          "Columns may be numeric, arrays of numbers, or Vectors.", _str_list("feature_cols"))
-    label_cols = _param("label_cols", "Label column names, one per model output, in the model's output order.",
-                        _str_list("label_cols"))
-    output_cols = _param("output_cols", "Prediction column names, one per model output. Default: "
-                         "'<label>__output' for each label column.", _str_list("output_cols"))
+    feature_cols = _param(
+        "feature_cols",
+        "Feature column names, one per model input, in the model's input order. "
+        "Columns may be numeric, arrays of numbers, or Vectors.",
+        _str_list("feature_cols"),
+    )
+    label_cols = _param(
+        "label_cols", "Label column names, one per model output, in the model's output order.", _str_list("label_cols")
+    )
+    output_cols = _param(
+        "output_cols",
+        "Prediction column names, one per model output. Default: '<label>__output' for each label column.",
+        _str_list("output_cols"),
+    )
 
     def getFeatureCols(self):
         return self.getOrDefault(self.feature_cols)
@@ -64,47 +75,83 @@ class ColumnParams(Params):
 
 
 class EstimatorParams(ColumnParams):
-    num_proc = _param("num_proc", "Number of Horovod processes (ranks). Default: the number of task slots.",
-                      _opt_int("num_proc"))
-    store = _param("store", "Where data, checkpoints, logs and models go: a path, a URL or a hvd_spark.Store. "
-                   "Must be reachable from every executor.")
+    num_proc = _param(
+        "num_proc", "Number of Horovod processes (ranks). Default: the number of task slots.", _opt_int("num_proc")
+    )
+    store = _param(
+        "store",
+        "Where data, checkpoints, logs and models go: a path, a URL or a hvd_spark.Store. "
+        "Must be reachable from every executor.",
+    )
     model = _param("model", "The Keras 3 model to train (built: its input shapes known).")
     optimizer = _param("optimizer", "Keras optimizer (object or name). Default: the model's compiled optimizer.")
-    loss = _param("loss", "Loss (name, function, Loss object; a list or dict for several outputs). Default: the "
-                  "model's compiled loss.")
+    loss = _param(
+        "loss",
+        "Loss (name, function, Loss object; a list or dict for several outputs). Default: the model's compiled loss.",
+    )
     loss_weights = _param("loss_weights", "Weights of the losses of several outputs (list or dict).")
     metrics = _param("metrics", "Metrics, as for keras.Model.compile.")
-    custom_objects = _param("custom_objects", "Custom Keras objects (name -> class or function) needed to load "
-                            "the model.")
-    sample_weight_col = _param("sample_weight_col", "Column with a per-row sample weight.",
-                               _opt_str("sample_weight_col"))
-    validation = _param("validation", "Validation split: a fraction in [0, 1) of the rows (random, seeded by "
-                        "random_seed), or the name of a boolean / 0-1 column marking validation rows.")
+    custom_objects = _param(
+        "custom_objects", "Custom Keras objects (name -> class or function) needed to load the model."
+    )
+    sample_weight_col = _param(
+        "sample_weight_col", "Column with a per-row sample weight.", _opt_str("sample_weight_col")
+    )
+    validation = _param(
+        "validation",
+        "Validation split: a fraction in [0, 1) of the rows (random, seeded by "
+        "random_seed), or the name of a boolean / 0-1 column marking validation rows.",
+    )
     callbacks = _param("callbacks", "Keras callbacks run on every rank (after metrics are averaged).")
-    batch_size = _param("batch_size", "Rows per batch on each rank (the global batch is batch_size * num_proc).",
-                        TypeConverters.toInt)
-    val_batch_size = _param("val_batch_size", "Rows per validation batch on each rank. Default: batch_size.",
-                            _opt_int("val_batch_size"))
+    batch_size = _param(
+        "batch_size", "Rows per batch on each rank (the global batch is batch_size * num_proc).", TypeConverters.toInt
+    )
+    val_batch_size = _param(
+        "val_batch_size", "Rows per validation batch on each rank. Default: batch_size.", _opt_int("val_batch_size")
+    )
     epochs = _param("epochs", "Total number of epochs. A resumed run trains until this epoch.", TypeConverters.toInt)
-    train_steps_per_epoch = _param("train_steps_per_epoch", "Steps per epoch on every rank. Default: "
-                                   "ceil(train rows / (batch_size * num_proc)).", _opt_int("train_steps_per_epoch"))
-    validation_steps_per_epoch = _param("validation_steps_per_epoch", "Validation steps per epoch on every rank. "
-                                        "Default: ceil(val rows / (val_batch_size * num_proc)).",
-                                        _opt_int("validation_steps_per_epoch"))
-    shuffle = _param("shuffle", "Shuffle the training rows (row-group order and a seeded buffer).",
-                     TypeConverters.toBoolean)
-    shuffle_buffer_size = _param("shuffle_buffer_size", "Rows held in each rank's shuffle buffer.",
-                                 TypeConverters.toInt)
-    random_seed = _param("random_seed", "Seed of the validation split, the shuffling and Keras' initializers.",
-                         TypeConverters.toInt)
-    run_id = _param("run_id", "Run name under <store>/runs/. An existing run resumes from its latest checkpoint. "
-                    "Default: a new name per fit.", _identity)
-    verbose = _param("verbose", "0: quiet; 1: per-epoch progress on the driver's log; 2: also Keras' epoch lines "
-                     "from rank 0.", TypeConverters.toInt)
-    backend = _param("backend", "Horovod controller: 'gloo' (default, CPU) or 'mpi' (one host).",
-                     TypeConverters.toString)
-    reader = _param("reader", "How ranks read the materialized Parquet: 'arrow' (default; pyarrow, whole row groups, "
-                    "any pyarrow version) or 'petastorm' (Petastorm 0.13.1; needs pyarrow 12).", TypeConverters.toString)
-    max_restarts = _param("max_restarts", "Times a failed training job is started again from the latest "
-                          "checkpoint (default 0).", TypeConverters.toInt)
+    train_steps_per_epoch = _param(
+        "train_steps_per_epoch",
+        "Steps per epoch on every rank. Default: ceil(train rows / (batch_size * num_proc)).",
+        _opt_int("train_steps_per_epoch"),
+    )
+    validation_steps_per_epoch = _param(
+        "validation_steps_per_epoch",
+        "Validation steps per epoch on every rank. Default: ceil(val rows / (val_batch_size * num_proc)).",
+        _opt_int("validation_steps_per_epoch"),
+    )
+    shuffle = _param(
+        "shuffle", "Shuffle the training rows (row-group order and a seeded buffer).", TypeConverters.toBoolean
+    )
+    shuffle_buffer_size = _param(
+        "shuffle_buffer_size", "Rows held in each rank's shuffle buffer.", TypeConverters.toInt
+    )
+    random_seed = _param(
+        "random_seed", "Seed of the validation split, the shuffling and Keras' initializers.", TypeConverters.toInt
+    )
+    run_id = _param(
+        "run_id",
+        "Run name under <store>/runs/. An existing run resumes from its latest checkpoint. "
+        "Default: a new name per fit.",
+        _identity,
+    )
+    verbose = _param(
+        "verbose",
+        "0: quiet; 1: per-epoch progress on the driver's log; 2: also Keras' epoch lines from rank 0.",
+        TypeConverters.toInt,
+    )
+    backend = _param(
+        "backend", "Horovod controller: 'gloo' (default, CPU) or 'mpi' (one host).", TypeConverters.toString
+    )
+    reader = _param(
+        "reader",
+        "How ranks read the materialized Parquet: 'arrow' (default; pyarrow, whole row groups, "
+        "any pyarrow version) or 'petastorm' (Petastorm 0.13.1; needs pyarrow 12).",
+        TypeConverters.toString,
+    )
+    max_restarts = _param(
+        "max_restarts",
+        "Times a failed training job is started again from the latest checkpoint (default 0).",
+        TypeConverters.toInt,
+    )
     start_timeout = _param("start_timeout", "Seconds for all ranks to start (default 600).", _identity)

@@ -14,7 +14,7 @@ number of steps per epoch, the same on every rank, so uneven shards neither dead
 
 import contextlib
 import warnings
-from typing import Dict, Iterator, List, Optional, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -28,6 +28,7 @@ def petastorm_available() -> bool:
     """Whether Petastorm imports here (it does not with pyarrow >= 13)."""
     try:
         import petastorm.reader  # noqa: F401
+
         return True
     except Exception:  # ImportError, or pyarrow's missing pyarrow.filesystem: not usable either way
         return False
@@ -40,9 +41,11 @@ def check_reader(reader: str) -> None:
     if reader == "petastorm" and not petastorm_available():
         import pyarrow
 
-        raise ValueError(f"reader='petastorm' needs Petastorm 0.13.1 with pyarrow 12; this environment has pyarrow "
-                         f"{pyarrow.__version__}{'' if _has_module('petastorm') else ' and no petastorm'}. Use "
-                         "reader='arrow' (the default), or install hvd_spark[petastorm] on the Spark 3.5 line.")
+        raise ValueError(
+            f"reader='petastorm' needs Petastorm 0.13.1 with pyarrow 12; this environment has pyarrow "
+            f"{pyarrow.__version__}{'' if _has_module('petastorm') else ' and no petastorm'}. Use "
+            "reader='arrow' (the default), or install hvd_spark[petastorm] on the Spark 3.5 line."
+        )
 
 
 def _has_module(name: str) -> bool:
@@ -72,15 +75,14 @@ def column_values(column) -> np.ndarray:
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     n = len(column)
-    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type) or \
-            pa.types.is_fixed_size_list(column.type):
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type) or pa.types.is_fixed_size_list(column.type):
         flat = column.flatten()  # respects slicing offsets
         values = flat.to_numpy(zero_copy_only=False)
         return values.reshape(n, -1) if n else values.reshape(0, 0)
     return column.to_numpy(zero_copy_only=False)
 
 
-def _open_parquet(url: str, storage_options: Optional[Dict]):
+def _open_parquet(url: str, storage_options: dict | None):
     import fsspec
     import pyarrow.parquet as pq
 
@@ -90,9 +92,15 @@ def _open_parquet(url: str, storage_options: Optional[Dict]):
     return pq.ParquetFile(fs.open(path, "rb"), pre_buffer=True)
 
 
-def arrow_batches(files: Sequence[str], names: Sequence[str], *, shuffle: bool, seed: int,
-                  storage_options: Optional[Dict] = None, passes: Optional[int] = None
-                  ) -> Iterator[Dict[str, np.ndarray]]:
+def arrow_batches(
+    files: Sequence[str],
+    names: Sequence[str],
+    *,
+    shuffle: bool,
+    seed: int,
+    storage_options: dict | None = None,
+    passes: int | None = None,
+) -> Iterator[dict[str, np.ndarray]]:
     """Yields whole row groups of ``files`` as {column: array}, ``passes`` times (None: forever).
 
     With ``shuffle``, each pass visits the row groups in a new order and permutes the rows in
@@ -100,8 +108,12 @@ def arrow_batches(files: Sequence[str], names: Sequence[str], *, shuffle: bool, 
     get different seeds) and passes differ, and a rerun with the same seed repeats exactly.
     """
     parquet = [_open_parquet(f, storage_options) for f in files]
-    units = [(i, g) for i, pf in enumerate(parquet) for g in range(pf.num_row_groups)
-             if pf.metadata.row_group(g).num_rows > 0]
+    units = [
+        (i, g)
+        for i, pf in enumerate(parquet)
+        for g in range(pf.num_row_groups)
+        if pf.metadata.row_group(g).num_rows > 0
+    ]
     if not units:
         raise ValueError(f"The Parquet files {list(files)} hold no rows.")
     names = list(names)
@@ -120,7 +132,7 @@ def arrow_batches(files: Sequence[str], names: Sequence[str], *, shuffle: bool, 
         n_pass += 1
 
 
-def _arrow_signature(files: Sequence[str], names: Sequence[str], storage_options: Optional[Dict]):
+def _arrow_signature(files: Sequence[str], names: Sequence[str], storage_options: dict | None):
     """tf.TensorSpecs of the row-group batches, from the first file's Parquet schema."""
     import pyarrow as pa
 
@@ -130,8 +142,9 @@ def _arrow_signature(files: Sequence[str], names: Sequence[str], storage_options
         t = schema.field(name).type
         is_list = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
         value_type = t.value_type if is_list else t
-        sig[name] = tf.TensorSpec(shape=(None, None) if is_list else (None,),
-                                  dtype=tf.as_dtype(value_type.to_pandas_dtype()))
+        sig[name] = tf.TensorSpec(
+            shape=(None, None) if is_list else (None,), dtype=tf.as_dtype(value_type.to_pandas_dtype())
+        )
     return sig
 
 
@@ -141,7 +154,8 @@ def _arrow_source(files, names, shuffle, seed, storage_options):
     sig = _arrow_signature(files, names, storage_options)
     ds = tf.data.Dataset.from_generator(
         lambda: arrow_batches(files, names, shuffle=shuffle, seed=seed, storage_options=storage_options),
-        output_signature=sig)
+        output_signature=sig,
+    )
     yield ds.prefetch(2)  # the next row groups are read while the current ones train
 
 
@@ -152,9 +166,15 @@ def _petastorm_source(files, names, shuffle, seed, workers):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        reader = make_batch_reader(list(files), schema_fields=list(names), num_epochs=None,
-                                   shuffle_row_groups=shuffle, seed=seed, workers_count=workers,
-                                   reader_pool_type="thread")
+        reader = make_batch_reader(
+            list(files),
+            schema_fields=list(names),
+            num_epochs=None,
+            shuffle_row_groups=shuffle,
+            seed=seed,
+            workers_count=workers,
+            reader_pool_type="thread",
+        )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -174,13 +194,26 @@ def _shuffle_rows(columns, first: str, seed: int):
 
 
 @contextlib.contextmanager
-def rank_dataset(files: List[str], *, features: Sequence[ColumnInfo], labels: Sequence[ColumnInfo],
-                 weight: Optional[ColumnInfo], inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                 batch_size: int, shuffle: bool, shuffle_buffer_size: int, seed: int, reader: str = "arrow",
-                 storage_options: Optional[Dict] = None, workers: int = 2):
+def rank_dataset(
+    files: list[str],
+    *,
+    features: Sequence[ColumnInfo],
+    labels: Sequence[ColumnInfo],
+    weight: ColumnInfo | None,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    batch_size: int,
+    shuffle: bool,
+    shuffle_buffer_size: int,
+    seed: int,
+    reader: str = "arrow",
+    storage_options: dict | None = None,
+    workers: int = 2,
+):
     """Yields an infinite ``tf.data.Dataset`` of ``(x, y)`` or ``(x, y, sample_weight)`` batches."""
-    names = list(dict.fromkeys([c.stored for c in features] + [c.stored for c in labels] +
-                               ([weight.stored] if weight else [])))
+    names = list(
+        dict.fromkeys([c.stored for c in features] + [c.stored for c in labels] + ([weight.stored] if weight else []))
+    )
     if reader == "petastorm":
         source = _petastorm_source(files, names, shuffle, seed, workers)
     elif reader == "arrow":
@@ -199,8 +232,10 @@ def rank_dataset(files: List[str], *, features: Sequence[ColumnInfo], labels: Se
 
         def convert(columns):
             xs = [shaped(tf.cast(columns[c.stored], dt), shape) for c, shape, dt in zip(features, in_shapes, in_types)]
-            ys = [shaped(tf.cast(columns[c.stored], tf.int32 if c.is_integer else tf.float32), shape)
-                  for c, shape in zip(labels, out_shapes)]
+            ys = [
+                shaped(tf.cast(columns[c.stored], tf.int32 if c.is_integer else tf.float32), shape)
+                for c, shape in zip(labels, out_shapes)
+            ]
             x = xs[0] if len(xs) == 1 else tuple(xs)
             y = ys[0] if len(ys) == 1 else tuple(ys)
             if weight is not None:
@@ -230,10 +265,12 @@ def _objects_to_array(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
     while flat.dtype == object and len(flat):
         flat = np.concatenate(flat)
     if flat.size != n * spec.elements:
-        raise ValueError(f"An array column holds rows of another size than the model input expects "
-                         f"({spec.elements} values per row, shape {tuple(spec.shape)}): {flat.size} values "
-                         f"in {n} rows.")
-    return flat.reshape((n,) + tuple(spec.shape))
+        raise ValueError(
+            f"An array column holds rows of another size than the model input expects "
+            f"({spec.elements} values per row, shape {tuple(spec.shape)}): {flat.size} values "
+            f"in {n} rows."
+        )
+    return flat.reshape((n, *spec.dims))
 
 
 def to_model_inputs(columns: Sequence, inputs: Sequence[TensorSpec]):
@@ -255,6 +292,6 @@ def to_model_inputs(columns: Sequence, inputs: Sequence[TensorSpec]):
         dtype = np.dtype(spec.dtype) if spec.dtype else np.float32
         arr = arr.astype(dtype, copy=False)
         if spec.elements is not None:
-            arr = arr.reshape((len(arr),) + tuple(spec.shape))
+            arr = arr.reshape((len(arr), *spec.dims))
         xs.append(arr)
     return xs[0] if len(xs) == 1 else xs

@@ -3,7 +3,7 @@
 import contextlib
 import os
 import tempfile
-from typing import Any, Dict, Optional
+from typing import Any
 
 import cloudpickle
 
@@ -24,7 +24,7 @@ def dumps_keras_obj(obj: Any) -> Any:
     return ("pickle", cloudpickle.dumps(obj))
 
 
-def loads_keras_obj(data: Any, custom_objects: Optional[Dict[str, Any]] = None) -> Any:
+def loads_keras_obj(data: Any, custom_objects: dict[str, Any] | None = None) -> Any:
     import keras
 
     kind, value = data
@@ -39,7 +39,7 @@ def loads_keras_obj(data: Any, custom_objects: Optional[Dict[str, Any]] = None) 
     return cloudpickle.loads(value)
 
 
-def model_custom_objects(model, custom_objects: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+def model_custom_objects(model, custom_objects: dict[str, Any] | None) -> dict[str, Any]:
     """The custom objects that loading ``model`` needs in a process that may not import their modules.
 
     Starts from the user's ``custom_objects`` (also keyed by each object's registered name, e.g.
@@ -50,7 +50,7 @@ def model_custom_objects(model, custom_objects: Optional[Dict[str, Any]]) -> Dic
     """
     import keras
 
-    out: Dict[str, Any] = dict(custom_objects or {})
+    out: dict[str, Any] = dict(custom_objects or {})
     for obj in list(out.values()):
         with contextlib.suppress(Exception):  # not a class or function Keras can name: keep as given
             out.setdefault(keras.saving.get_registered_name(obj), obj)
@@ -64,7 +64,7 @@ def model_custom_objects(model, custom_objects: Optional[Dict[str, Any]]) -> Dic
     return out
 
 
-def register_custom_objects(custom_objects: Optional[Dict[str, Any]]) -> None:
+def register_custom_objects(custom_objects: dict[str, Any] | None) -> None:
     """Registers objects keyed ``"package>name"`` in this process's Keras registry, as their
     ``@register_keras_serializable`` did on the driver (a class shipped by value to another
     process arrives without its registration), so that files saved here name them the same way."""
@@ -92,33 +92,61 @@ def _registered_names(config) -> set:
     return names
 
 
-def model_to_bytes(model) -> bytes:
-    """The model as a ``.keras`` file's bytes (architecture, weights, compile config, optimizer)."""
+def save_model_file(model, path: str) -> None:
+    """Writes ``model`` as a local ``.keras`` file: the one way hvd_spark saves a model.
+
+    A distributed optimizer is saved under its original class, so that the file loads in plain
+    Keras (and, for checkpoints, on the ranks, which wrap it again).
+    """
     from hvd_spark._internal.keras_hvd import plain_class
 
+    with plain_class(getattr(model, "optimizer", None)):
+        model.save(path)
+
+
+def model_to_bytes(model) -> bytes:
+    """The model as a ``.keras`` file's bytes (architecture, weights, compile config, optimizer)."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "model.keras")
-        with plain_class(getattr(model, "optimizer", None)):
-            model.save(path)
+        save_model_file(model, path)
         with open(path, "rb") as f:
             return f.read()
 
 
-def model_from_bytes(data: bytes, custom_objects: Optional[Dict[str, Any]] = None, compile: bool = True):
-    import keras
-
-    register_custom_objects(custom_objects)
+def model_from_bytes(data: bytes, custom_objects: dict[str, Any] | None = None, compile: bool = True):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "model.keras")
         with open(path, "wb") as f:
             f.write(data)
-        return keras.models.load_model(path, custom_objects=custom_objects, compile=compile)
+        return load_model_file(path, custom_objects=custom_objects, compile=compile)
 
 
-def load_model_file(path: str, custom_objects: Optional[Dict[str, Any]] = None, compile: bool = True):
+def load_model_file(
+    path: str,
+    custom_objects: dict[str, Any] | None = None,
+    compile: bool = True,
+    storage_options: dict[str, Any] | None = None,
+):
+    """Loads a ``.keras`` file: the one way hvd_spark loads a model.
+
+    ``path`` is a local path or any fsspec URL (``s3://...`` with ``storage_options``); a remote
+    file is copied to a temporary local file first, since Keras reads local files only.
+    Registered custom objects are registered again in this process before loading.
+    """
     import keras
 
     register_custom_objects(custom_objects)
-    return keras.models.load_model(path, custom_objects=custom_objects, compile=compile)
+    fs = None
+    if "://" in path:
+        import fsspec
 
-
+        fs, fs_path = fsspec.core.url_to_fs(path, **(storage_options or {}))
+        protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+        if "file" in protocols or "local" in protocols:
+            path, fs = fs_path, None
+    if fs is None:
+        return keras.models.load_model(path, custom_objects=custom_objects, compile=compile)
+    with tempfile.TemporaryDirectory() as d:
+        local = os.path.join(d, "model.keras")
+        fs.get_file(fs_path, local)
+        return keras.models.load_model(local, custom_objects=custom_objects, compile=compile)

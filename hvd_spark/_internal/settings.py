@@ -3,16 +3,15 @@
 import os
 
 # Environment variables read by hvd_spark (names start with HVD_SPARK_).
-ENV_START_TIMEOUT = "HVD_SPARK_START_TIMEOUT"          # seconds for all ranks to start
-ENV_GLOO_TIMEOUT = "HVD_SPARK_GLOO_TIMEOUT"            # seconds for Gloo's rendezvous and collectives set-up
-ENV_ABORT_GRACE = "HVD_SPARK_ABORT_GRACE"              # seconds ranks get to stop after an abort
-ENV_MATERIALIZE_WAIT = "HVD_SPARK_MATERIALIZE_WAIT"    # seconds a fit waits for another fit writing the same data
+ENV_START_TIMEOUT = "HVD_SPARK_START_TIMEOUT"  # seconds for all ranks to start
+ENV_GLOO_TIMEOUT = "HVD_SPARK_GLOO_TIMEOUT"  # seconds for Gloo's rendezvous and collectives set-up
+ENV_ABORT_GRACE = "HVD_SPARK_ABORT_GRACE"  # seconds ranks get to stop after an abort
+ENV_MATERIALIZE_WAIT = "HVD_SPARK_MATERIALIZE_WAIT"  # seconds a fit waits for another fit writing the same data
 
 # Set by the launcher in each rank's process (read by hvd_spark's worker side).
 ENV_DRIVER_ADDR = "HVD_SPARK_DRIVER_ADDR"
 ENV_JOB_TOKEN = "HVD_SPARK_JOB_TOKEN"
 ENV_RANK = "HVD_SPARK_RANK"
-ENV_NUM_THREADS = "HVD_SPARK_NUM_THREADS"
 
 # Spark conf keys (spark.hvd_spark.*), read on the driver; the environment wins over them.
 CONF_START_TIMEOUT = "spark.hvd_spark.startTimeout"
@@ -21,8 +20,8 @@ DEFAULT_START_TIMEOUT = 600.0
 DEFAULT_GLOO_TIMEOUT = 120.0
 DEFAULT_ABORT_GRACE = 10.0
 DEFAULT_MATERIALIZE_WAIT = 3600.0
-LEASE_HEARTBEAT = 10.0    # seconds between a lease's heartbeats (a writer in progress on the store)
-LEASE_STALE = 60.0        # a lease whose heartbeat is older than this belongs to a writer that is gone
+LEASE_HEARTBEAT = 10.0  # seconds between a lease's heartbeats (a writer in progress on the store)
+LEASE_STALE = 60.0  # a lease whose heartbeat is older than this belongs to a writer that is gone
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -35,8 +34,7 @@ def parse_bool(name: str, value: str) -> bool:
         return True
     if v in _FALSE:
         return False
-    raise ValueError(
-        f"{name} must be one of {sorted(_TRUE | _FALSE)}. Received: {value!r}.")
+    raise ValueError(f"{name} must be one of {sorted(_TRUE | _FALSE)}. Received: {value!r}.")
 
 
 def parse_seconds(name: str, value) -> float:

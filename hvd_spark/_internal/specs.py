@@ -5,8 +5,8 @@ the assignment of Parquet files to ranks, and steps per epoch.
 """
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Dict, List, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -14,14 +14,21 @@ class TensorSpec:
     """One model input or output: its shape without the batch axis, and dtype name."""
 
     name: str
-    shape: Tuple[Optional[int], ...]
+    shape: tuple[int | None, ...]
     dtype: str
 
     @property
-    def elements(self) -> Optional[int]:
+    def elements(self) -> int | None:
         if any(d is None for d in self.shape):
             return None
-        return int(math.prod(self.shape)) if self.shape else 1
+        return math.prod(self.dims)
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """The shape as integers; only for a shape without unknown dimensions."""
+        if any(d is None for d in self.shape):
+            raise ValueError(f"Model tensor '{self.name}' has an unknown dimension in its shape {self.shape}.")
+        return tuple(int(d) for d in self.shape if d is not None)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
@@ -50,16 +57,16 @@ class ColumnInfo:
         return asdict(self)
 
 
-def with_stored_names(*groups: Sequence[Optional[ColumnInfo]]) -> List[List[Optional[ColumnInfo]]]:
+def with_stored_names(*groups: Sequence[ColumnInfo | None]) -> list[list[ColumnInfo | None]]:
     """Gives every distinct column a stored name ``c<i>``, in order of first appearance.
 
     A column used twice (as a feature and as a label, say) gets one stored name.
     ``None`` entries (no sample weight) stay ``None``.
     """
-    stored: Dict[str, str] = {}
-    out: List[List[Optional[ColumnInfo]]] = []
+    stored: dict[str, str] = {}
+    out: list[list[ColumnInfo | None]] = []
     for group in groups:
-        renamed: List[Optional[ColumnInfo]] = []
+        renamed: list[ColumnInfo | None] = []
         for info in group:
             if info is None:
                 renamed.append(None)
@@ -70,27 +77,31 @@ def with_stored_names(*groups: Sequence[Optional[ColumnInfo]]) -> List[List[Opti
     return out
 
 
-def check_feature_lengths(col: str, spec: TensorSpec, min_len: Optional[int], max_len: Optional[int],
-                          kind: str) -> None:
+def check_feature_lengths(col: str, spec: TensorSpec, min_len: int | None, max_len: int | None, kind: str) -> None:
     """Raises ValueError when a feature column's rows do not fill the model input ``spec``."""
     expected = spec.elements
     if kind == "scalar":
         if expected is not None and expected != 1:
-            raise ValueError(f"Model input '{spec.name}' expects {expected} values per row (shape "
-                             f"{_shape(spec.shape)}); column '{col}' is a scalar column with 1 value per row. "
-                             "Use an array or Vector column, or assemble columns with VectorAssembler.")
+            raise ValueError(
+                f"Model input '{spec.name}' expects {expected} values per row (shape "
+                f"{_shape(spec.shape)}); column '{col}' is a scalar column with 1 value per row. "
+                "Use an array or Vector column, or assemble columns with VectorAssembler."
+            )
         return
     if min_len != max_len:
-        raise ValueError(f"Column '{col}' has ragged arrays: rows have between {min_len} and {max_len} values. "
-                         f"Model input '{spec.name}' expects {expected if expected is not None else 'a fixed number of'} "
-                         "values in every row.")
+        raise ValueError(
+            f"Column '{col}' has ragged arrays: rows have between {min_len} and {max_len} values. "
+            f"Model input '{spec.name}' expects {expected if expected is not None else 'a fixed number of'} "
+            "values in every row."
+        )
     if expected is not None and min_len != expected:
-        raise ValueError(f"Model input '{spec.name}' expects {expected} values per row (shape {_shape(spec.shape)}); "
-                         f"column '{col}' has rows of length {min_len}.")
+        raise ValueError(
+            f"Model input '{spec.name}' expects {expected} values per row (shape {_shape(spec.shape)}); "
+            f"column '{col}' has rows of length {min_len}."
+        )
 
 
-def check_label_lengths(col: str, spec: TensorSpec, min_len: Optional[int], max_len: Optional[int],
-                        kind: str) -> None:
+def check_label_lengths(col: str, spec: TensorSpec, min_len: int | None, max_len: int | None, kind: str) -> None:
     """Labels must hold one value per row (a class index or a scalar) or as many as the output."""
     n = 1 if kind == "scalar" else min_len
     if kind != "scalar" and min_len != max_len:
@@ -98,16 +109,18 @@ def check_label_lengths(col: str, spec: TensorSpec, min_len: Optional[int], max_
     expected = spec.elements
     if expected is None or n == expected or n == 1:
         return
-    raise ValueError(f"Model output '{spec.name}' has shape {_shape(spec.shape)} ({expected} values per row); "
-                     f"label column '{col}' has {n} values per row. Expected 1 (a class index or a scalar) "
-                     f"or {expected}.")
+    raise ValueError(
+        f"Model output '{spec.name}' has shape {_shape(spec.shape)} ({expected} values per row); "
+        f"label column '{col}' has {n} values per row. Expected 1 (a class index or a scalar) "
+        f"or {expected}."
+    )
 
 
 def _shape(shape) -> str:
     return "(None, " + ", ".join("None" if d is None else str(d) for d in shape) + ")" if shape else "(None,)"
 
 
-def assign_files(files: Sequence[Tuple[str, int]], num_proc: int) -> Tuple[List[List[str]], List[int]]:
+def assign_files(files: Sequence[tuple[str, int]], num_proc: int) -> tuple[list[list[str]], list[int]]:
     """Spreads Parquet files over ranks, balancing rows (largest file to the lightest rank).
 
     A rank left without a file (fewer non-empty files than ranks) reads the smallest file
@@ -119,7 +132,7 @@ def assign_files(files: Sequence[Tuple[str, int]], num_proc: int) -> Tuple[List[
     nonempty = sorted([(rows, path) for path, rows in files if rows > 0], key=lambda t: (-t[0], t[1]))
     if not nonempty:
         raise ValueError("assign_files needs at least one non-empty file.")
-    per_rank: List[List[str]] = [[] for _ in range(num_proc)]
+    per_rank: list[list[str]] = [[] for _ in range(num_proc)]
     load = [0] * num_proc
     for rows, path in nonempty:
         r = min(range(num_proc), key=lambda i: (load[i], i))
@@ -138,5 +151,5 @@ def steps_per_epoch(rows: int, batch_size: int, num_proc: int) -> int:
     return max(1, math.ceil(rows / (batch_size * num_proc)))
 
 
-def specs_to_dicts(specs: Sequence[TensorSpec]) -> List[Dict]:
+def specs_to_dicts(specs: Sequence[TensorSpec]) -> list[dict]:
     return [s.to_dict() for s in specs]

@@ -6,7 +6,9 @@ fsspec. It knows nothing about Spark.
 
 Layout under the prefix::
 
-    data/<dataset-key>/{train,val}/    Parquet files, and _hvd_spark_meta.json once complete
+    data/<dataset-key>/<attempt>/{train,val}/   Parquet files of one write (see data.py), _complete when done
+    data/<dataset-key>/_hvd_spark_meta.json     names the published attempt and its files
+    data/<dataset-key>/_writing-<attempt>.json  the lease of a write in progress
     runs/<run_id>/run.json             what the run trains (model fingerprint, columns)
     runs/<run_id>/checkpoints/         epoch-NNNN.keras + epoch-NNNN.json (the JSON marks it complete)
     runs/<run_id>/logs/                TensorBoard event files
@@ -23,10 +25,20 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any
 
 _CKPT = re.compile(r"^epoch-(\d{4,})\.json$")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass(frozen=True, order=True)
+class Checkpoint:
+    """A complete checkpoint: the model after ``epoch`` epochs and its metadata (history, ...)."""
+
+    epoch: int
+    model_path: str
+    meta_path: str
 
 
 class Store:
@@ -41,7 +53,7 @@ class Store:
         >>> est = HorovodEstimator(store=store, ...)  # doctest: +SKIP
     """
 
-    def __init__(self, prefix: str, *, storage_options: Optional[Dict[str, Any]] = None):
+    def __init__(self, prefix: str, *, storage_options: dict[str, Any] | None = None):
         if not isinstance(prefix, str) or not prefix.strip():
             raise ValueError(f"store must be a non-empty path or URL. Received: {prefix!r}.")
         import fsspec
@@ -73,11 +85,11 @@ class Store:
         return hash(self.prefix)
 
     # --- plain-data form, for workers and persistence ---
-    def to_config(self) -> Dict[str, Any]:
+    def to_config(self) -> dict[str, Any]:
         return {"prefix": self.prefix, "storage_options": self.storage_options}
 
     @classmethod
-    def from_config(cls, config: Dict[str, Any]) -> "Store":
+    def from_config(cls, config: dict[str, Any]) -> "Store":
         return cls(config["prefix"], storage_options=config.get("storage_options"))
 
     # --- paths ---
@@ -132,9 +144,11 @@ class Store:
 
     def write_bytes(self, path: str, data: bytes) -> None:
         """Writes ``data`` to ``path`` atomically: to a temporary name beside it, then a rename."""
+
         def write(tmp):
             with self.fs.open(tmp, "wb") as f:
                 f.write(data)
+
         self._atomic(path, write)
 
     def write_json(self, path: str, obj: Any) -> None:
@@ -200,7 +214,7 @@ class Store:
             thread.join(timeout=heartbeat + 5)
             self.rm(path)
 
-    def live_leases(self, folder: str, prefix: str, stale: float) -> List[Dict[str, Any]]:
+    def live_leases(self, folder: str, prefix: str, stale: float) -> list[dict[str, Any]]:
         """The leases ``folder/<prefix>*.json`` whose heartbeat is younger than ``stale`` seconds."""
         out = []
         for name in self.listdir(folder):
@@ -237,7 +251,7 @@ class Store:
     def rename(self, src: str, dst: str) -> None:
         self.fs.mv(src, dst, recursive=True)
 
-    def listdir(self, path: str) -> List[str]:
+    def listdir(self, path: str) -> list[str]:
         try:
             return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(path, detail=False))
         except FileNotFoundError:
@@ -251,26 +265,28 @@ class Store:
             with self.fs.open(probe, "wb") as f:
                 f.write(b"ok")
         except Exception as e:
-            raise ValueError(f"store must be writable by hvd_spark. Received: {self.prefix!r}, which failed "
-                             f"with {type(e).__name__}: {e}. Choose a path every executor can write.") from e
+            raise ValueError(
+                f"store must be writable by hvd_spark. Received: {self.prefix!r}, which failed "
+                f"with {type(e).__name__}: {e}. Choose a path every executor can write."
+            ) from e
         finally:
             with contextlib.suppress(Exception):  # the probe was never written: nothing to remove
                 self.fs.rm(probe)
 
     # --- checkpoints ---
-    def checkpoints(self, run_id: str) -> List[Tuple[int, str, str]]:
-        """Complete checkpoints of a run, oldest first: (epoch, model path, metadata path)."""
+    def checkpoints(self, run_id: str) -> list[Checkpoint]:
+        """Complete checkpoints of a run, oldest first."""
         ckpt_dir = self.checkpoints_path(run_id)
         names = set(self.listdir(ckpt_dir))
         out = []
         for name in names:
             m = _CKPT.match(name)
             if m and f"epoch-{m.group(1)}.keras" in names:
-                out.append((int(m.group(1)), posixpath.join(ckpt_dir, f"epoch-{m.group(1)}.keras"),
-                            posixpath.join(ckpt_dir, name)))
+                model = posixpath.join(ckpt_dir, f"epoch-{m.group(1)}.keras")
+                out.append(Checkpoint(int(m.group(1)), model, posixpath.join(ckpt_dir, name)))
         return sorted(out)
 
-    def latest_checkpoint(self, run_id: str) -> Optional[Tuple[int, str, str]]:
+    def latest_checkpoint(self, run_id: str) -> Checkpoint | None:
         ckpts = self.checkpoints(run_id)
         return ckpts[-1] if ckpts else None
 
@@ -283,12 +299,14 @@ class Store:
         return self.download_file(path, local)
 
 
-def checkpoint_names(epoch: int) -> Tuple[str, str]:
+def checkpoint_names(epoch: int) -> tuple[str, str]:
     return f"epoch-{epoch:04d}.keras", f"epoch-{epoch:04d}.json"
 
 
 def validate_run_id(run_id: str) -> str:
     if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
-        raise ValueError("run_id must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit. "
-                         f"Received: {run_id!r}.")
+        raise ValueError(
+            "run_id must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit. "
+            f"Received: {run_id!r}."
+        )
     return run_id

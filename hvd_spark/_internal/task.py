@@ -15,12 +15,11 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional
 
 import cloudpickle
 
 from hvd_spark._internal import settings
-from hvd_spark._internal.driver_service import TaskClient
+from hvd_spark._internal.driver_service import KIND, Kind, TaskClient
 from hvd_spark._internal.topology import RankInfo, assign_ranks, horovod_env, threads_env
 
 TAIL_LINES = 40
@@ -70,13 +69,22 @@ def _kill_tree(proc: subprocess.Popen, grace: float) -> None:
             continue
 
 
-def _plan(ranks: List[RankInfo]):
+def _plan(ranks: list[RankInfo]):
     """Horovod's SlotInfo list for its rendezvous server, in rank order."""
     from horovod.runner.common.util.hosts import SlotInfo
 
-    return [SlotInfo(hostname=r.host, rank=r.rank, local_rank=r.local_rank, cross_rank=r.cross_rank,
-                     size=r.size, local_size=r.local_size, cross_size=r.cross_size)
-            for r in sorted(ranks, key=lambda r: r.rank)]
+    return [
+        SlotInfo(
+            hostname=r.host,
+            rank=r.rank,
+            local_rank=r.local_rank,
+            cross_rank=r.cross_rank,
+            size=r.size,
+            local_size=r.local_size,
+            cross_size=r.cross_size,
+        )
+        for r in sorted(ranks, key=lambda r: r.rank)
+    ]
 
 
 class _Watch:
@@ -86,7 +94,7 @@ class _Watch:
         self.client = client
         self.default_rank = default_rank
         self.parse_tag = parse_tag
-        self.tails: Dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=TAIL_LINES))
+        self.tails: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=TAIL_LINES))
         self.abort = threading.Event()
         self.all_done = threading.Event()
         self.abort_reason = ""
@@ -95,11 +103,11 @@ class _Watch:
 
     def _listen(self) -> None:
         for msg in self.client.messages():
-            if msg.get("t") == "abort":
+            if msg.get(KIND) == Kind.ABORT:
                 self.abort_reason = msg.get("reason", "")
                 self.dump_stacks = bool(msg.get("dump"))
                 self.abort.set()
-            elif msg.get("t") == "all_done":
+            elif msg.get(KIND) == Kind.ALL_DONE:
                 self.all_done.set()
         # The driver went away: nobody is waiting for this job any more.
         self.abort_reason = self.abort_reason or "the driver closed the connection"
@@ -119,13 +127,14 @@ class _Watch:
                     except ValueError:
                         rank = self.default_rank  # not mpirun's tag after all: keep the line whole
                 self.tails[rank].append(line)
-                self.client.send({"t": "log", "rank": rank, "line": line})
+                self.client.send({KIND: Kind.LOG, "rank": rank, "line": line})
+
         t = threading.Thread(target=run, daemon=True, name="hvd_spark-task-output")
         t.start()
         return t
 
 
-def _outcome(workdir: str, rank: int, rc: Optional[int], aborted: bool, tail) -> dict:
+def _outcome(workdir: str, rank: int, rc: int | None, aborted: bool, tail) -> dict:
     """Reads what a rank left in ``workdir`` into one plain record."""
     result = os.path.join(workdir, f"result-{rank}.pkl")
     error = os.path.join(workdir, f"error-{rank}.pkl")
@@ -142,18 +151,32 @@ def _outcome(workdir: str, rank: int, rc: Optional[int], aborted: bool, tail) ->
         how = f"process killed by signal {-rc} ({_signal_name(rc)})"
     else:
         how = f"process exited with code {rc} before reporting a result"
-    return {"rank": rank, "status": "error", "type": "ProcessDied", "message": how,
-            "traceback": "Last output lines:\n" + "\n".join(tail or []), "time": time.time(), "pickled": None}
+    return {
+        "rank": rank,
+        "status": "error",
+        "type": "ProcessDied",
+        "message": how,
+        "traceback": "Last output lines:\n" + "\n".join(tail or []),
+        "time": time.time(),
+        "pickled": None,
+    }
 
 
 def _report(client: TaskClient, outcome: dict) -> None:
     if outcome["status"] == "error":
-        client.send({"t": "fail", "rank": outcome["rank"], "type": outcome["type"],
-                     "message": outcome["message"][:2000], "time": outcome.get("time")})
-    client.send({"t": "done", "rank": outcome["rank"], "ok": outcome["status"] == "ok"})
+        client.send(
+            {
+                KIND: Kind.FAIL,
+                "rank": outcome["rank"],
+                "type": outcome["type"],
+                "message": outcome["message"][:2000],
+                "time": outcome.get("time"),
+            }
+        )
+    client.send({KIND: Kind.DONE, "rank": outcome["rank"], "ok": outcome["status"] == "ok"})
 
 
-def run_task(spec: dict) -> List[bytes]:
+def run_task(spec: dict) -> list[bytes]:
     """The body of one barrier task. Returns the pickled outcome records this task knows of."""
     from pyspark import BarrierTaskContext
 
@@ -167,8 +190,8 @@ def run_task(spec: dict) -> List[bytes]:
         infos = [json.loads(m) for m in ctx.allGather(json.dumps({"host": ip, "iface": iface_for_ip(ip)}))]
         ranks = assign_ranks([i["host"] for i in infos])
         me = ranks[partition]
-        client.send({"t": "rank", "rank": me.rank})
-        if spec["controller"] == "mpi":
+        client.send({KIND: Kind.RANK, "rank": me.rank})
+        if spec["backend"] == "mpi":
             return _run_mpi(spec, ctx, client, me, ranks, workdir)
 
         if me.rank == 0:
@@ -184,12 +207,25 @@ def run_task(spec: dict) -> List[bytes]:
         rendezvous = next(json.loads(m) for m in ctx.allGather(published) if m)
 
         env = dict(os.environ)
-        env.update(horovod_env(me, rendezvous_addr=rendezvous["addr"], rendezvous_port=rendezvous["port"],
-                               iface=infos[partition]["iface"], gloo_timeout=spec["gloo_timeout"],
-                               num_threads=spec["num_threads"]))
+        env.update(
+            horovod_env(
+                me,
+                rendezvous_addr=rendezvous["addr"],
+                rendezvous_port=rendezvous["port"],
+                iface=infos[partition]["iface"],
+                gloo_timeout=spec["gloo_timeout"],
+                num_threads=spec["num_threads"],
+            )
+        )
         env.update(spec.get("env") or {})  # the caller's settings win over the defaults above
-        env.update({settings.ENV_RANK: str(me.rank), settings.ENV_DRIVER_ADDR: spec["driver_addr"],
-                    settings.ENV_JOB_TOKEN: spec["token"], "PYTHONUNBUFFERED": "1"})
+        env.update(
+            {
+                settings.ENV_RANK: str(me.rank),
+                settings.ENV_DRIVER_ADDR: spec["driver_addr"],
+                settings.ENV_JOB_TOKEN: spec["token"],
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         outcome = _run_child(spec, client, me.rank, env, workdir)
         _report(client, outcome)
         watch = outcome.pop("_watch")
@@ -234,11 +270,19 @@ def _supervise(proc: subprocess.Popen, watch: _Watch, grace: float) -> bool:
     return False
 
 
-def _run_watched(cmd: List[str], env: dict, workdir: str, watch: _Watch, grace: float):
+def _run_watched(cmd: list[str], env: dict, workdir: str, watch: _Watch, grace: float):
     """Starts ``cmd`` in its own process group (killed if this task dies), forwards its output and
     waits for it, stopping it on an abort. Returns (exit code, whether it was aborted)."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, preexec_fn=_die_with_parent, cwd=workdir)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+        cwd=workdir,
+    )
     pump = watch.pump(proc.stdout)
     try:
         aborted = _supervise(proc, watch, grace)
@@ -251,21 +295,23 @@ def _run_watched(cmd: List[str], env: dict, workdir: str, watch: _Watch, grace: 
 def _run_child(spec: dict, client: TaskClient, rank: int, env: dict, workdir: str) -> dict:
     _write_payload(spec, workdir)
     watch = _Watch(client, rank)
-    rc, aborted = _run_watched([sys.executable, "-m", "hvd_spark._internal.child", workdir], env, workdir, watch,
-                               spec["abort_grace"])
+    rc, aborted = _run_watched(
+        [sys.executable, "-m", "hvd_spark._internal.child", workdir], env, workdir, watch, spec["abort_grace"]
+    )
     outcome = _outcome(workdir, rank, rc, aborted, list(watch.tails[rank]))
     outcome["_watch"] = watch
     return outcome
 
 
-def _run_mpi(spec: dict, ctx, client: TaskClient, me: RankInfo, ranks: List[RankInfo], workdir: str) -> List[bytes]:
+def _run_mpi(spec: dict, ctx, client: TaskClient, me: RankInfo, ranks: list[RankInfo], workdir: str) -> list[bytes]:
     """MPI controller: rank 0's task runs ``mpirun`` for the whole job; the others wait with it."""
     hosts = {r.host for r in ranks}
     if len(hosts) > 1:
         raise NotImplementedError(
             "use_mpi=True with barrier tasks on several hosts is not supported yet: mpirun would need an "
             "rsh agent that starts its daemons through the Spark tasks. Use the Gloo controller "
-            f"(use_gloo=True) for multi-host jobs. Hosts: {sorted(hosts)}")
+            f"(use_gloo=True) for multi-host jobs. Hosts: {sorted(hosts)}"
+        )
     watch = _Watch(client, me.rank, parse_tag=True)
     ctx.barrier()
     if me.rank != 0:
@@ -276,14 +322,34 @@ def _run_mpi(spec: dict, ctx, client: TaskClient, me: RankInfo, ranks: List[Rank
     env = dict(os.environ)
     env.update(threads_env(spec["num_threads"]))
     env.update(spec.get("env") or {})
-    env.update({settings.ENV_DRIVER_ADDR: spec["driver_addr"], settings.ENV_JOB_TOKEN: spec["token"],
-                "PYTHONUNBUFFERED": "1", "HOROVOD_CONTROLLER": "mpi", "HOROVOD_CPU_OPERATIONS": "mpi"})
+    env.update(
+        {
+            settings.ENV_DRIVER_ADDR: spec["driver_addr"],
+            settings.ENV_JOB_TOKEN: spec["token"],
+            "PYTHONUNBUFFERED": "1",
+            "HOROVOD_CONTROLLER": "mpi",
+            "HOROVOD_CPU_OPERATIONS": "mpi",
+        }
+    )
     for name in ("HVD_SPARK_RANK", "HOROVOD_RANK", "HOROVOD_SIZE"):
         env.pop(name, None)
     if os.geteuid() == 0:
         env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
-    cmd = ["mpirun", "-np", str(me.size), "--oversubscribe", "--bind-to", "none", "--map-by", "slot",
-           "--tag-output", sys.executable, "-m", "hvd_spark._internal.child", workdir]
+    cmd = [
+        "mpirun",
+        "-np",
+        str(me.size),
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "--map-by",
+        "slot",
+        "--tag-output",
+        sys.executable,
+        "-m",
+        "hvd_spark._internal.child",
+        workdir,
+    ]
     rc, aborted = _run_watched(cmd, env, workdir, watch, spec["abort_grace"])
     outcomes = [_outcome(workdir, r, rc, aborted, list(watch.tails[r])) for r in range(me.size)]
     if any(o["status"] == "error" and o["type"] != "ProcessDied" for o in outcomes):

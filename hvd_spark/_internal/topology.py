@@ -6,8 +6,8 @@ without a cluster.
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class RankInfo:
     host: str
 
 
-def assign_ranks(hosts: Sequence[str]) -> List[RankInfo]:
+def assign_ranks(hosts: Sequence[str]) -> list[RankInfo]:
     """Assigns Horovod ranks to barrier tasks from the host each task runs on.
 
     Ranks are contiguous per host (hosts in order of first appearance, tasks in partition
@@ -37,30 +37,44 @@ def assign_ranks(hosts: Sequence[str]) -> List[RankInfo]:
     """
     if not hosts:
         raise ValueError("assign_ranks needs at least one host. Received: [].")
-    order: List[str] = []
-    tasks_of: Dict[str, List[int]] = {}
+    order: list[str] = []
+    tasks_of: dict[str, list[int]] = {}
     for task, host in enumerate(hosts):
         if host not in tasks_of:
             order.append(host)
             tasks_of[host] = []
         tasks_of[host].append(task)
     size = len(hosts)
-    infos: List[Optional[RankInfo]] = [None] * size
+    infos: list[RankInfo | None] = [None] * size
     rank = 0
     for host in order:
         local_size = len(tasks_of[host])
         for local_rank, task in enumerate(tasks_of[host]):
             # Hosts that have this local rank, in host order: cross communicator.
             peers = [h for h in order if len(tasks_of[h]) > local_rank]
-            infos[task] = RankInfo(rank=rank, size=size, local_rank=local_rank,
-                                   local_size=local_size, cross_rank=peers.index(host),
-                                   cross_size=len(peers), host=host)
+            infos[task] = RankInfo(
+                rank=rank,
+                size=size,
+                local_rank=local_rank,
+                local_size=local_size,
+                cross_rank=peers.index(host),
+                cross_size=len(peers),
+                host=host,
+            )
             rank += 1
     return infos  # type: ignore[return-value]
 
 
-def horovod_env(info: RankInfo, *, rendezvous_addr: str, rendezvous_port: int, iface: str,
-                controller: str = "gloo", gloo_timeout: float = 120.0, num_threads: int = 1) -> Dict[str, str]:
+def horovod_env(
+    info: RankInfo,
+    *,
+    rendezvous_addr: str,
+    rendezvous_port: int,
+    iface: str,
+    controller: str = "gloo",
+    gloo_timeout: float = 120.0,
+    num_threads: int = 1,
+) -> dict[str, str]:
     """The environment that makes ``hvd.init()`` join the job as ``info.rank`` over Gloo.
 
     Args:
@@ -92,19 +106,32 @@ def horovod_env(info: RankInfo, *, rendezvous_addr: str, rendezvous_port: int, i
     return env
 
 
-def threads_env(num_threads: int) -> Dict[str, str]:
+def threads_env(num_threads: int) -> dict[str, str]:
     """Caps the compute threads of one rank so that ranks sharing a host do not oversubscribe it."""
     n = str(max(1, int(num_threads)))
-    return {"OMP_NUM_THREADS": n, "TF_NUM_INTRAOP_THREADS": n, "TF_NUM_INTEROP_THREADS": n,
-            "HVD_SPARK_NUM_THREADS": n}
+    return {"OMP_NUM_THREADS": n, "TF_NUM_INTRAOP_THREADS": n, "TF_NUM_INTEROP_THREADS": n, "HVD_SPARK_NUM_THREADS": n}
 
 
 _LOCAL = re.compile(r"^local(?:\[(\*|\d+)(?:,\s*\d+)?\])?$")
 _LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]$")
 
 
-def task_slots(master: str, *, default_parallelism: int, task_cpus: int = 1,
-               cpu_count: Optional[int] = None) -> int:
+def task_cpus(conf) -> int:
+    """CPUs per Spark task (``spark.task.cpus``, default 1) from a SparkConf or anything with ``get``.
+
+    The one place that reads it: it sizes barrier slots, rank threads and transform threads.
+    """
+    raw = conf.get("spark.task.cpus", "1") or "1"
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"spark.task.cpus must be a positive integer. Received: {raw!r}.") from None
+    if value < 1:
+        raise ValueError(f"spark.task.cpus must be a positive integer. Received: {raw!r}.")
+    return value
+
+
+def task_slots(master: str, *, default_parallelism: int, task_cpus: int = 1, cpu_count: int | None = None) -> int:
     """How many barrier tasks can run at once on this Spark application.
 
     Local masters are read from the master URL; other cluster managers report their total

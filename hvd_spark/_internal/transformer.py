@@ -4,11 +4,9 @@ The UDF is of the iterator form: each Python worker loads the model once (cached
 URL and version) and predicts whole Arrow batches, cut into ``batch_size`` chunks.
 """
 
-import logging
-import os
-import tempfile
 import threading
-from typing import Any, Dict, Iterator, List, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -16,69 +14,72 @@ from pyspark.ml import Model
 from pyspark.ml.param import TypeConverters
 from pyspark.ml.util import MLReadable, MLWritable
 
+from hvd_spark._internal.contracts import FitSummary
 from hvd_spark._internal.params import ColumnParams, _param
 from hvd_spark._internal.specs import TensorSpec
+from hvd_spark._internal.topology import task_cpus
 
-logger = logging.getLogger("hvd_spark")
-
-_MODEL_CACHE: Dict[str, Any] = {}
+_MODEL_CACHE: dict[str, Any] = {}
 _MODEL_LOCK = threading.Lock()
 
 
-def _load_cached(key: str, model_url: str, storage_options: Dict, custom_objects_bytes: Optional[bytes],
-                 num_threads: int):
+def _load_cached(key: str, model_url: str, storage_options: dict, custom_objects_bytes: bytes | None, num_threads: int):
     """The model at ``model_url``, loaded once per Python worker and model version (``key``)."""
     with _MODEL_LOCK:
         model = _MODEL_CACHE.get(key)
         if model is not None:
             return model
         import cloudpickle
-        import fsspec
 
         from hvd_spark._internal.keras_hvd import set_threads
         from hvd_spark._internal.serde import load_model_file
 
         set_threads(num_threads)
         custom_objects = cloudpickle.loads(custom_objects_bytes) if custom_objects_bytes else None
-        fs, path = fsspec.core.url_to_fs(model_url, **storage_options)
-        if fs.protocol in ("file", "local") or "file" in fs.protocol:
-            model = load_model_file(path, custom_objects=custom_objects, compile=False)
-        else:
-            with tempfile.TemporaryDirectory() as d:
-                local = os.path.join(d, "model.keras")
-                fs.get_file(path, local)
-                model = load_model_file(local, custom_objects=custom_objects, compile=False)
+        model = load_model_file(model_url, custom_objects, compile=False, storage_options=storage_options)
         _MODEL_CACHE.clear()  # one model per worker at a time: older versions are dropped
         _MODEL_CACHE[key] = model
         return model
 
 
-def _predict_columns(model, cols: List, n: int, inputs: List[TensorSpec], outputs: List[TensorSpec],
-                     batch_size: int) -> List[np.ndarray]:
+def _predict_columns(
+    model, cols: list, n: int, inputs: list[TensorSpec], outputs: list[TensorSpec], batch_size: int
+) -> list[np.ndarray]:
     """Predicts ``n`` rows given as column values (numpy or pyarrow), ``batch_size`` rows per model call.
 
     Returns one float64 array of shape (n, values per row) per model output.
     """
     from hvd_spark._internal.reader import to_model_inputs
 
-    preds: List[List[np.ndarray]] = [[] for _ in outputs]
+    preds: list[list[np.ndarray]] = [[] for _ in outputs]
     for start in range(0, n, batch_size):
-        x = to_model_inputs([c[start:start + batch_size] for c in cols], inputs)
+        x = to_model_inputs([c[start : start + batch_size] for c in cols], inputs)
         y = model.predict_on_batch(x)
         ys = list(y.values()) if isinstance(y, dict) else (list(y) if isinstance(y, (list, tuple)) else [y])
         for i, out in enumerate(ys):
             preds[i].append(np.asarray(out))
-    return [(np.concatenate(parts) if parts else np.zeros((0, spec.elements or 0))).reshape(n, -1).astype(np.float64)
-            for spec, parts in zip(outputs, preds)]
+    return [
+        (np.concatenate(parts) if parts else np.zeros((0, spec.elements or 0))).reshape(n, -1).astype(np.float64)
+        for spec, parts in zip(outputs, preds)
+    ]
 
 
 def _null_error(col: str, nulls: int, n: int) -> ValueError:
-    return ValueError(f"Feature column '{col}' has {nulls} null values in a batch of {n} rows; transform() needs "
-                      "a value in every row.")
+    return ValueError(
+        f"Feature column '{col}' has {nulls} null values in a batch of {n} rows; transform() needs "
+        "a value in every row."
+    )
 
 
-def predict_batches(model, frames: Iterator[pd.DataFrame], inputs: List[TensorSpec], outputs: List[TensorSpec],
-                    feature_cols: List[str], output_cols: List[str], batch_size: int) -> Iterator:
+def predict_batches(
+    model,
+    frames: Iterator[pd.DataFrame],
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    feature_cols: list[str],
+    output_cols: list[str],
+    batch_size: int,
+) -> Iterator:
     """Pure batching (pandas): predicts each batch in chunks and yields a Series (one output) or a DataFrame."""
     for frame in frames:
         n = len(frame)
@@ -86,15 +87,23 @@ def predict_batches(model, frames: Iterator[pd.DataFrame], inputs: List[TensorSp
             nulls = int(frame[col].isna().sum())
             if nulls:
                 raise _null_error(col, nulls, n)
-        arrays = _predict_columns(model, [frame[c].to_numpy() for c in feature_cols], n, inputs, outputs,
-                                  batch_size)
-        columns = {name: (pd.Series(arr[:, 0]) if _is_scalar(spec) else pd.Series(list(arr)))
-                   for name, spec, arr in zip(output_cols, outputs, arrays)}
+        arrays = _predict_columns(model, [frame[c].to_numpy() for c in feature_cols], n, inputs, outputs, batch_size)
+        columns = {
+            name: (pd.Series(arr[:, 0]) if _is_scalar(spec) else pd.Series(list(arr)))
+            for name, spec, arr in zip(output_cols, outputs, arrays)
+        }
         yield columns[output_cols[0]] if len(output_cols) == 1 else pd.DataFrame(columns)
 
 
-def predict_arrow_batches(model, structs: Iterator, inputs: List[TensorSpec], outputs: List[TensorSpec],
-                          feature_cols: List[str], output_cols: List[str], batch_size: int) -> Iterator:
+def predict_arrow_batches(
+    model,
+    structs: Iterator,
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    feature_cols: list[str],
+    output_cols: list[str],
+    batch_size: int,
+) -> Iterator:
     """Pure batching (Arrow): each StructArray of feature columns -> an Arrow array of predictions.
 
     List features are reshaped from their flat values and list outputs built from flat values
@@ -126,6 +135,7 @@ def arrow_udfs_available() -> bool:
     """Whether this pyspark has Arrow-native UDFs (``pyspark.sql.functions.arrow_udf``, Spark >= 4.1)."""
     try:
         from pyspark.sql.functions import arrow_udf  # noqa: F401
+
         return True
     except ImportError:
         return False
@@ -156,40 +166,82 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
     run_id = _param("run_id", "The training run that produced the model.", TypeConverters.toString)
     batch_size = _param("batch_size", "Rows per model call during transform.", TypeConverters.toInt)
     custom_objects = _param("custom_objects", "Custom Keras objects needed to load the model.")
-    inference_udf = _param("inference_udf", "How transform() calls the model: 'auto' (default: an Arrow UDF where "
-                           "pyspark has them, >= 4.1, else a pandas UDF), 'arrow' or 'pandas'.",
-                           TypeConverters.toString)
+    inference_udf = _param(
+        "inference_udf",
+        "How transform() calls the model: 'auto' (default: an Arrow UDF where "
+        "pyspark has them, >= 4.1, else a pandas UDF), 'arrow' or 'pandas'.",
+        TypeConverters.toString,
+    )
 
-    def __init__(self, *, model_url: Optional[str] = None, feature_cols=None, label_cols=None, output_cols=None,
-                 input_specs=None, output_specs=None, history=None, run_id=None, batch_size: int = 4096,
-                 custom_objects=None, storage_options=None, inference_udf: str = "auto"):
+    def __init__(
+        self,
+        *,
+        model_url: str | None = None,
+        feature_cols=None,
+        label_cols=None,
+        output_cols=None,
+        input_specs=None,
+        output_specs=None,
+        history=None,
+        run_id=None,
+        batch_size: int = 4096,
+        custom_objects=None,
+        storage_options=None,
+        inference_udf: str = "auto",
+    ):
         super().__init__()
-        self._setDefault(batch_size=4096, history={}, storage_options={}, custom_objects=None, output_cols=None,
-                         label_cols=None, inference_udf="auto")
-        kwargs = {k: v for k, v in dict(model_url=model_url, feature_cols=feature_cols, label_cols=label_cols,
-                                        output_cols=output_cols, input_specs=input_specs, output_specs=output_specs,
-                                        history=history, run_id=run_id, batch_size=batch_size,
-                                        custom_objects=custom_objects, storage_options=storage_options,
-                                        inference_udf=inference_udf).items()
-                  if v is not None}
+        self._setDefault(
+            batch_size=4096,
+            history={},
+            storage_options={},
+            custom_objects=None,
+            output_cols=None,
+            label_cols=None,
+            inference_udf="auto",
+        )
+        kwargs = {
+            k: v
+            for k, v in dict(
+                model_url=model_url,
+                feature_cols=feature_cols,
+                label_cols=label_cols,
+                output_cols=output_cols,
+                input_specs=input_specs,
+                output_specs=output_specs,
+                history=history,
+                run_id=run_id,
+                batch_size=batch_size,
+                custom_objects=custom_objects,
+                storage_options=storage_options,
+                inference_udf=inference_udf,
+            ).items()
+            if v is not None
+        }
         self._set(**kwargs)
         self._keras_model = None
+        self._fit_summary: FitSummary | None = None
 
     # --- getters ---
-    def getHistory(self) -> Dict[str, List[float]]:
+    def getHistory(self) -> dict[str, list[float]]:
         """Metric name -> list of per-epoch values (train and ``val_`` metrics), averaged over ranks."""
         return dict(self.getOrDefault(self.history) or {})
 
     def getModelUrl(self) -> str:
         return self.getOrDefault(self.model_url)
 
-    def getRunId(self) -> Optional[str]:
+    def getRunId(self) -> str | None:
         return self.getOrDefault(self.run_id) if self.isDefined(self.run_id) else None
 
-    def _inputs(self) -> List[TensorSpec]:
+    def getFitSummary(self) -> FitSummary | None:
+        """How the ``fit`` that returned this model went (run id, data key, steps per epoch,
+        restarts, timings, each rank's weight digest and step counter); ``None`` for a loaded
+        model or one returned from a finished run without training."""
+        return self._fit_summary
+
+    def _inputs(self) -> list[TensorSpec]:
         return [TensorSpec.from_dict(d) for d in self.getOrDefault(self.input_specs)]
 
-    def _outputs(self) -> List[TensorSpec]:
+    def _outputs(self) -> list[TensorSpec]:
         return [TensorSpec.from_dict(d) for d in self.getOrDefault(self.output_specs)]
 
     def getModel(self):
@@ -198,15 +250,18 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
             import cloudpickle
 
             co = self.getOrDefault(self.custom_objects)
-            self._keras_model = _load_uncached(self.getModelUrl(), self.getOrDefault(self.storage_options),
-                                               cloudpickle.dumps(co) if co else None)
+            self._keras_model = _load_uncached(
+                self.getModelUrl(), self.getOrDefault(self.storage_options), cloudpickle.dumps(co) if co else None
+            )
         return self._keras_model
 
     def save_keras(self, path: str) -> str:
         """Writes the model as a ``.keras`` file (loadable with ``keras.models.load_model``)."""
         if not str(path).endswith(".keras"):
             raise ValueError(f"path must end with '.keras'. Received: {path!r}.")
-        self.getModel().save(path)
+        from hvd_spark._internal.serde import save_model_file
+
+        save_model_file(self.getModel(), path)
         return path
 
     def export_saved_model(self, path: str) -> str:
@@ -234,11 +289,15 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
             column_info(df, c, "feature")
         clash = [c for c in self.getOutputCols() if c in df.columns]
         if clash:
-            raise ValueError(f"Output columns {clash} already exist in the DataFrame. Set output_cols to new names "
-                             "or drop those columns first.")
+            raise ValueError(
+                f"Output columns {clash} already exist in the DataFrame. Set output_cols to new names "
+                "or drop those columns first."
+            )
         if len(self.getOutputCols()) != len(self._outputs()):
-            raise ValueError(f"output_cols must name one column per model output ({len(self._outputs())}). "
-                             f"Received: {self.getOutputCols()}.")
+            raise ValueError(
+                f"output_cols must name one column per model output ({len(self._outputs())}). "
+                f"Received: {self.getOutputCols()}."
+            )
 
     def _use_arrow_udf(self) -> bool:
         choice = self.getOrDefault(self.inference_udf)
@@ -247,8 +306,10 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
         if choice == "arrow" and not arrow_udfs_available():
             import pyspark
 
-            raise ValueError(f"inference_udf='arrow' needs pyspark >= 4.1 (Arrow UDFs); this is pyspark "
-                             f"{pyspark.__version__}. Use inference_udf='auto' or 'pandas'.")
+            raise ValueError(
+                f"inference_udf='arrow' needs pyspark >= 4.1 (Arrow UDFs); this is pyspark "
+                f"{pyspark.__version__}. Use inference_udf='auto' or 'pandas'."
+            )
         return choice == "arrow" or (choice == "auto" and arrow_udfs_available())
 
     def _transform(self, dataset):
@@ -269,7 +330,7 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
         co = self.getOrDefault(self.custom_objects)
         co_bytes = cloudpickle.dumps(co) if co else None
         batch_size = int(self.getOrDefault(self.batch_size))
-        num_threads = int(dataset.sparkSession.sparkContext.getConf().get("spark.task.cpus", "1"))
+        num_threads = task_cpus(dataset.sparkSession.sparkContext.getConf())
         names = [f"_f{i}" for i in range(len(feature_cols))]
         key = _model_version(url, opts)
 
@@ -279,11 +340,11 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
 
             def predict_arrow(structs: Iterator[pa.Array]) -> Iterator[pa.Array]:
                 model = _load_cached(key, url, opts, co_bytes, num_threads)
-                yield from predict_arrow_batches(model, structs, inputs, outputs, feature_cols, output_cols,
-                                                 batch_size)
+                yield from predict_arrow_batches(model, structs, inputs, outputs, feature_cols, output_cols, batch_size)
 
             udf = arrow_udf(predict_arrow, returnType=self._output_type())
         else:
+
             def predict(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
                 model = _load_cached(key, url, opts, co_bytes, num_threads)
                 renamed = (f.set_axis(feature_cols, axis=1) for f in frames)
@@ -314,14 +375,13 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
 
         return TransformerWriter(self)
 
-
     def copy(self, extra=None):
         that = super().copy(extra)
         that._keras_model = self._keras_model
         return that
 
 
-def _model_version(url: str, opts: Dict) -> str:
+def _model_version(url: str, opts: dict) -> str:
     """A cache key that changes when the model file is replaced."""
     import fsspec
 
@@ -329,20 +389,16 @@ def _model_version(url: str, opts: Dict) -> str:
     try:
         info = fs.info(path)
     except FileNotFoundError:
-        raise ValueError(f"The model file {url} does not exist (was the store or the saved transformer moved?).") \
-            from None
+        raise ValueError(
+            f"The model file {url} does not exist (was the store or the saved transformer moved?)."
+        ) from None
     return f"{url}#{info.get('size')}#{info.get('mtime') or info.get('LastModified') or info.get('created')}"
 
 
 def _load_uncached(url, opts, co_bytes):
     import cloudpickle
-    import fsspec
 
     from hvd_spark._internal.serde import load_model_file
 
     custom_objects = cloudpickle.loads(co_bytes) if co_bytes else None
-    fs, path = fsspec.core.url_to_fs(url, **(opts or {}))
-    with tempfile.TemporaryDirectory() as d:
-        local = os.path.join(d, "model.keras")
-        fs.get_file(path, local)
-        return load_model_file(local, custom_objects=custom_objects, compile=True)
+    return load_model_file(url, custom_objects, compile=True, storage_options=opts)

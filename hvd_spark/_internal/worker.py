@@ -10,10 +10,11 @@ import shutil
 import tempfile
 import time
 import warnings
-from typing import Dict, List
+from collections.abc import Sequence
 
 import keras
 
+from hvd_spark._internal.contracts import RunConfig
 from hvd_spark._internal.keras_hvd import _is_number
 
 logger = logging.getLogger("hvd_spark.worker")
@@ -28,29 +29,36 @@ def _weights_digest(model) -> str:
     return h.hexdigest()
 
 
-def _build_model(cfg: Dict, custom_objects):
+def _build_model(cfg: RunConfig, custom_objects):
     """The model to train: the latest checkpoint when resuming, else the user's model (compiled)."""
     from hvd_spark._internal.serde import load_model_file, loads_keras_obj, model_from_bytes
     from hvd_spark._internal.store import Store
 
-    if cfg["resume_ckpt"]:
-        store = Store.from_config(cfg["store"])
-        local = store.local_copy(cfg["resume_ckpt"])
+    if cfg.resume_ckpt:
+        store = Store.from_config(cfg.store)
         # Weights, optimizer state (its step counter included) and compile config, as saved.
-        return load_model_file(local, custom_objects=custom_objects, compile=True)
-    model = model_from_bytes(cfg["model_bytes"], custom_objects=custom_objects, compile=True)
-    comp = cfg["compile"]
-    if any(comp.get(k) is not None for k in ("optimizer", "loss", "metrics", "loss_weights")) or \
-            not getattr(model, "compiled", False):
+        return load_model_file(
+            store.url(cfg.resume_ckpt), custom_objects, compile=True, storage_options=store.storage_options
+        )
+    if cfg.model_bytes is None:
+        raise ValueError("The run configuration has neither a checkpoint to resume nor the model to start from.")
+    model = model_from_bytes(cfg.model_bytes, custom_objects=custom_objects, compile=True)
+    comp = cfg.compile
+    if any(comp.get(k) is not None for k in ("optimizer", "loss", "metrics", "loss_weights")) or not getattr(
+        model, "compiled", False
+    ):
         optimizer = loads_keras_obj(comp["optimizer"], custom_objects) if comp.get("optimizer") else None
         if isinstance(optimizer, str):
             optimizer = keras.optimizers.get(optimizer)
         loss = loads_keras_obj(comp["loss"], custom_objects) if comp.get("loss") else None
         metrics = loads_keras_obj(comp["metrics"], custom_objects) if comp.get("metrics") else None
         weights = comp.get("loss_weights")
-        model.compile(optimizer=optimizer or model.optimizer, loss=loss or model.loss,
-                      metrics=metrics if metrics is not None else _compiled_metrics(model),
-                      loss_weights=weights if weights is not None else getattr(model, "loss_weights", None))
+        model.compile(
+            optimizer=optimizer or model.optimizer,
+            loss=loss or model.loss,
+            metrics=metrics if metrics is not None else _compiled_metrics(model),
+            loss_weights=weights if weights is not None else getattr(model, "loss_weights", None),
+        )
     return model
 
 
@@ -59,7 +67,7 @@ def _compiled_metrics(model):
     return (cfg or {}).get("metrics")
 
 
-def train(cfg: Dict) -> Dict:
+def train(cfg: RunConfig) -> dict:
     """Trains on this rank's files; returns the final weights' digest (and, on rank 0, the history)."""
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -69,64 +77,80 @@ def train(cfg: Dict) -> Dict:
     from hvd_spark._internal.keras_hvd import set_threads
 
     hvd.init()
-    set_threads(cfg["num_threads"])
+    set_threads(cfg.num_threads)
 
     from hvd_spark._internal.events import send_event
-    from hvd_spark._internal.keras_hvd import (BroadcastStateCallback, EventCallback, MetricAverageCallback,
-                                               StateAgreementCallback, make_distributed, synchronize_batch_norm)
+    from hvd_spark._internal.keras_hvd import (
+        BroadcastStateCallback,
+        EventCallback,
+        MetricAverageCallback,
+        StateAgreementCallback,
+        make_distributed,
+        synchronize_batch_norm,
+    )
     from hvd_spark._internal.reader import rank_dataset
-    from hvd_spark._internal.specs import ColumnInfo, TensorSpec
     from hvd_spark._internal.store import Store
 
     rank, size = hvd.rank(), hvd.size()
-    keras.utils.set_random_seed(cfg["seed"])
-    custom_objects = cloudpickle.loads(cfg["custom_objects"]) if cfg["custom_objects"] else None
+    keras.utils.set_random_seed(cfg.seed)
+    custom_objects = cloudpickle.loads(cfg.custom_objects) if cfg.custom_objects else None
     model = _build_model(cfg, custom_objects)
     make_distributed(model.optimizer)
     synced = synchronize_batch_norm(model)
     if synced and rank == 0:
         logger.info("%d BatchNormalization layer(s) use statistics over the global batch (synchronized=True)", synced)
 
-    features = [ColumnInfo(**c) for c in cfg["features"]]
-    labels = [ColumnInfo(**c) for c in cfg["labels"]]
-    weight = ColumnInfo(**cfg["weight"]) if cfg["weight"] else None
-    inputs = [TensorSpec.from_dict(d) for d in cfg["inputs"]]
-    outputs = [TensorSpec.from_dict(d) for d in cfg["outputs"]]
-    data_kw = dict(features=features, labels=labels, weight=weight, inputs=inputs, outputs=outputs,
-                   reader=cfg.get("reader", "arrow"), storage_options=cfg["store"].get("storage_options"))
+    data_kw = dict(cfg.data.reader_kwargs(), reader=cfg.reader, storage_options=cfg.store.get("storage_options"))
 
-    user_callbacks = cloudpickle.loads(cfg["callbacks"]) if cfg["callbacks"] else []
+    user_callbacks = cloudpickle.loads(cfg.callbacks) if cfg.callbacks else []
     state_cb = StateAgreementCallback()
-    callbacks: List = [BroadcastStateCallback(), state_cb, MetricAverageCallback(), *user_callbacks]
+    callbacks: list = [BroadcastStateCallback(), state_cb, MetricAverageCallback(), *user_callbacks]
     tmp = tempfile.mkdtemp(prefix="hvd_spark-rank-")
-    store = Store.from_config(cfg["store"])
+    store = Store.from_config(cfg.store)
     if rank == 0:
-        callbacks.append(_CheckpointCallback(store, cfg["run_id"], cfg["history_so_far"], tmp))
-        callbacks.append(_tensorboard(store, cfg["run_id"], tmp))
-        callbacks.append(EventCallback(cfg["epochs"], send_event))
+        callbacks.append(_CheckpointCallback(store, cfg.run_id, cfg.history_so_far, tmp))
+        callbacks.append(_tensorboard(store, cfg.run_id, tmp))
+        callbacks.append(EventCallback(cfg.epochs, send_event))
     try:
-        with rank_dataset(cfg["train_files"][rank], batch_size=cfg["batch_size"], shuffle=cfg["shuffle"],
-                          shuffle_buffer_size=cfg["shuffle_buffer_size"], seed=cfg["seed"] + 1000 * rank,
-                          **data_kw) as train_ds, \
-                _maybe_val(cfg, rank, data_kw) as val_ds:
-            send_event({"kind": "start", "rank": rank, "initial_epoch": cfg["initial_epoch"]}) if rank == 0 else None
+        with (
+            rank_dataset(
+                cfg.train_files[rank],
+                batch_size=cfg.batch_size,
+                shuffle=cfg.shuffle,
+                shuffle_buffer_size=cfg.shuffle_buffer_size,
+                seed=cfg.seed + 1000 * rank,
+                **data_kw,
+            ) as train_ds,
+            _maybe_val(cfg, rank, data_kw) as val_ds,
+        ):
+            send_event({"kind": "start", "rank": rank, "initial_epoch": cfg.initial_epoch}) if rank == 0 else None
             t0 = time.time()
-            model.fit(train_ds, epochs=cfg["epochs"], initial_epoch=cfg["initial_epoch"],
-                      steps_per_epoch=cfg["steps_per_epoch"], validation_data=val_ds,
-                      validation_steps=cfg["validation_steps"] if val_ds is not None else None,
-                      callbacks=callbacks, verbose=2 if (cfg["verbose"] >= 2 and rank == 0) else 0,
-                      shuffle=False)  # the reader shuffles (row groups, rows, a buffer)
+            model.fit(
+                train_ds,
+                epochs=cfg.epochs,
+                initial_epoch=cfg.initial_epoch,
+                steps_per_epoch=cfg.steps_per_epoch,
+                validation_data=val_ds,
+                validation_steps=cfg.validation_steps if val_ds is not None else None,
+                callbacks=callbacks,
+                verbose=2 if (cfg.verbose >= 2 and rank == 0) else 0,
+                shuffle=False,
+            )  # the reader shuffles (row groups, rows, a buffer)
             train_seconds = time.time() - t0
-        result = {"rank": rank, "size": size, "weights_digest": _weights_digest(model),
-                  "iterations": int(model.optimizer.iterations.numpy()), "train_seconds": train_seconds,
-                  "state_reconciled": state_cb.reconciled}
+        result = {
+            "rank": rank,
+            "size": size,
+            "weights_digest": _weights_digest(model),
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "train_seconds": train_seconds,
+            "state_reconciled": state_cb.reconciled,
+        }
         if rank == 0:
-            from hvd_spark._internal.keras_hvd import plain_class
+            from hvd_spark._internal.serde import save_model_file
 
             final = os.path.join(tmp, "model.keras")
-            with plain_class(model.optimizer):
-                model.save(final)
-            store.upload_file(final, store.model_path(cfg["run_id"]))
+            save_model_file(model, final)
+            store.upload_file(final, store.model_path(cfg.run_id))
             ckpt_cb = next(c for c in callbacks if isinstance(c, _CheckpointCallback))
             result["epoch_logs"] = ckpt_cb.history
         return result
@@ -142,13 +166,19 @@ class _NullContext:
         return False
 
 
-def _maybe_val(cfg, rank, data_kw):
+def _maybe_val(cfg: RunConfig, rank: int, data_kw: dict):
     from hvd_spark._internal.reader import rank_dataset
 
-    if not cfg["val_files"]:
+    if not cfg.val_files:
         return _NullContext()
-    return rank_dataset(cfg["val_files"][rank], batch_size=cfg["val_batch_size"], shuffle=False,
-                        shuffle_buffer_size=1, seed=cfg["seed"], **data_kw)
+    return rank_dataset(
+        cfg.val_files[rank],
+        batch_size=cfg.val_batch_size,
+        shuffle=False,
+        shuffle_buffer_size=1,
+        seed=cfg.seed,
+        **data_kw,
+    )
 
 
 def _tensorboard(store, run_id: str, tmp: str):
@@ -176,25 +206,23 @@ class _CheckpointCallback(keras.callbacks.Callback):
     checkpoint counts as complete once its JSON exists.
     """
 
-    def __init__(self, store, run_id: str, history_so_far: List[Dict], tmp: str):
+    def __init__(self, store, run_id: str, history_so_far: Sequence[dict], tmp: str):
         super().__init__()
         self.store, self.run_id, self.tmp = store, run_id, tmp
-        self.history: List[Dict] = [dict(h) for h in history_so_far]
+        self.history: list[dict] = [dict(h) for h in history_so_far]
 
     def on_epoch_end(self, epoch, logs=None):
-        from hvd_spark._internal.keras_hvd import plain_class
+        from hvd_spark._internal.serde import save_model_file
         from hvd_spark._internal.store import checkpoint_names
 
         logs = {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}
         self.history = self.history[:epoch] + [logs]
         model_name, meta_name = checkpoint_names(epoch + 1)
         local = os.path.join(self.tmp, model_name)
-        with plain_class(self.model.optimizer):
-            self.model.save(local)
+        save_model_file(self.model, local)
         ckpt_dir = self.store.checkpoints_path(self.run_id)
         self.store.upload_file(local, f"{ckpt_dir}/{model_name}")
-        self.store.write_json(f"{ckpt_dir}/{meta_name}", {"epoch": epoch + 1, "logs": logs, "history": self.history,
-                                                          "time": time.time()})
+        self.store.write_json(
+            f"{ckpt_dir}/{meta_name}", {"epoch": epoch + 1, "logs": logs, "history": self.history, "time": time.time()}
+        )
         os.remove(local)
-
-

@@ -3,7 +3,7 @@
 import pytest
 
 from hvd_spark._internal.settings import parse_bool, parse_seconds
-from hvd_spark._internal.topology import assign_ranks, horovod_env, task_slots
+from hvd_spark._internal.topology import assign_ranks, horovod_env, task_cpus, task_slots
 
 
 def test_assign_ranks_single_host():
@@ -34,8 +34,9 @@ def test_assign_ranks_matches_horovod_host_assignment():
     hosts = ["a", "b", "a", "b", "a", "c"]
     ours = sorted(assign_ranks(hosts), key=lambda r: r.rank)
     theirs = hosts_mod.get_host_assignments(hosts_mod.parse_hosts("a:3,b:2,c:1"), len(hosts))
-    assert [(r.host, r.rank, r.local_rank, r.local_size, r.cross_rank, r.cross_size) for r in ours] == \
-        [(s.hostname, s.rank, s.local_rank, s.local_size, s.cross_rank, s.cross_size) for s in theirs]
+    assert [(r.host, r.rank, r.local_rank, r.local_size, r.cross_rank, r.cross_size) for r in ours] == [
+        (s.hostname, s.rank, s.local_rank, s.local_size, s.cross_rank, s.cross_size) for s in theirs
+    ]
 
 
 def test_assign_ranks_rejects_empty():
@@ -57,11 +58,21 @@ def test_horovod_env_gloo():
         horovod_env(info, rendezvous_addr="x", rendezvous_port=1, iface="lo", controller="mpi")
 
 
-@pytest.mark.parametrize("master,cpus,expected", [
-    ("local", 1, 1), ("local[2]", 1, 2), ("local[4]", 2, 2), ("local[*]", 1, 8), ("local[3, 2]", 1, 3),
-    ("local-cluster[2,1,1024]", 1, 2), ("local-cluster[2, 4, 1024]", 2, 4), ("local[1]", 2, 0),
-    ("spark://127.0.0.1:7077", 1, 6), ("yarn", 2, 3),
-])
+@pytest.mark.parametrize(
+    "master,cpus,expected",
+    [
+        ("local", 1, 1),
+        ("local[2]", 1, 2),
+        ("local[4]", 2, 2),
+        ("local[*]", 1, 8),
+        ("local[3, 2]", 1, 3),
+        ("local-cluster[2,1,1024]", 1, 2),
+        ("local-cluster[2, 4, 1024]", 2, 4),
+        ("local[1]", 2, 0),
+        ("spark://127.0.0.1:7077", 1, 6),
+        ("yarn", 2, 3),
+    ],
+)
 def test_task_slots(master, cpus, expected):
     assert task_slots(master, default_parallelism=6, task_cpus=cpus, cpu_count=8) == expected
 
@@ -81,10 +92,21 @@ def test_settings_parsers():
 def test_pick_failure_prefers_the_cause_over_lost_peers():
     from hvd_spark._internal.launcher import _pick_failure
 
-    lost_peer = {"rank": 0, "type": "tensorflow.python.framework.errors_impl.UnknownError", "time": 1.0,
-                 "message": "Graph execution error: ... HorovodAllreduce_grads_0 ... Connection closed by peer"}
+    lost_peer = {
+        "rank": 0,
+        "type": "tensorflow.python.framework.errors_impl.UnknownError",
+        "time": 1.0,
+        "message": "Graph execution error: ... HorovodAllreduce_grads_0 ... Connection closed by peer",
+    }
     died = {"rank": 1, "type": "ProcessDied", "message": "process killed by signal 9 (SIGKILL)", "time": 2.0}
     raised = {"rank": 1, "type": "ValueError", "message": "bad shard", "time": 3.0}
     assert _pick_failure([lost_peer, died])["rank"] == 1
     assert _pick_failure([lost_peer, raised])["type"] == "ValueError"
     assert _pick_failure([dict(raised, rank=1, time=5.0), dict(raised, rank=0, time=4.0)])["rank"] == 0
+
+
+def test_task_cpus_from_conf():
+    assert task_cpus({}) == 1 and task_cpus({"spark.task.cpus": "4"}) == 4
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(ValueError, match=f"spark.task.cpus must be a positive integer. Received: '{bad}'"):
+            task_cpus({"spark.task.cpus": bad})

@@ -1,0 +1,102 @@
+"""Typed records that cross a boundary: the driver's run configuration for the ranks, and what a
+fit reports back to its caller.
+
+Plain frozen dataclasses: no Spark, Keras or Horovod, so they are cheap to import anywhere.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from hvd_spark._internal.specs import ColumnInfo, TensorSpec
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    """What one rank reports at the end of training."""
+
+    rank: int
+    weights_digest: str  # a hash of every weight: equal on every rank when averaging held
+    iterations: int | None = None  # the optimizer's step counter (continues across resumes)
+    train_seconds: float | None = None  # time inside model.fit on this rank
+    state_reconciled: int | None = None  # layer-state variables averaged across ranks (BatchNormalization ...)
+
+    @classmethod
+    def from_result(cls, result: dict[str, Any]) -> "RankSummary":
+        return cls(
+            rank=int(result["rank"]),
+            weights_digest=str(result.get("weights_digest", "")),
+            iterations=result.get("iterations"),
+            train_seconds=result.get("train_seconds"),
+            state_reconciled=result.get("state_reconciled"),
+        )
+
+
+@dataclass(frozen=True)
+class FitSummary:
+    """How a ``fit`` went: ``TFTransformer.getFitSummary()`` on the model it returned.
+
+    ``None`` there for a model that was loaded, or returned from a finished run without training.
+    """
+
+    run_id: str
+    data_key: str  # the materialized data's folder under data/ in the store
+    steps_per_epoch: int  # per rank
+    restarts: int  # failed training attempts that were restarted from a checkpoint
+    materialize_seconds: float
+    train_job_seconds: float  # the training job(s): launch, training and shutdown of every attempt
+    fit_seconds: float
+    ranks: tuple[RankSummary, ...]
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """The columns a fit reads and the model tensors they feed: one value from the driver's checks
+    through materialization to each rank's reader."""
+
+    features: tuple[ColumnInfo, ...]
+    labels: tuple[ColumnInfo, ...]
+    weight: ColumnInfo | None
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def reader_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``reader.rank_dataset`` that describe the data."""
+        return {
+            "features": list(self.features),
+            "labels": list(self.labels),
+            "weight": self.weight,
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+        }
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a rank needs to train (``worker.train``), built by the driver; plain data and
+    bytes, so it pickles without Spark. The last four fields change with every attempt of a fit
+    (``dataclasses.replace``)."""
+
+    store: dict[str, Any]  # Store.to_config()
+    run_id: str
+    epochs: int
+    compile: dict[str, Any]  # optimizer / loss / metrics as serialized Keras objects, loss_weights
+    custom_objects: bytes | None  # cloudpickled
+    callbacks: bytes | None  # cloudpickled list of keras callbacks
+    data: DataSpec
+    train_files: list[list[str]]  # per rank
+    val_files: list[list[str]] | None  # per rank, or no validation
+    batch_size: int
+    val_batch_size: int
+    steps_per_epoch: int
+    validation_steps: int | None
+    shuffle: bool
+    shuffle_buffer_size: int
+    seed: int
+    verbose: int
+    reader: str  # "arrow" or "petastorm"
+    num_threads: int
+    # --- per attempt ---
+    initial_epoch: int = 0
+    resume_ckpt: str | None = None  # checkpoint model path in the store, when resuming
+    history_so_far: tuple[dict[str, float], ...] = ()
+    model_bytes: bytes | None = None  # the user's model as a .keras file, when not resuming

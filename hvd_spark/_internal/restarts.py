@@ -1,0 +1,19 @@
+"""The restart policy of a fit: which failed training attempts start again, from the latest checkpoint."""
+
+from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError
+
+# Failures of the distributed job itself: a rank that raised or whose process died, tasks that did
+# not start or a launch that broke, a job past its timeout. A new attempt may succeed (a lost
+# executor, a killed process). Errors on the driver (bad input, a bug) are not retried.
+RESTARTABLE = (RankFailedError, LaunchError, JobTimeoutError)
+
+
+def should_restart(error: BaseException, restarts_so_far: int, max_restarts: int) -> bool:
+    """Whether the fit starts another training attempt after ``error``.
+
+    Args:
+        error: what the attempt raised.
+        restarts_so_far: attempts already restarted in this fit.
+        max_restarts: the estimator's ``max_restarts`` (0: never).
+    """
+    return isinstance(error, RESTARTABLE) and restarts_so_far < max_restarts

@@ -1,0 +1,66 @@
+"""The driver service over real sockets: the token check, the message kinds, broadcast."""
+
+import time
+
+import pytest
+
+from hvd_spark._internal.driver_service import KIND, DriverService, Kind, TaskClient
+
+
+def _until(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def service():
+    events = []
+    svc = DriverService(2, on_event=lambda rank, payload: events.append((rank, payload)), bind="127.0.0.1")
+    svc.start()
+    svc.events = events
+    yield svc
+    svc.stop()
+
+
+def test_messages_reach_the_driver_and_broadcast_reaches_tasks(service):
+    addr = f"127.0.0.1:{service.port}"
+    task = TaskClient(addr, service.token, {"role": "task", "partition": 1})
+    rank = TaskClient(addr, service.token, {"role": "rank", "rank": 0})
+    task.send({KIND: Kind.RANK, "rank": 0})
+    rank.send({KIND: Kind.EVENT, "rank": 0, "payload": {"epoch": 1}})
+    task.send({KIND: Kind.FAIL, "rank": 0, "type": "ValueError", "message": "bad"})
+    task.send({KIND: Kind.DONE, "rank": 0, "ok": False})
+    _until(lambda: service.snapshot()[2])
+    started, rank_of_partition, done, failures, connected = service.snapshot()
+    assert set(started) == {1} and rank_of_partition == {1: 0} and connected == {1}  # a rank is not a task
+    assert done[0]["ok"] is False and failures[0]["message"] == "bad" and "received" in failures[0]
+    _until(lambda: service.events)
+    assert service.events == [(0, {"epoch": 1})]
+    service.broadcast({KIND: Kind.ABORT, "reason": "stop"})
+    msg = next(task.messages())
+    assert msg[KIND] == Kind.ABORT and msg["reason"] == "stop"
+    task.close()
+    rank.close()
+    _until(lambda: not service.snapshot()[4])
+
+
+def test_a_connection_without_the_token_is_dropped(service):
+    intruder = TaskClient(f"127.0.0.1:{service.port}", "not-the-token", {"role": "task", "partition": 0})
+    intruder.send({KIND: Kind.DONE, "rank": 0, "ok": True})
+    assert list(intruder.messages()) == []  # the driver closed the connection
+    assert service.snapshot()[0] == {} and service.snapshot()[2] == {}
+
+
+def test_a_failing_progress_callback_does_not_break_the_service():
+    svc = DriverService(1, on_event=lambda rank, payload: 1 / 0, bind="127.0.0.1")
+    svc.start()
+    try:
+        c = TaskClient(f"127.0.0.1:{svc.port}", svc.token, {"role": "task", "partition": 0})
+        c.send({KIND: Kind.EVENT, "rank": 0, "payload": {}})
+        c.send({KIND: Kind.DONE, "rank": 0, "ok": True})
+        _until(lambda: svc.snapshot()[2])
+        c.close()
+    finally:
+        svc.stop()
