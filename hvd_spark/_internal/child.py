@@ -1,8 +1,9 @@
 """Entry point of one rank's process: ``python -m hvd_spark._internal.child WORKDIR``.
 
 Reads ``WORKDIR/payload.pkl`` (``fn, args, kwargs``, cloudpickled), runs the function and
-writes ``result-<rank>.pkl`` on success or ``error-<rank>.pkl`` (type, message, traceback,
-the time it happened and, when it pickles, the exception itself) on failure. This module
+writes ``result-<rank>.pkl`` on success or ``error-<rank>.pkl`` (an ``outcomes.RankOutcome``:
+type, message, traceback, the time it happened and, when it pickles, the exception itself) on
+failure. This module
 must stay light: it runs before the user's imports and must not import pyspark.
 """
 
@@ -12,6 +13,8 @@ import os
 import sys
 import time
 import traceback
+
+from hvd_spark._internal.outcomes import ERROR, RankOutcome
 
 
 def _rank() -> int:
@@ -28,20 +31,22 @@ def _write_atomic(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def error_record(exc: BaseException) -> dict:
+def error_outcome(rank: int, exc: BaseException) -> RankOutcome:
     """What the driver needs to report a remote exception, in plain types."""
     import cloudpickle
 
-    record = {
-        "type": f"{type(exc).__module__}.{type(exc).__qualname__}".replace("builtins.", ""),
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-        "time": time.time(),
-        "pickled": None,
-    }
-    with contextlib.suppress(Exception):  # not every exception pickles; the text above still reports it
-        record["pickled"] = cloudpickle.dumps(exc)
-    return record
+    pickled = None
+    with contextlib.suppress(Exception):  # not every exception pickles; the text still reports it
+        pickled = cloudpickle.dumps(exc)
+    return RankOutcome(
+        rank=rank,
+        status=ERROR,
+        type=f"{type(exc).__module__}.{type(exc).__qualname__}".replace("builtins.", ""),
+        message=str(exc),
+        traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        time=time.time(),
+        pickled=pickled,
+    )
 
 
 def main(workdir: str) -> int:
@@ -56,7 +61,7 @@ def main(workdir: str) -> int:
         data = cloudpickle.dumps(result)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
         sys.stderr.flush()
-        _write_atomic(os.path.join(workdir, f"error-{rank}.pkl"), cloudpickle.dumps(error_record(exc)))
+        _write_atomic(os.path.join(workdir, f"error-{rank}.pkl"), cloudpickle.dumps(error_outcome(rank, exc)))
         return 1
     _write_atomic(os.path.join(workdir, f"result-{rank}.pkl"), data)
     return 0

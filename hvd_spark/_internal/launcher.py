@@ -19,34 +19,11 @@ import cloudpickle
 
 from hvd_spark._internal import settings
 from hvd_spark._internal.driver_service import KIND, Kind
+from hvd_spark._internal.outcomes import ERROR, OK, RankOutcome, TaskSpec, pick_failure
 from hvd_spark._internal.topology import task_cpus, task_slots
 from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError
 
 logger = logging.getLogger("hvd_spark")
-
-# Failures that follow from another rank's failure (its peer went away), not causes of their own.
-_SECONDARY_TYPES = ("HorovodInternalError", "HorovodShutdown")
-_SECONDARY_TEXT = (
-    "connection closed by peer",
-    "connection reset by peer",
-    "broken pipe",
-    "horovod has been shut down",
-    "horovodallreduce",
-    "horovodallgather",
-    "horovodbroadcast",
-    "horovodgroupedallreduce",
-    "gloo",
-)
-
-
-def _is_secondary(rec: dict) -> bool:
-    """True for errors that a rank gets because another rank died (a collective lost its peer)."""
-    if rec.get("type") == "ProcessDied":
-        return False
-    if any(t in (rec.get("type") or "") for t in _SECONDARY_TYPES):
-        return True
-    text = (rec.get("message") or "").lower()
-    return any(t in text for t in _SECONDARY_TEXT)
 
 
 class _SlotPool:
@@ -235,21 +212,12 @@ def pickled_payload(fn: Callable, args=(), kwargs=None) -> bytes:
         raise TypeError(f"fn and its arguments must be picklable with cloudpickle: {e}") from e
 
 
-def _pick_failure(failures: list[dict]) -> dict:
-    """The failure that caused the others: not a peer-lost error if there is one, then the earliest."""
-
-    def key(rec):
-        return (_is_secondary(rec), rec.get("time") or float("inf"), rec["rank"])
-
-    return sorted(failures, key=key)[0]
-
-
-def _raise_failure(rec: dict) -> None:
-    err = RankFailedError(rec["rank"], rec.get("type", "?"), rec.get("message", ""), rec.get("traceback", ""))
+def _raise_failure(rec: RankOutcome) -> None:
+    err = RankFailedError(rec.rank, rec.type or "?", rec.message, rec.traceback)
     cause = None
-    if rec.get("pickled"):
+    if rec.pickled:
         try:
-            cause = cloudpickle.loads(rec["pickled"])
+            cause = cloudpickle.loads(rec.pickled)
         except Exception:  # the exception's class may not exist on the driver
             cause = None
     if isinstance(cause, BaseException):
@@ -257,20 +225,20 @@ def _raise_failure(rec: dict) -> None:
     raise err
 
 
-def _where_ranks_were(records: list[dict], ranks: list[int]) -> str:
+def _where_ranks_were(records: list[RankOutcome], ranks: list[int]) -> str:
     """The innermost Python frames of each listed rank, from the stacks they printed on abort."""
     out = []
-    for rec in sorted(records, key=lambda r: r["rank"]):
-        if rec["rank"] not in ranks or not rec.get("tail"):
+    for rec in sorted(records, key=lambda r: r.rank):
+        if rec.rank not in ranks or not rec.tail:
             continue
-        tail = rec["tail"]
+        tail = rec.tail
         starts = [
             i for i, line in enumerate(tail) if line.startswith(("Stack (most recent call first)", "Current thread"))
         ]
         if not starts:
             continue
         frames = [line.strip() for line in tail[starts[-1] + 1 :] if line.strip().startswith("File ")]
-        out.append(f"  rank {rec['rank']}: " + " <- ".join(frames[:6]))
+        out.append(f"  rank {rec.rank}: " + " <- ".join(frames[:6]))
     return "\n".join(out)
 
 
@@ -328,16 +296,16 @@ def _launch_claimed(sc, payload: bytes, options: LaunchOptions, *, on_event, des
     abort_grace = options.abort_grace
     service = DriverService(num_proc, on_event=on_event)
     port = service.start()
-    spec = {
-        "driver_addr": f"{_driver_address(sc)}:{port}",
-        "token": service.token,
-        "payload": payload,
-        "backend": options.backend,
-        "env": dict(options.env or {}),
-        "num_threads": int(options.num_threads),
-        "gloo_timeout": options.gloo_timeout,
-        "abort_grace": abort_grace,
-    }
+    spec = TaskSpec(
+        driver_addr=f"{_driver_address(sc)}:{port}",
+        token=service.token,
+        payload=payload,
+        backend=options.backend,
+        env=dict(options.env or {}),
+        num_threads=int(options.num_threads),
+        gloo_timeout=options.gloo_timeout,
+        abort_grace=abort_grace,
+    )
     group = f"hvd_spark-{uuid.uuid4().hex[:12]}"
     box: dict[str, Any] = {}
 
@@ -410,14 +378,14 @@ def _launch_claimed(sc, payload: bytes, options: LaunchOptions, *, on_event, des
     elapsed = time.monotonic() - t0
     _, _, _, failures, _ = service.snapshot()
 
-    records: list[dict] = [cloudpickle.loads(b) for b in box.get("records") or []]
-    errors = [r for r in records if r["status"] == "error"]
+    records: list[RankOutcome] = [cloudpickle.loads(b) for b in box.get("records") or []]
+    errors = [r for r in records if r.status == ERROR]
     if errors:
-        _raise_failure(_pick_failure(errors))
+        _raise_failure(pick_failure(errors))
     if failures:
         # A failure was reported, but its task's record did not come back (the job was cancelled).
-        rec = _pick_failure([dict(f, traceback="") for f in failures])
-        raise RankFailedError(rec["rank"], rec.get("type", "?"), rec.get("message", ""))
+        rec = pick_failure([RankOutcome.from_message(f) for f in failures])
+        raise RankFailedError(rec.rank, rec.type, rec.message)
     if problem is not None:
         if isinstance(problem, JobTimeoutError) and records:
             where = _where_ranks_were(records, problem.ranks)
@@ -426,12 +394,12 @@ def _launch_claimed(sc, payload: bytes, options: LaunchOptions, *, on_event, des
         raise problem
     if "error" in box:
         raise LaunchError(f"the Spark barrier stage of {description} failed: {box['error']}") from box["error"]
-    by_rank = {r["rank"]: r for r in records}
+    by_rank = {r.rank: r for r in records}
     missing = sorted(set(range(num_proc)) - set(by_rank))
     if missing:
         raise LaunchError(f"ranks {missing} returned no result (job ended after {elapsed:.1f}s).")
-    not_ok = [r for r in by_rank.values() if r["status"] != "ok"]
+    not_ok = [r for r in by_rank.values() if r.status != OK or r.result is None]
     if not_ok:
-        raise LaunchError(f"ranks {sorted(r['rank'] for r in not_ok)} were aborted without a reported failure.")
+        raise LaunchError(f"ranks {sorted(r.rank for r in not_ok)} were aborted without a reported failure.")
     logger.info("%d ranks finished in %.1fs", num_proc, elapsed)
-    return [cloudpickle.loads(by_rank[r]["result"]) for r in range(num_proc)]
+    return [cloudpickle.loads(by_rank[r].result) for r in range(num_proc)]

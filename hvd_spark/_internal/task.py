@@ -20,6 +20,7 @@ import cloudpickle
 
 from hvd_spark._internal import settings
 from hvd_spark._internal.driver_service import KIND, Kind, TaskClient
+from hvd_spark._internal.outcomes import ABORTED, ERROR, OK, PROCESS_DIED, RankOutcome, TaskSpec
 from hvd_spark._internal.topology import RankInfo, assign_ranks, horovod_env, threads_env
 
 TAIL_LINES = 40
@@ -134,55 +135,45 @@ class _Watch:
         return t
 
 
-def _outcome(workdir: str, rank: int, rc: int | None, aborted: bool, tail) -> dict:
-    """Reads what a rank left in ``workdir`` into one plain record."""
+def _outcome(workdir: str, rank: int, rc: int | None, aborted: bool, tail) -> RankOutcome:
+    """Reads what a rank left in ``workdir``: its result, its error, or how its process ended."""
     result = os.path.join(workdir, f"result-{rank}.pkl")
     error = os.path.join(workdir, f"error-{rank}.pkl")
     if os.path.exists(result):
         with open(result, "rb") as f:
-            return {"rank": rank, "status": "ok", "result": f.read()}
+            return RankOutcome(rank, OK, result=f.read())
     if os.path.exists(error):
         with open(error, "rb") as f:
-            rec = cloudpickle.load(f)
-        return {"rank": rank, "status": "error", **rec}
+            return cloudpickle.load(f)
     if aborted:
-        return {"rank": rank, "status": "aborted", "tail": list(tail or [])}
+        return RankOutcome(rank, ABORTED, tail=tuple(tail or ()))
     if rc is not None and rc < 0:
         how = f"process killed by signal {-rc} ({_signal_name(rc)})"
     else:
         how = f"process exited with code {rc} before reporting a result"
-    return {
-        "rank": rank,
-        "status": "error",
-        "type": "ProcessDied",
-        "message": how,
-        "traceback": "Last output lines:\n" + "\n".join(tail or []),
-        "time": time.time(),
-        "pickled": None,
-    }
+    return RankOutcome(
+        rank,
+        ERROR,
+        type=PROCESS_DIED,
+        message=how,
+        traceback="Last output lines:\n" + "\n".join(tail or []),
+        time=time.time(),
+    )
 
 
-def _report(client: TaskClient, outcome: dict) -> None:
-    if outcome["status"] == "error":
-        client.send(
-            {
-                KIND: Kind.FAIL,
-                "rank": outcome["rank"],
-                "type": outcome["type"],
-                "message": outcome["message"][:2000],
-                "time": outcome.get("time"),
-            }
-        )
-    client.send({KIND: Kind.DONE, "rank": outcome["rank"], "ok": outcome["status"] == "ok"})
+def _report(client: TaskClient, outcome: RankOutcome) -> None:
+    if outcome.status == ERROR:
+        client.send({KIND: Kind.FAIL, **outcome.to_message()})
+    client.send({KIND: Kind.DONE, "rank": outcome.rank, "ok": outcome.status == OK})
 
 
-def run_task(spec: dict) -> list[bytes]:
+def run_task(spec: TaskSpec) -> list[bytes]:
     """The body of one barrier task. Returns the pickled outcome records this task knows of."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
     partition = ctx.partitionId()
-    client = TaskClient(spec["driver_addr"], spec["token"], {"role": "task", "partition": partition})
+    client = TaskClient(spec.driver_addr, spec.token, {"role": "task", "partition": partition})
     server = None
     workdir = tempfile.mkdtemp(prefix="hvd_spark-")
     try:
@@ -191,7 +182,7 @@ def run_task(spec: dict) -> list[bytes]:
         ranks = assign_ranks([i["host"] for i in infos])
         me = ranks[partition]
         client.send({KIND: Kind.RANK, "rank": me.rank})
-        if spec["backend"] == "mpi":
+        if spec.backend == "mpi":
             return _run_mpi(spec, ctx, client, me, ranks, workdir)
 
         if me.rank == 0:
@@ -213,22 +204,21 @@ def run_task(spec: dict) -> list[bytes]:
                 rendezvous_addr=rendezvous["addr"],
                 rendezvous_port=rendezvous["port"],
                 iface=infos[partition]["iface"],
-                gloo_timeout=spec["gloo_timeout"],
-                num_threads=spec["num_threads"],
+                gloo_timeout=spec.gloo_timeout,
+                num_threads=spec.num_threads,
             )
         )
-        env.update(spec.get("env") or {})  # the caller's settings win over the defaults above
+        env.update(spec.env)  # the caller's settings win over the defaults above
         env.update(
             {
                 settings.ENV_RANK: str(me.rank),
-                settings.ENV_DRIVER_ADDR: spec["driver_addr"],
-                settings.ENV_JOB_TOKEN: spec["token"],
+                settings.ENV_DRIVER_ADDR: spec.driver_addr,
+                settings.ENV_JOB_TOKEN: spec.token,
                 "PYTHONUNBUFFERED": "1",
             }
         )
-        outcome = _run_child(spec, client, me.rank, env, workdir)
+        outcome, watch = _run_child(spec, client, me.rank, env, workdir)
         _report(client, outcome)
-        watch = outcome.pop("_watch")
         if server is not None:
             # Rank 0's task serves the rendezvous until every rank is done (or the job is aborted).
             _wait_for_end(watch)
@@ -246,9 +236,9 @@ def _wait_for_end(watch: _Watch) -> None:
         watch.all_done.wait(0.2)
 
 
-def _write_payload(spec: dict, workdir: str) -> None:
+def _write_payload(spec: TaskSpec, workdir: str) -> None:
     with open(os.path.join(workdir, "payload.pkl"), "wb") as f:
-        f.write(spec["payload"])
+        f.write(spec.payload)
 
 
 def _supervise(proc: subprocess.Popen, watch: _Watch, grace: float) -> bool:
@@ -292,18 +282,16 @@ def _run_watched(cmd: list[str], env: dict, workdir: str, watch: _Watch, grace: 
     return proc.returncode, aborted
 
 
-def _run_child(spec: dict, client: TaskClient, rank: int, env: dict, workdir: str) -> dict:
+def _run_child(spec: TaskSpec, client: TaskClient, rank: int, env: dict, workdir: str) -> tuple[RankOutcome, "_Watch"]:
     _write_payload(spec, workdir)
     watch = _Watch(client, rank)
     rc, aborted = _run_watched(
-        [sys.executable, "-m", "hvd_spark._internal.child", workdir], env, workdir, watch, spec["abort_grace"]
+        [sys.executable, "-m", "hvd_spark._internal.child", workdir], env, workdir, watch, spec.abort_grace
     )
-    outcome = _outcome(workdir, rank, rc, aborted, list(watch.tails[rank]))
-    outcome["_watch"] = watch
-    return outcome
+    return _outcome(workdir, rank, rc, aborted, list(watch.tails[rank])), watch
 
 
-def _run_mpi(spec: dict, ctx, client: TaskClient, me: RankInfo, ranks: list[RankInfo], workdir: str) -> list[bytes]:
+def _run_mpi(spec: TaskSpec, ctx, client: TaskClient, me: RankInfo, ranks: list[RankInfo], workdir: str) -> list[bytes]:
     """MPI controller: rank 0's task runs ``mpirun`` for the whole job; the others wait with it."""
     hosts = {r.host for r in ranks}
     if len(hosts) > 1:
@@ -320,12 +308,12 @@ def _run_mpi(spec: dict, ctx, client: TaskClient, me: RankInfo, ranks: list[Rank
         return []
     _write_payload(spec, workdir)
     env = dict(os.environ)
-    env.update(threads_env(spec["num_threads"]))
-    env.update(spec.get("env") or {})
+    env.update(threads_env(spec.num_threads))
+    env.update(spec.env)
     env.update(
         {
-            settings.ENV_DRIVER_ADDR: spec["driver_addr"],
-            settings.ENV_JOB_TOKEN: spec["token"],
+            settings.ENV_DRIVER_ADDR: spec.driver_addr,
+            settings.ENV_JOB_TOKEN: spec.token,
             "PYTHONUNBUFFERED": "1",
             "HOROVOD_CONTROLLER": "mpi",
             "HOROVOD_CPU_OPERATIONS": "mpi",
@@ -350,15 +338,11 @@ def _run_mpi(spec: dict, ctx, client: TaskClient, me: RankInfo, ranks: list[Rank
         "hvd_spark._internal.child",
         workdir,
     ]
-    rc, aborted = _run_watched(cmd, env, workdir, watch, spec["abort_grace"])
+    rc, aborted = _run_watched(cmd, env, workdir, watch, spec.abort_grace)
     outcomes = [_outcome(workdir, r, rc, aborted, list(watch.tails[r])) for r in range(me.size)]
-    if any(o["status"] == "error" and o["type"] != "ProcessDied" for o in outcomes):
+    if any(o.status == ERROR and o.type != PROCESS_DIED for o in outcomes):
         # mpirun stops the other ranks once one fails; those are not failures of their own.
-        for o in outcomes:
-            if o["status"] == "error" and o["type"] == "ProcessDied":
-                rank = o["rank"]
-                o.clear()
-                o.update(rank=rank, status="aborted")
+        outcomes = [o.as_aborted() if o.status == ERROR and o.type == PROCESS_DIED else o for o in outcomes]
     for o in outcomes:
         _report(client, o)
     _wait_for_end(watch)

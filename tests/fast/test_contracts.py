@@ -72,3 +72,34 @@ def test_run_config_pickles_and_changes_per_attempt():
     assert pickle.loads(pickle.dumps(second)) == second and base.initial_epoch == 0
     kw = data.reader_kwargs()
     assert kw["features"][0].stored == "c0" and kw["weight"] is None and kw["inputs"][0].dims == (4,)
+
+
+def test_pick_failure_prefers_the_cause_over_lost_peers():
+    from hvd_spark._internal.outcomes import RankOutcome, pick_failure
+
+    lost_peer = RankOutcome(
+        0,
+        "error",
+        type="tensorflow.python.framework.errors_impl.UnknownError",
+        time=1.0,
+        message="Graph execution error: ... HorovodAllreduce_grads_0 ... Connection closed by peer",
+    )
+    died = RankOutcome(1, "error", type="ProcessDied", message="process killed by signal 9 (SIGKILL)", time=2.0)
+    raised = RankOutcome(1, "error", type="ValueError", message="bad shard", time=3.0)
+    assert pick_failure([lost_peer, died]).rank == 1
+    assert pick_failure([lost_peer, raised]).type == "ValueError"
+    later, earlier = dataclasses.replace(raised, rank=1, time=5.0), dataclasses.replace(raised, rank=0, time=4.0)
+    assert pick_failure([later, earlier]).rank == 0
+    assert lost_peer.is_secondary and not died.is_secondary and not raised.is_secondary
+
+
+def test_outcome_travels_as_a_fail_message_and_back():
+    from hvd_spark._internal.outcomes import RankOutcome
+
+    rec = RankOutcome(2, "error", type="ValueError", message="x" * 5000, traceback="tb", time=7.0, pickled=b"p")
+    msg = rec.to_message()
+    assert len(msg["message"]) == 2000 and "pickled" not in msg and "traceback" not in msg
+    back = RankOutcome.from_message(msg)
+    assert (back.rank, back.status, back.type, back.time) == (2, "error", "ValueError", 7.0)
+    aborted = rec.as_aborted()
+    assert aborted.status == "aborted" and aborted.type == "" and aborted.pickled is None

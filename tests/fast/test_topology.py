@@ -89,22 +89,6 @@ def test_settings_parsers():
         parse_seconds("t", "soon")
 
 
-def test_pick_failure_prefers_the_cause_over_lost_peers():
-    from hvd_spark._internal.launcher import _pick_failure
-
-    lost_peer = {
-        "rank": 0,
-        "type": "tensorflow.python.framework.errors_impl.UnknownError",
-        "time": 1.0,
-        "message": "Graph execution error: ... HorovodAllreduce_grads_0 ... Connection closed by peer",
-    }
-    died = {"rank": 1, "type": "ProcessDied", "message": "process killed by signal 9 (SIGKILL)", "time": 2.0}
-    raised = {"rank": 1, "type": "ValueError", "message": "bad shard", "time": 3.0}
-    assert _pick_failure([lost_peer, died])["rank"] == 1
-    assert _pick_failure([lost_peer, raised])["type"] == "ValueError"
-    assert _pick_failure([dict(raised, rank=1, time=5.0), dict(raised, rank=0, time=4.0)])["rank"] == 0
-
-
 def test_task_cpus_from_conf():
     assert task_cpus({}) == 1 and task_cpus({"spark.task.cpus": "4"}) == 4
     for bad in ("0", "two", "-1"):
