@@ -4,6 +4,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from typing import Any
 
 import cloudpickle
 from pyspark import keyword_only
@@ -15,7 +16,7 @@ from hvd_spark._internal.contracts import DataSpec, FitSummary, RankSummary, Run
 from hvd_spark._internal.params import EstimatorParams
 from hvd_spark._internal.restarts import RESTARTABLE, should_restart
 from hvd_spark._internal.specs import assign_files, specs_to_dicts, steps_per_epoch, with_stored_names
-from hvd_spark._internal.store import Store, validate_run_id
+from hvd_spark._internal.store import Checkpoint, Store, validate_run_id
 from hvd_spark._internal.transformer import TFTransformer
 from hvd_spark.errors import HvdSparkError
 
@@ -133,7 +134,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             max_restarts=0,
             reader="arrow",
         )
-        self.setParams(**self._input_kwargs)
+        self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]  # set by @keyword_only
 
     @keyword_only
     def setParams(self, **kwargs):
@@ -184,16 +185,26 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             raise TypeError(f"callbacks must be a list of keras.callbacks.Callback. Received: {type(p['callbacks'])}.")
         return p
 
-    # --- fit ---
+    # --- fit, as named steps ---
     def _fit(self, dataset):
-        from hvd_spark._internal.launcher import launch, resolve_launch_options
-        from hvd_spark._internal.logs import ensure_visible
-        from hvd_spark._internal.model_info import is_compiled, model_fingerprint, model_specs
-        from hvd_spark._internal.serde import dumps_keras_obj, model_custom_objects, model_to_bytes
-        from hvd_spark._internal.worker import train
-
-        # --- 1. check: params, model against columns, launch options (nothing written yet) ---
         t_start = time.time()
+        checked = self._check(dataset)
+        plan = self._plan_resume(checked)
+        if plan.resume is not None and plan.resume.epoch >= checked.p["epochs"]:
+            return self._finished_run(checked, plan)
+        written = self._materialize(dataset, checked)
+        cfg = self._plan_ranks(checked, plan, written)
+        results, restarts, t_train = self._train_with_restarts(dataset.sparkSession, checked, cfg)
+        return self._verify_and_build(checked, written, cfg, results, restarts, t_train, t_start)
+
+    def _check(self, dataset) -> "_Checked":
+        """Step 1: params, the model against the columns, launch options. Nothing is written before
+        this returns, so every mistake found here leaves the store as it was."""
+        from hvd_spark._internal.launcher import resolve_launch_options
+        from hvd_spark._internal.logs import ensure_visible
+        from hvd_spark._internal.model_info import is_compiled, model_specs
+        from hvd_spark._internal.serde import model_custom_objects
+
         p = self._check_params()
         ensure_visible(p["verbose"])
         model = p["model"]
@@ -232,12 +243,12 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 raise TypeError(
                     f"validation column '{validation}' must be boolean or 0/1. Received an {vinfo.kind} column."
                 )
-        spark = dataset.sparkSession
-        # Everything the launch needs is resolved (and checked) now, before any data is written.
         options = resolve_launch_options(
-            spark.sparkContext, num_proc=p["num_proc"], backend=p["backend"], start_timeout=p["start_timeout"]
+            dataset.sparkSession.sparkContext,
+            num_proc=p["num_proc"],
+            backend=p["backend"],
+            start_timeout=p["start_timeout"],
         )
-        num_proc = options.num_proc
         custom_objects = model_custom_objects(model, p["custom_objects"]) or None
         for name, value in (("callbacks", p["callbacks"]), ("custom_objects", custom_objects)):
             try:
@@ -248,14 +259,20 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 ) from e
         store = Store.create(p["store"])
         store.check_writable()
-        # --- 2. plan the resume: a run with checkpoints continues from the latest one ---
+        return _Checked(p, model, inputs, outputs, f_infos, l_infos, w_info, validation, options, custom_objects, store)
+
+    def _plan_resume(self, c: "_Checked") -> "_ResumePlan":
+        """Step 2: the run id, and the checkpoint to continue from (a run with checkpoints continues
+        only with the same architecture and columns)."""
+        from hvd_spark._internal.model_info import model_fingerprint
+
+        p, store = c.p, c.store
         run_id = p["run_id"] or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        fingerprint = model_fingerprint(model)
+        fingerprint = model_fingerprint(c.model)
         run_json = f"{store.run_path(run_id)}/run.json"
         resume = None
-        history_so_far: list[dict] = []
+        history: list[dict] = []
         if store.exists(run_json) and store.latest_checkpoint(run_id) is not None:
-            # A run that holds checkpoints may only be continued with the same architecture and columns.
             info = store.read_json(run_json)
             if info.get("model_fingerprint") != fingerprint:
                 raise ValueError(
@@ -263,6 +280,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                     f"{info.get('model_fingerprint')}, this model is {fingerprint}). Use a new run_id to "
                     "start a new run, or pass the same model architecture to resume."
                 )
+            features, labels = p["feature_cols"], p["label_cols"]
             if info.get("feature_cols") != features or info.get("label_cols") != labels:
                 raise ValueError(
                     f"run_id '{run_id}' was trained with feature_cols={info.get('feature_cols')}, "
@@ -271,43 +289,59 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 )
             resume = store.latest_checkpoint(run_id)
             if resume is not None:
-                history_so_far = store.read_json(resume.meta_path)["history"]
-        if resume is not None and resume.epoch >= p["epochs"]:
-            logger.info(
-                "run '%s' already has %d of %d epochs; returning its model without training",
-                run_id,
-                resume.epoch,
-                p["epochs"],
-            )
-            at_epoch = {c.epoch: c.model_path for c in store.checkpoints(run_id)}
-            model_path = (
-                store.model_path(run_id)
-                if resume.epoch == p["epochs"] and store.exists(store.model_path(run_id))
-                else at_epoch.get(p["epochs"], resume.model_path)
-            )
-            return self._transformer(
-                store,
-                model_path,
-                run_id,
-                history_so_far[: p["epochs"]],
-                inputs,
-                outputs,
-                dict(p, custom_objects=custom_objects),
-            )
+                history = store.read_json(resume.meta_path)["history"]
+        return _ResumePlan(run_id, fingerprint, run_json, resume, history)
 
-        # --- 3. check the values (nulls, lengths), then materialize to Parquet (or reuse the same data) ---
-        seed = int(p["random_seed"])
-        f_infos, l_infos, (w_info,) = with_stored_names(f_infos, l_infos, [w_info])
-        prepared = data_mod.prepare(dataset, f_infos, l_infos, w_info, validation, seed)
-        stats = data_mod.column_stats(prepared, f_infos + l_infos + ([w_info] if w_info else []), validation)
-        data_mod.check_stats(stats, f_infos, l_infos, w_info, inputs, outputs, validation, num_proc)
-        key = data_mod.dataset_key(prepared, f_infos + l_infos + ([w_info] if w_info else []), validation, seed)
-        row_values = sum((s.elements or 1) for s in inputs) + sum((s.elements or 1) for s in outputs) + 1
-        t_mat = time.time()
-        meta = data_mod.materialize(prepared, store, key, stats, row_values * 4, num_proc)
-        t_mat = time.time() - t_mat
+    def _finished_run(self, c: "_Checked", plan: "_ResumePlan"):
+        """A run that already has the requested epochs: its model, without training."""
+        p, store, run_id, resume = c.p, c.store, plan.run_id, plan.resume
+        assert resume is not None
+        logger.info(
+            "run '%s' already has %d of %d epochs; returning its model without training",
+            run_id,
+            resume.epoch,
+            p["epochs"],
+        )
+        at_epoch = {ck.epoch: ck.model_path for ck in store.checkpoints(run_id)}
+        model_path = (
+            store.model_path(run_id)
+            if resume.epoch == p["epochs"] and store.exists(store.model_path(run_id))
+            else at_epoch.get(p["epochs"], resume.model_path)
+        )
+        return self._transformer(
+            store,
+            model_path,
+            run_id,
+            plan.history[: p["epochs"]],
+            c.inputs,
+            c.outputs,
+            dict(p, custom_objects=c.custom_objects),
+        )
 
-        # --- 4. plan the ranks: files per rank, steps per epoch, the run configuration ---
+    def _materialize(self, dataset, c: "_Checked") -> "_Written":
+        """Step 3: the values checked (nulls, lengths), then the data written to Parquet in the store
+        (or the same data, written before, reused)."""
+        seed = int(c.p["random_seed"])
+        num_proc = c.options.num_proc
+        named_f, named_l, (w_info,) = with_stored_names(c.f_infos, c.l_infos, [c.w_info])
+        f_infos = [i for i in named_f if i is not None]  # features and labels are never None
+        l_infos = [i for i in named_l if i is not None]
+        columns = f_infos + l_infos + ([w_info] if w_info else [])
+        prepared = data_mod.prepare(dataset, f_infos, l_infos, w_info, c.validation, seed)
+        stats = data_mod.column_stats(prepared, columns, c.validation)
+        data_mod.check_stats(stats, f_infos, l_infos, w_info, c.inputs, c.outputs, c.validation, num_proc)
+        key = data_mod.dataset_key(prepared, columns, c.validation, seed)
+        row_values = sum((s.elements or 1) for s in c.inputs) + sum((s.elements or 1) for s in c.outputs) + 1
+        t0 = time.time()
+        meta = data_mod.materialize(prepared, c.store, key, stats, row_values * 4, num_proc)
+        data = DataSpec(tuple(f_infos), tuple(l_infos), w_info, tuple(c.inputs), tuple(c.outputs))
+        return _Written(data, key, meta, seed, time.time() - t0)
+
+    def _plan_ranks(self, c: "_Checked", plan: "_ResumePlan", w: "_Written") -> RunConfig:
+        """Step 4: files per rank, steps per epoch, the run's record and the run configuration."""
+        from hvd_spark._internal.serde import dumps_keras_obj
+
+        p, meta, num_proc = c.p, w.meta, c.options.num_proc
         train_files, _ = assign_files(meta["train_files"], num_proc)
         if len(meta["train_files"]) < num_proc:
             logger.warning(
@@ -325,29 +359,37 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             if val_files
             else None
         )
-
-        if resume is None:  # a new run, or one that failed before its first checkpoint
-            store.write_json(
-                run_json,
+        if plan.resume is None:  # a new run, or one that failed before its first checkpoint
+            c.store.write_json(
+                plan.run_json,
                 {
-                    "run_id": run_id,
-                    "model_fingerprint": fingerprint,
-                    "feature_cols": features,
-                    "label_cols": labels,
+                    "run_id": plan.run_id,
+                    "model_fingerprint": plan.fingerprint,
+                    "feature_cols": p["feature_cols"],
+                    "label_cols": p["label_cols"],
                     "created": time.time(),
-                    "data_key": key,
+                    "data_key": w.key,
                 },
             )
         comp = {k: (dumps_keras_obj(p[k]) if p[k] is not None else None) for k in ("optimizer", "loss", "metrics")}
         comp["loss_weights"] = p["loss_weights"]
-        cfg = RunConfig(
-            store=store.to_config(),
-            run_id=run_id,
+        logger.info(
+            "training run '%s' on %d ranks: %d train rows, %d val rows, %d steps/epoch, batch %d per rank",
+            plan.run_id,
+            num_proc,
+            meta["train_rows"],
+            meta["val_rows"],
+            steps,
+            batch_size,
+        )
+        return RunConfig(
+            store=c.store.to_config(),
+            run_id=plan.run_id,
             epochs=int(p["epochs"]),
             compile=comp,
-            custom_objects=cloudpickle.dumps(custom_objects) if custom_objects else None,
+            custom_objects=cloudpickle.dumps(c.custom_objects) if c.custom_objects else None,
             callbacks=cloudpickle.dumps(list(p["callbacks"])) if p["callbacks"] else None,
-            data=DataSpec(tuple(f_infos), tuple(l_infos), w_info, tuple(inputs), tuple(outputs)),
+            data=w.data,
             train_files=train_files,
             val_files=val_files,
             batch_size=batch_size,
@@ -356,31 +398,32 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             validation_steps=int(val_steps) if val_steps else None,
             shuffle=bool(p["shuffle"]),
             shuffle_buffer_size=int(p["shuffle_buffer_size"]),
-            seed=seed,
+            seed=w.seed,
             verbose=int(p["verbose"]),
             reader=p["reader"],
-            num_threads=options.num_threads,
+            num_threads=c.options.num_threads,
         )
+
+    def _train_with_restarts(self, spark, c: "_Checked", cfg: RunConfig) -> tuple[list[dict], int, float]:
+        """Step 5: one barrier job per attempt, each from the latest complete checkpoint (none: from the
+        user's model); a failed attempt restarts when ``restarts.should_restart`` says so.
+
+        Returns the ranks' results, the number of restarts and the seconds the attempts took.
+        """
+        from hvd_spark._internal.launcher import launch
+        from hvd_spark._internal.serde import model_to_bytes
+        from hvd_spark._internal.worker import train
+
+        store, run_id, max_restarts = c.store, cfg.run_id, c.p["max_restarts"]
+        t0 = time.time()
         model_bytes = None
-        logger.info(
-            "training run '%s' on %d ranks: %d train rows, %d val rows, %d steps/epoch, batch %d per rank",
-            run_id,
-            num_proc,
-            meta["train_rows"],
-            meta["val_rows"],
-            steps,
-            batch_size,
-        )
-        # --- 5. train, restarting failed attempts from the latest checkpoint ---
-        t_train = time.time()
-        attempt = 0
+        restarts = 0
         while True:
-            # Every attempt starts from the latest complete checkpoint (none: from the user's model).
             resume = store.latest_checkpoint(run_id)
             if resume is not None:
-                logger.info("resuming run '%s' from epoch %d of %d", run_id, resume.epoch, p["epochs"])
+                logger.info("resuming run '%s' from epoch %d of %d", run_id, resume.epoch, cfg.epochs)
             elif model_bytes is None:
-                model_bytes = model_to_bytes(model)
+                model_bytes = model_to_bytes(c.model)
             cfg = dataclasses.replace(
                 cfg,
                 initial_epoch=resume.epoch if resume else 0,
@@ -392,33 +435,36 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 # The failed attempt had finished training; only the final model was missing.
                 store.upload_file(store.local_copy(resume.model_path), store.model_path(run_id))
                 results = [{"rank": 0, "weights_digest": "", "epoch_logs": list(cfg.history_so_far)}]
-                break
+                return results, restarts, time.time() - t0
             try:
                 results = launch(
                     train,
                     args=(cfg,),
                     spark=spark,
-                    options=options,
-                    on_event=_Progress(p["verbose"]),
+                    options=c.options,
+                    on_event=_Progress(c.p["verbose"]),
                     description="HorovodEstimator.fit",
                 )
-                break
+                return results, restarts, time.time() - t0
             except RESTARTABLE as e:
-                if not should_restart(e, attempt, p["max_restarts"]):
+                if not should_restart(e, restarts, max_restarts):
                     raise
-                attempt += 1
+                restarts += 1
                 latest = store.latest_checkpoint(run_id)
                 logger.warning(
                     "training attempt %d of run '%s' failed (%s); restarting (%d of max_restarts=%d) from %s",
-                    attempt,
+                    restarts,
                     run_id,
                     str(e).splitlines()[0],
-                    attempt,
-                    p["max_restarts"],
+                    restarts,
+                    max_restarts,
                     f"the checkpoint of epoch {latest.epoch}" if latest else "the start",
                 )
-        t_train = time.time() - t_train
-        # --- 6. verify that the ranks agree, then build the model ---
+
+    def _verify_and_build(self, c: "_Checked", w: "_Written", cfg: RunConfig, results, restarts, t_train, t_start):
+        """Step 6: every rank ended with the same weights (what proves the averaging); the model."""
+        from hvd_spark._internal.keras_hvd import history_from
+
         digests = {r["weights_digest"] for r in results}
         if len(digests) > 1:
             raise HvdSparkError(
@@ -426,33 +472,31 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 "gradient averaging did not hold. Please report this with your model."
             )
         epoch_logs = results[0]["epoch_logs"]
-        from hvd_spark._internal.keras_hvd import history_from
-
         logger.info(
             "fit of run '%s' took %.1fs (materialize %.1fs, training job %.1fs)",
-            run_id,
+            cfg.run_id,
             time.time() - t_start,
-            t_mat,
+            w.seconds,
             t_train,
         )
         summary = FitSummary(
-            run_id=run_id,
-            data_key=key,
-            steps_per_epoch=int(steps),
-            restarts=attempt,
-            materialize_seconds=t_mat,
+            run_id=cfg.run_id,
+            data_key=w.key,
+            steps_per_epoch=cfg.steps_per_epoch,
+            restarts=restarts,
+            materialize_seconds=w.seconds,
             train_job_seconds=t_train,
             fit_seconds=time.time() - t_start,
             ranks=tuple(RankSummary.from_result(r) for r in sorted(results, key=lambda r: r["rank"])),
         )
         model = self._transformer(
-            store,
-            store.model_path(run_id),
-            run_id,
+            c.store,
+            c.store.model_path(cfg.run_id),
+            cfg.run_id,
             epoch_logs,
-            inputs,
-            outputs,
-            dict(p, custom_objects=custom_objects),
+            c.inputs,
+            c.outputs,
+            dict(c.p, custom_objects=c.custom_objects),
             history=history_from(epoch_logs),
         )
         model._fit_summary = summary
@@ -503,3 +547,42 @@ class _Progress:
         logs = " - ".join(f"{k}: {v:.4f}" for k, v in sorted(payload["logs"].items()))
         logger.info("epoch %d/%d - %.1fs - %s", payload["epoch"], payload["epochs"], now - self.last, logs)
         self.last = now
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """What step 1 of a fit established: checked params and everything derived from them."""
+
+    p: dict
+    model: Any
+    inputs: list
+    outputs: list
+    f_infos: list
+    l_infos: list
+    w_info: Any
+    validation: Any
+    options: Any  # launcher.LaunchOptions
+    custom_objects: dict | None
+    store: Store
+
+
+@dataclasses.dataclass(frozen=True)
+class _ResumePlan:
+    """Step 2: the run and the checkpoint it continues from (None: from the start)."""
+
+    run_id: str
+    fingerprint: str
+    run_json: str
+    resume: Checkpoint | None
+    history: list
+
+
+@dataclasses.dataclass(frozen=True)
+class _Written:
+    """Step 3: the materialized data."""
+
+    data: DataSpec
+    key: str
+    meta: dict
+    seed: int
+    seconds: float

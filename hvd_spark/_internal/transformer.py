@@ -342,7 +342,8 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
                 model = _load_cached(key, url, opts, co_bytes, num_threads)
                 yield from predict_arrow_batches(model, structs, inputs, outputs, feature_cols, output_cols, batch_size)
 
-            udf = arrow_udf(predict_arrow, returnType=self._output_type())
+            # pyspark's stubs type returnType as a DataType literal; a StructType / ArrayType works.
+            udf = arrow_udf(predict_arrow, returnType=self._output_type())  # type: ignore[call-overload]
         else:
 
             def predict(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
@@ -350,7 +351,7 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
                 renamed = (f.set_axis(feature_cols, axis=1) for f in frames)
                 yield from predict_batches(model, renamed, inputs, outputs, feature_cols, output_cols, batch_size)
 
-            udf = pandas_udf(predict, returnType=self._output_type())
+            udf = pandas_udf(predict, returnType=self._output_type())  # type: ignore[call-overload]
         args = []
         for c, n in zip(feature_cols, names):
             info = column_info(dataset, c, "feature")
