@@ -3,7 +3,7 @@
 Public API:
     HorovodEstimator: fit a Keras 3 model on a DataFrame; returns a TFTransformer.
     TFTransformer: adds the model's predictions to a DataFrame (pandas UDF).
-    Store: shared storage for data, checkpoints and models.
+    Store, Checkpoint: shared storage for data, checkpoints and models; one complete checkpoint.
     run: run any Horovod function on Spark barrier tasks.
     local_session: a SparkSession for one machine, set up for barrier jobs.
     FitSummary, RankSummary: what ``TFTransformer.getFitSummary()`` reports about the fit.
@@ -14,7 +14,7 @@ Public API:
 """
 
 from hvd_spark._internal.contracts import FitSummary, RankSummary
-from hvd_spark._internal.store import Store
+from hvd_spark._internal.store import Checkpoint, Store
 from hvd_spark._run import run
 from hvd_spark._session import local_session
 from hvd_spark.errors import HvdSparkError, JobTimeoutError, LaunchError, RankFailedError
@@ -40,6 +40,7 @@ __all__ = [
     "HorovodEstimator",
     "TFTransformer",
     "Store",
+    "Checkpoint",
     "run",
     "local_session",
     "FitSummary",

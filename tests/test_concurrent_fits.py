@@ -36,6 +36,20 @@ def _linear():
     return keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
 
 
+def _linear_estimator(store, **params):
+    """An SGD estimator of `_linear` on the regression frame; ``params`` add to / override these."""
+    defaults = dict(
+        store=store,
+        model=_linear(),
+        optimizer=keras.optimizers.SGD(0.05),
+        loss="mse",
+        feature_cols=["x"],
+        label_cols=["y"],
+        batch_size=16,
+    )
+    return HorovodEstimator(**{**defaults, **params})
+
+
 def _attempts(store_root):
     """data key -> attempt folders, and every lease / temporary file left under data/."""
     out, leftovers = {}, []
@@ -63,7 +77,7 @@ def test_exclusive_publication_has_one_winner(tmp_path):
 
     def publish(i):
         go.wait()
-        wins.append((i, store.create_exclusive_json(store.path("k", "meta.json"), {"writer": i})))
+        wins.append((i, store._create_exclusive_json(store._path("k", "meta.json"), {"writer": i})))
 
     threads = [threading.Thread(target=publish, args=(i,)) for i in range(8)]
     for t in threads:
@@ -73,8 +87,8 @@ def test_exclusive_publication_has_one_winner(tmp_path):
         t.join()
     winners = [i for i, won in wins if won]
     assert len(winners) == 1
-    assert store.read_json(store.path("k", "meta.json")) == {"writer": winners[0]}
-    assert store.listdir(store.path("k")) == ["meta.json"]  # no temporary files left
+    assert store._read_json(store._path("k", "meta.json")) == {"writer": winners[0]}
+    assert store._listdir(store._path("k")) == ["meta.json"]  # no temporary files left
 
 
 def test_two_threads_materialize_the_same_data_once(spark, tmp_path):
@@ -105,11 +119,11 @@ def test_dead_writer_leftovers_are_removed(spark, tmp_path):
     whose heartbeat stopped. The next fit removes both and writes the data itself."""
     prepared, stats = _prepared(spark, _regression_frame(spark))
     store = Store(str(tmp_path))
-    folder = store.data_path("k2")
+    folder = store._data_path("k2")
     dead = os.path.join(folder, "a-20260101000000-deadbeef")
     os.makedirs(os.path.join(dead, "train"))
     open(os.path.join(dead, "train", "part-00000.parquet"), "wb").write(b"half")
-    store.write_json(
+    store._write_json(
         os.path.join(folder, "_writing-a-20260101000000-deadbeef.json"),
         {"attempt": "a-20260101000000-deadbeef", "heartbeat": time.time() - 3 * settings.LEASE_STALE},
     )
@@ -123,7 +137,7 @@ def test_dead_writer_leftovers_are_removed(spark, tmp_path):
     assert time.monotonic() - t0 < settings.LEASE_STALE  # a stale lease is not waited for
     attempts, leftovers = _attempts(str(tmp_path))
     assert attempts == {"k2": sorted([meta["attempt"], "a-20260101000000-0000cafe"])} and leftovers == []
-    assert store.read_json(os.path.join(folder, data_mod.META_NAME))["attempt"] == meta["attempt"]
+    assert store._read_json(os.path.join(folder, data_mod.META_NAME))["attempt"] == meta["attempt"]
 
 
 def test_a_fit_failing_mid_write_leaves_nothing(spark, tmp_path):
@@ -134,7 +148,7 @@ def test_a_fit_failing_mid_write_leaves_nothing(spark, tmp_path):
     boom = prepared.withColumn("c0", F.when(F.rand(1) < 2, F.raise_error("disk full")).otherwise(F.col("c0")))
     with pytest.raises(Exception, match="disk full"):
         data_mod.materialize(boom, store, "k3", stats, 12, 2)
-    assert not os.path.exists(store.data_path("k3"))
+    assert not os.path.exists(store._data_path("k3"))
 
 
 OTHER_DRIVER = textwrap.dedent("""
@@ -190,22 +204,7 @@ def test_another_driver_process_materializes_the_same_key(spark, tmp_path):
 def test_two_fits_from_threads_on_one_store(spark, tmp_path):
     df = _regression_frame(spark).cache()
     store = str(tmp_path / "store")
-    ests = [
-        HorovodEstimator(
-            num_proc=2,
-            store=store,
-            model=_linear(),
-            optimizer=keras.optimizers.SGD(0.05),
-            loss="mse",
-            feature_cols=["x"],
-            label_cols=["y"],
-            validation=0.2,
-            batch_size=16,
-            epochs=3,
-            run_id=f"thread-{i}",
-        )
-        for i in range(2)
-    ]
+    ests = [_linear_estimator(store, num_proc=2, validation=0.2, epochs=3, run_id=f"thread-{i}") for i in range(2)]
     results, errors = {}, []
 
     def fit(i):
@@ -235,18 +234,7 @@ def test_cross_validator_with_parallelism_two(spark, tmp_path):
 
     df = _regression_frame(spark, n=320).cache()
     store = str(tmp_path / "store")
-    est = HorovodEstimator(
-        num_proc=1,
-        store=store,
-        model=_linear(),
-        optimizer=keras.optimizers.SGD(0.05),
-        loss="mse",
-        feature_cols=["x"],
-        label_cols=["y"],
-        batch_size=16,
-        epochs=4,
-        verbose=0,
-    )
+    est = _linear_estimator(store, num_proc=1, epochs=4, verbose=0)
     grid = ParamGridBuilder().addGrid(est.batch_size, [8, 32]).build()
     evaluator = RegressionEvaluator(labelCol="y", predictionCol="y__output", metricName="rmse")
     cv = CrossValidator(estimator=est, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2, parallelism=2, seed=3)

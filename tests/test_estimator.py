@@ -71,7 +71,7 @@ def test_digits_accuracy_history_and_identical_weights(fitted, digits):
     # Ten checkpoints, each complete, and TensorBoard logs, in the run directory.
     s = Store(store)
     assert [c.epoch for c in s.checkpoints("digits")] == list(range(1, 11))
-    assert s.exists(s.model_path("digits")) and s.listdir(s.logs_path("digits"))
+    assert s._exists(s.model_path("digits")) and s._listdir(s.logs_path("digits"))
 
 
 def test_transform_matches_keras_predict(fitted, digits):
@@ -170,6 +170,23 @@ def _small_model():
     return keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(h))
 
 
+def _xor_estimator(store, **params):
+    """A 2-rank estimator of `_small_model` on the xor frame; ``params`` override the defaults."""
+    defaults = dict(
+        num_proc=2,
+        store=str(store),
+        optimizer="sgd",
+        loss="binary_crossentropy",
+        feature_cols=["x"],
+        label_cols=["y"],
+        batch_size=16,
+        epochs=2,
+    )
+    params = {**defaults, **params}
+    params.setdefault("model", _small_model())
+    return HorovodEstimator(**params)
+
+
 def test_resume_counts_epochs_exactly(spark, tmp_path):
     df = _xor_frame(spark, 256)
     store = str(tmp_path / "store")
@@ -222,18 +239,8 @@ def test_both_readers_train_to_identical_weights_across_ranks(spark, tmp_path, r
         pytest.skip("Petastorm needs pyarrow 12 (the Spark 3.5 line)")
     df = _xor_frame(spark, 512, seed=4)
     keras.utils.set_random_seed(4)
-    est = HorovodEstimator(
-        num_proc=2,
-        store=str(tmp_path),
-        model=_small_model(),
-        optimizer=keras.optimizers.Adam(0.05),
-        loss="binary_crossentropy",
-        metrics=["accuracy"],
-        feature_cols=["x"],
-        label_cols=["y"],
-        batch_size=32,
-        epochs=8,
-        reader=reader,
+    est = _xor_estimator(
+        tmp_path, optimizer=keras.optimizers.Adam(0.05), metrics=["accuracy"], batch_size=32, epochs=8, reader=reader
     )
     model = est.fit(df)
     assert len({r.weights_digest for r in model.getFitSummary().ranks}) == 1
@@ -243,17 +250,7 @@ def test_both_readers_train_to_identical_weights_across_ranks(spark, tmp_path, r
 @pytest.mark.parametrize("rows,partitions", [(7, 1), (7, 2), (1, 1)])
 def test_uneven_and_tiny_data_finish(spark, tmp_path, rows, partitions):
     df = _xor_frame(spark, rows, partitions=partitions, seed=rows)
-    est = HorovodEstimator(
-        num_proc=2,
-        store=str(tmp_path),
-        model=_small_model(),
-        optimizer="sgd",
-        loss="binary_crossentropy",
-        feature_cols=["x"],
-        label_cols=["y"],
-        batch_size=4,
-        epochs=2,
-    )
+    est = _xor_estimator(tmp_path, batch_size=4)
     model = est.fit(df)
     assert len(model.getHistory()["loss"]) == 2
     assert len({r.weights_digest for r in model.getFitSummary().ranks}) == 1
@@ -297,17 +294,7 @@ def test_pipeline_with_vector_assembler_save_load(spark, tmp_path):
     from pyspark.ml.feature import VectorAssembler
 
     df = _xor_frame(spark, 128).selectExpr("x[0] as a", "x[1] as b", "y")
-    est = HorovodEstimator(
-        num_proc=2,
-        store=str(tmp_path / "store"),
-        model=_small_model(),
-        optimizer=keras.optimizers.Adam(0.01),
-        loss="binary_crossentropy",
-        feature_cols=["features"],
-        label_cols=["y"],
-        batch_size=16,
-        epochs=2,
-    )
+    est = _xor_estimator(tmp_path / "store", optimizer=keras.optimizers.Adam(0.01), feature_cols=["features"])
     pipeline = Pipeline(stages=[VectorAssembler(inputCols=["a", "b"], outputCol="features"), est])
     fitted = pipeline.fit(df)
     before = fitted.transform(df).select("y__output").toPandas()["y__output"].to_numpy()
@@ -377,19 +364,8 @@ def test_killed_worker_then_training_finishes(spark, tmp_path):
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     df = _xor_frame(spark, 128)
     store = str(tmp_path / "store")
-    est = HorovodEstimator(
-        num_proc=2,
-        store=store,
-        model=_small_model(),
-        optimizer="sgd",
-        loss="binary_crossentropy",
-        feature_cols=["x"],
-        label_cols=["y"],
-        batch_size=16,
-        epochs=4,
-        run_id="crashy",
-        callbacks=[KillRankOnce(str(tmp_path / "killed"))],
-        max_restarts=1,
+    est = _xor_estimator(
+        store, epochs=4, run_id="crashy", callbacks=[KillRankOnce(str(tmp_path / "killed"))], max_restarts=1
     )
     model = est.fit(df)
     assert os.path.exists(tmp_path / "killed")  # the kill happened
@@ -404,16 +380,4 @@ def test_killed_worker_then_training_finishes(spark, tmp_path):
     from hvd_spark import RankFailedError
 
     with pytest.raises(RankFailedError, match="rank 1 failed with ProcessDied: process killed by signal 9"):
-        HorovodEstimator(
-            num_proc=2,
-            store=store,
-            model=_small_model(),
-            optimizer="sgd",
-            loss="binary_crossentropy",
-            feature_cols=["x"],
-            label_cols=["y"],
-            batch_size=16,
-            epochs=4,
-            run_id="crashy-2",
-            callbacks=[KillRankOnce(str(tmp_path / "killed"))],
-        ).fit(df)
+        _xor_estimator(store, epochs=4, run_id="crashy-2", callbacks=[KillRankOnce(str(tmp_path / "killed"))]).fit(df)

@@ -218,11 +218,11 @@ def _parquet_files(store: Store, path: str) -> list[tuple[str, int]]:
     import pyarrow.parquet as pq
 
     out = []
-    for name in store.listdir(path):
+    for name in store._listdir(path):
         if name.endswith(".parquet") and not name.startswith(("_", ".")):
             full = posixpath.join(path, name)
-            with store.fs.open(full, "rb") as f:
-                out.append((store.url(full), pq.ParquetFile(f).metadata.num_rows))
+            with store._fs.open(full, "rb") as f:
+                out.append((store._url(full), pq.ParquetFile(f).metadata.num_rows))
     return out
 
 
@@ -233,7 +233,7 @@ def _usable(meta: dict | None, num_proc: int) -> TypeGuard[dict]:
 
 def _read_meta(store: Store, path: str) -> dict | None:
     try:
-        return store.read_json(path)
+        return store._read_json(path)
     except FileNotFoundError:
         return None
 
@@ -261,7 +261,7 @@ def materialize(
     wait = settings.seconds_setting(
         wait, settings.ENV_MATERIALIZE_WAIT, None, settings.DEFAULT_MATERIALIZE_WAIT, "materialize_wait"
     )
-    folder = store.data_path(key)
+    folder = store._data_path(key)
     meta_path = posixpath.join(folder, META_NAME)
     deadline, last_log = time.monotonic() + wait, 0.0
     while True:
@@ -271,7 +271,7 @@ def materialize(
                 "reusing materialized data %s (%d train / %d val rows)", key, meta["train_rows"], meta["val_rows"]
             )
             return meta
-        writers = store.live_leases(folder, _LEASE_PREFIX, settings.LEASE_STALE)
+        writers = store._live_leases(folder, _LEASE_PREFIX, settings.LEASE_STALE)
         if not writers or time.monotonic() > deadline:
             if writers:
                 logger.warning(
@@ -287,13 +287,13 @@ def materialize(
     _remove_dead_attempts(store, folder, meta)
     attempt = f"a-{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:8]}"
     try:
-        with store.lease(
+        with store._lease(
             posixpath.join(folder, f"{_LEASE_PREFIX}{attempt}.json"), settings.LEASE_HEARTBEAT, key=key, attempt=attempt
         ):
             return _write_attempt(prepared, store, key, attempt, stats, row_bytes, num_proc, replace=meta is not None)
     except BaseException:
-        if not store.listdir(folder):  # nothing of this key is left: leave no empty folder either
-            store.rm(folder)
+        if not store._listdir(folder):  # nothing of this key is left: leave no empty folder either
+            store._rm(folder)
         raise
 
 
@@ -312,18 +312,18 @@ def _remove_dead_attempts(store: Store, folder: str, meta: dict | None) -> None:
     """
     from hvd_spark._internal import settings
 
-    names = store.listdir(folder)
-    live = {d.get("attempt") for d in store.live_leases(folder, _LEASE_PREFIX, settings.LEASE_STALE)}
+    names = store._listdir(folder)
+    live = {d.get("attempt") for d in store._live_leases(folder, _LEASE_PREFIX, settings.LEASE_STALE)}
     for name in names:
         if not name.startswith("a-") or name in live or (meta and meta.get("attempt") == name):
             continue
         path = posixpath.join(folder, name)
-        if not store.exists(posixpath.join(path, _COMPLETE)):
-            logger.info("removing %s, left incomplete by a fit that stopped while writing it", store.url(path))
-            store.rm(path)
+        if not store._exists(posixpath.join(path, _COMPLETE)):
+            logger.info("removing %s, left incomplete by a fit that stopped while writing it", store._url(path))
+            store._rm(path)
     for name in names:  # leases whose writer is gone
         if name.startswith(_LEASE_PREFIX) and name[len(_LEASE_PREFIX) : -len(".json")] not in live:
-            store.rm(posixpath.join(folder, name))
+            store._rm(posixpath.join(folder, name))
 
 
 def _write_attempt(
@@ -332,7 +332,7 @@ def _write_attempt(
     from pyspark.sql import functions as F
 
     t0 = time.time()
-    folder = store.data_path(key)
+    folder = store._data_path(key)
     path = posixpath.join(folder, attempt)
     meta_path = posixpath.join(folder, META_NAME)
     train_rows, val_rows = stats["rows"] - stats["val_rows"], stats["val_rows"]
@@ -358,29 +358,29 @@ def _write_attempt(
                     .write.mode("errorifexists")
                     .option("parquet.block.size", 256 * 1024 * 1024)
                     .option("compression", "snappy")
-                    .parquet(store.url(split_path))
+                    .parquet(store._url(split_path))
                 )
                 files = _parquet_files(store, split_path)
             meta[f"{split}_files"] = [[p, r] for p, r in files]
-        store.write_bytes(posixpath.join(path, _COMPLETE), b"")
+        store._write_bytes(posixpath.join(path, _COMPLETE), b"")
         if replace:  # the published data had too few files: replace it (its files stay for its readers)
-            store.write_json(meta_path, meta)
+            store._write_json(meta_path, meta)
             published = True
         else:
-            published = store.create_exclusive_json(meta_path, meta)
+            published = store._create_exclusive_json(meta_path, meta)
             if not published:  # another fit published the same data first: use that and drop ours
                 other = _read_meta(store, meta_path)
                 if _usable(other, num_proc):
                     logger.info("another fit wrote data %s first; using its files", key)
-                    store.rm(path)
+                    store._rm(path)
                     return other
-                store.write_json(meta_path, meta)
+                store._write_json(meta_path, meta)
                 published = True
     except BaseException:
         if not published:
-            store.rm(path)
+            store._rm(path)
         raise
     logger.info(
-        "materialized %d train / %d val rows to %s in %.1fs", train_rows, val_rows, store.url(path), time.time() - t0
+        "materialized %d train / %d val rows to %s in %.1fs", train_rows, val_rows, store._url(path), time.time() - t0
     )
     return meta

@@ -2,6 +2,7 @@
 
 import dataclasses
 import logging
+import os
 import time
 import uuid
 from typing import Any
@@ -74,34 +75,34 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     def __init__(
         self,
         *,
-        num_proc=None,
-        store=None,
-        model=None,
-        optimizer=None,
-        loss=None,
-        loss_weights=None,
-        metrics=None,
-        custom_objects=None,
-        feature_cols=None,
-        label_cols=None,
-        sample_weight_col=None,
-        validation=None,
-        callbacks=None,
-        batch_size=32,
-        val_batch_size=None,
-        epochs=1,
-        train_steps_per_epoch=None,
-        validation_steps_per_epoch=None,
-        shuffle=True,
-        shuffle_buffer_size=10000,
-        random_seed=0,
-        run_id=None,
-        verbose=1,
-        backend="gloo",
-        output_cols=None,
-        start_timeout=None,
-        max_restarts=0,
-        reader="arrow",
+        num_proc: int | None = None,
+        store: "str | os.PathLike[str] | Store | None" = None,
+        model: Any = None,
+        optimizer: Any = None,
+        loss: Any = None,
+        loss_weights: "list[float] | dict[str, float] | None" = None,
+        metrics: Any = None,
+        custom_objects: dict[str, Any] | None = None,
+        feature_cols: list[str] | None = None,
+        label_cols: list[str] | None = None,
+        sample_weight_col: str | None = None,
+        validation: float | str | None = None,
+        callbacks: list[Any] | None = None,
+        batch_size: int = 32,
+        val_batch_size: int | None = None,
+        epochs: int = 1,
+        train_steps_per_epoch: int | None = None,
+        validation_steps_per_epoch: int | None = None,
+        shuffle: bool = True,
+        shuffle_buffer_size: int = 10000,
+        random_seed: int = 0,
+        run_id: str | None = None,
+        verbose: int = 1,
+        backend: str = "gloo",
+        output_cols: list[str] | None = None,
+        start_timeout: float | None = None,
+        max_restarts: int = 0,
+        reader: str = "arrow",
     ):
         super().__init__()
         self._setDefault(
@@ -137,7 +138,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]  # set by @keyword_only
 
     @keyword_only
-    def setParams(self, **kwargs):
+    def setParams(self, **kwargs: Any) -> "HorovodEstimator":
         """Sets any of the constructor's parameters."""
         unknown = [k for k in kwargs if not self.hasParam(k)]
         if unknown:
@@ -258,7 +259,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                     f"{name} must be picklable with cloudpickle: every rank receives a copy. Received: {value!r} ({e})."
                 ) from e
         store = Store.create(p["store"])
-        store.check_writable()
+        store._check_writable()
         return _Checked(p, model, inputs, outputs, f_infos, l_infos, w_info, validation, options, custom_objects, store)
 
     def _plan_resume(self, c: "_Checked") -> "_ResumePlan":
@@ -272,8 +273,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         run_json = f"{store.run_path(run_id)}/run.json"
         resume = None
         history: list[dict] = []
-        if store.exists(run_json) and store.latest_checkpoint(run_id) is not None:
-            info = store.read_json(run_json)
+        if store._exists(run_json) and store.latest_checkpoint(run_id) is not None:
+            info = store._read_json(run_json)
             if info.get("model_fingerprint") != fingerprint:
                 raise ValueError(
                     f"run_id '{run_id}' in {store.prefix} holds a different model (architecture "
@@ -289,7 +290,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 )
             resume = store.latest_checkpoint(run_id)
             if resume is not None:
-                history = store.read_json(resume.meta_path)["history"]
+                history = store._read_json(resume.meta_path)["history"]
         return _ResumePlan(run_id, fingerprint, run_json, resume, history)
 
     def _finished_run(self, c: "_Checked", plan: "_ResumePlan"):
@@ -305,7 +306,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         at_epoch = {ck.epoch: ck.model_path for ck in store.checkpoints(run_id)}
         model_path = (
             store.model_path(run_id)
-            if resume.epoch == p["epochs"] and store.exists(store.model_path(run_id))
+            if resume.epoch == p["epochs"] and store._exists(store.model_path(run_id))
             else at_epoch.get(p["epochs"], resume.model_path)
         )
         return self._transformer(
@@ -360,7 +361,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             else None
         )
         if plan.resume is None:  # a new run, or one that failed before its first checkpoint
-            c.store.write_json(
+            c.store._write_json(
                 plan.run_json,
                 {
                     "run_id": plan.run_id,
@@ -428,12 +429,12 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 cfg,
                 initial_epoch=resume.epoch if resume else 0,
                 resume_ckpt=resume.model_path if resume else None,
-                history_so_far=tuple(store.read_json(resume.meta_path)["history"]) if resume else (),
+                history_so_far=tuple(store._read_json(resume.meta_path)["history"]) if resume else (),
                 model_bytes=None if resume else model_bytes,
             )
             if resume is not None and resume.epoch >= cfg.epochs:
                 # The failed attempt had finished training; only the final model was missing.
-                store.upload_file(store.local_copy(resume.model_path), store.model_path(run_id))
+                store._upload_file(store._local_copy(resume.model_path), store.model_path(run_id))
                 results = [{"rank": 0, "weights_digest": "", "epoch_logs": list(cfg.history_so_far)}]
                 return results, restarts, time.time() - t0
             try:
@@ -506,7 +507,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         from hvd_spark._internal.keras_hvd import history_from
 
         t = TFTransformer(
-            model_url=store.url(model_path),
+            model_url=store._url(model_path),
             storage_options=store.storage_options,
             feature_cols=p["feature_cols"],
             label_cols=p["label_cols"],

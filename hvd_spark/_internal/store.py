@@ -61,9 +61,9 @@ class Store:
         self.storage_options = dict(storage_options or {})
         if "://" not in prefix:
             prefix = os.path.abspath(os.path.expanduser(prefix))
-        self.fs, self.root = fsspec.core.url_to_fs(prefix, **self.storage_options)
-        self.root = self.root.rstrip("/") or "/"
-        self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        self._fs, self._root = fsspec.core.url_to_fs(prefix, **self.storage_options)
+        self._root = self._root.rstrip("/") or "/"
+        self._protocol = self._fs.protocol if isinstance(self._fs.protocol, str) else self._fs.protocol[0]
         self.prefix = prefix
 
     @classmethod
@@ -93,19 +93,19 @@ class Store:
         return cls(config["prefix"], storage_options=config.get("storage_options"))
 
     # --- paths ---
-    def path(self, *parts: str) -> str:
-        return posixpath.join(self.root, *parts)
+    def _path(self, *parts: str) -> str:
+        return posixpath.join(self._root, *parts)
 
-    def url(self, path: str) -> str:
+    def _url(self, path: str) -> str:
         """A URL for ``path`` that Spark and Petastorm understand."""
-        return self.fs.unstrip_protocol(path)
+        return self._fs.unstrip_protocol(path)
 
-    def data_path(self, key: str) -> str:
-        return self.path("data", key)
+    def _data_path(self, key: str) -> str:
+        return self._path("data", key)
 
     def run_path(self, run_id: str) -> str:
         validate_run_id(run_id)
-        return self.path("runs", run_id)
+        return self._path("runs", run_id)
 
     def checkpoints_path(self, run_id: str) -> str:
         return posixpath.join(self.run_path(run_id), "checkpoints")
@@ -117,44 +117,44 @@ class Store:
         return posixpath.join(self.run_path(run_id), "model.keras")
 
     # --- file operations ---
-    def exists(self, path: str) -> bool:
-        return self.fs.exists(path)
+    def _exists(self, path: str) -> bool:
+        return self._fs.exists(path)
 
-    def makedirs(self, path: str) -> None:
-        self.fs.makedirs(path, exist_ok=True)
+    def _makedirs(self, path: str) -> None:
+        self._fs.makedirs(path, exist_ok=True)
 
-    def read_bytes(self, path: str) -> bytes:
-        with self.fs.open(path, "rb") as f:
+    def _read_bytes(self, path: str) -> bytes:
+        with self._fs.open(path, "rb") as f:
             return f.read()
 
-    def read_json(self, path: str) -> Any:
-        return json.loads(self.read_bytes(path).decode())
+    def _read_json(self, path: str) -> Any:
+        return json.loads(self._read_bytes(path).decode())
 
     def _atomic(self, path: str, write) -> None:
         """Runs ``write(tmp)`` for a temporary name beside ``path``, then renames it into place."""
         parent = posixpath.dirname(path)
-        self.makedirs(parent)
+        self._makedirs(parent)
         tmp = posixpath.join(parent, f".tmp-{uuid.uuid4().hex}-{posixpath.basename(path)}")
         try:
             write(tmp)
-            self.fs.mv(tmp, path)
+            self._fs.mv(tmp, path)
         except BaseException:
-            self.rm(tmp)
+            self._rm(tmp)
             raise
 
-    def write_bytes(self, path: str, data: bytes) -> None:
+    def _write_bytes(self, path: str, data: bytes) -> None:
         """Writes ``data`` to ``path`` atomically: to a temporary name beside it, then a rename."""
 
         def write(tmp):
-            with self.fs.open(tmp, "wb") as f:
+            with self._fs.open(tmp, "wb") as f:
                 f.write(data)
 
         self._atomic(path, write)
 
-    def write_json(self, path: str, obj: Any) -> None:
-        self.write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+    def _write_json(self, path: str, obj: Any) -> None:
+        self._write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
 
-    def create_exclusive_json(self, path: str, obj: Any) -> bool:
+    def _create_exclusive_json(self, path: str, obj: Any) -> bool:
         """Writes ``obj`` to ``path`` only if nothing is there; returns whether this call wrote it.
 
         On local (and mounted shared) filesystems this is atomic across processes and hosts: the
@@ -164,13 +164,13 @@ class Store:
         both succeed and the later one's file stays. Callers must be correct in that case too.
         """
         data = json.dumps(obj, indent=1, sort_keys=True).encode()
-        if not self.is_local:
-            if self.exists(path):
+        if not self._is_local:
+            if self._exists(path):
                 return False
-            self.write_bytes(path, data)
+            self._write_bytes(path, data)
             return True
         parent = posixpath.dirname(path)
-        self.makedirs(parent)
+        self._makedirs(parent)
         tmp = posixpath.join(parent, f".tmp-{uuid.uuid4().hex}-{posixpath.basename(path)}")
         with open(tmp, "wb") as f:
             f.write(data)
@@ -183,11 +183,11 @@ class Store:
             os.unlink(tmp)
 
     @property
-    def is_local(self) -> bool:
-        return self.protocol in ("file", "local")
+    def _is_local(self) -> bool:
+        return self._protocol in ("file", "local")
 
     @contextlib.contextmanager
-    def lease(self, path: str, heartbeat: float, **info):
+    def _lease(self, path: str, heartbeat: float, **info):
         """Holds a lease file at ``path`` while the block runs: a JSON with ``info``, this host and
         process, refreshed every ``heartbeat`` seconds by a daemon thread, removed at the end.
 
@@ -200,11 +200,11 @@ class Store:
         def beat():
             while True:
                 with contextlib.suppress(Exception):  # a missed heartbeat is retried at the next one
-                    self.write_json(path, dict(doc, heartbeat=time.time()))
+                    self._write_json(path, dict(doc, heartbeat=time.time()))
                 if stop.wait(heartbeat):
                     return
 
-        self.write_json(path, dict(doc, heartbeat=time.time()))
+        self._write_json(path, dict(doc, heartbeat=time.time()))
         thread = threading.Thread(target=beat, name=f"hvd_spark-lease-{posixpath.basename(path)}", daemon=True)
         thread.start()
         try:
@@ -212,57 +212,54 @@ class Store:
         finally:
             stop.set()
             thread.join(timeout=heartbeat + 5)
-            self.rm(path)
+            self._rm(path)
 
-    def live_leases(self, folder: str, prefix: str, stale: float) -> list[dict[str, Any]]:
+    def _live_leases(self, folder: str, prefix: str, stale: float) -> list[dict[str, Any]]:
         """The leases ``folder/<prefix>*.json`` whose heartbeat is younger than ``stale`` seconds."""
         out = []
-        for name in self.listdir(folder):
+        for name in self._listdir(folder):
             if not (name.startswith(prefix) and name.endswith(".json")):
                 continue
             with contextlib.suppress(FileNotFoundError, ValueError):  # released meanwhile / being replaced
-                doc = self.read_json(posixpath.join(folder, name))
+                doc = self._read_json(posixpath.join(folder, name))
                 if time.time() - float(doc.get("heartbeat", 0)) < stale:
                     out.append(dict(doc, name=name))
         return out
 
-    def upload_file(self, local: str, path: str) -> None:
+    def _upload_file(self, local: str, path: str) -> None:
         """Copies a local file to ``path`` atomically."""
-        self._atomic(path, lambda tmp: self.fs.put_file(local, tmp))
+        self._atomic(path, lambda tmp: self._fs.put_file(local, tmp))
 
-    def download_file(self, path: str, local: str) -> str:
-        self.fs.get_file(path, local)
+    def _download_file(self, path: str, local: str) -> str:
+        self._fs.get_file(path, local)
         return local
 
-    def upload_dir(self, local_dir: str, path: str) -> None:
+    def _upload_dir(self, local_dir: str, path: str) -> None:
         """Copies the files under a local folder to ``path`` (for TensorBoard logs)."""
         for dirpath, _, files in os.walk(local_dir):
             rel = os.path.relpath(dirpath, local_dir)
             for name in files:
                 dest = posixpath.normpath(posixpath.join(path, rel.replace(os.sep, "/"), name))
-                self.makedirs(posixpath.dirname(dest))
-                self.fs.put_file(os.path.join(dirpath, name), dest)
+                self._makedirs(posixpath.dirname(dest))
+                self._fs.put_file(os.path.join(dirpath, name), dest)
 
-    def rm(self, path: str) -> None:
+    def _rm(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):  # removed meanwhile: nothing left to do
-            if self.fs.exists(path):
-                self.fs.rm(path, recursive=True)
+            if self._fs.exists(path):
+                self._fs.rm(path, recursive=True)
 
-    def rename(self, src: str, dst: str) -> None:
-        self.fs.mv(src, dst, recursive=True)
-
-    def listdir(self, path: str) -> list[str]:
+    def _listdir(self, path: str) -> list[str]:
         try:
-            return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(path, detail=False))
+            return sorted(posixpath.basename(p.rstrip("/")) for p in self._fs.ls(path, detail=False))
         except FileNotFoundError:
             return []
 
-    def check_writable(self) -> None:
+    def _check_writable(self) -> None:
         """Raises ValueError, leaving nothing behind, when the store cannot be written."""
-        probe = self.path(f".hvd_spark-probe-{uuid.uuid4().hex}")
+        probe = self._path(f".hvd_spark-probe-{uuid.uuid4().hex}")
         try:
-            self.makedirs(self.root)
-            with self.fs.open(probe, "wb") as f:
+            self._makedirs(self._root)
+            with self._fs.open(probe, "wb") as f:
                 f.write(b"ok")
         except Exception as e:
             raise ValueError(
@@ -271,13 +268,13 @@ class Store:
             ) from e
         finally:
             with contextlib.suppress(Exception):  # the probe was never written: nothing to remove
-                self.fs.rm(probe)
+                self._fs.rm(probe)
 
     # --- checkpoints ---
     def checkpoints(self, run_id: str) -> list[Checkpoint]:
         """Complete checkpoints of a run, oldest first."""
         ckpt_dir = self.checkpoints_path(run_id)
-        names = set(self.listdir(ckpt_dir))
+        names = set(self._listdir(ckpt_dir))
         out = []
         for name in names:
             m = _CKPT.match(name)
@@ -290,13 +287,13 @@ class Store:
         ckpts = self.checkpoints(run_id)
         return ckpts[-1] if ckpts else None
 
-    def local_copy(self, path: str) -> str:
+    def _local_copy(self, path: str) -> str:
         """Downloads ``path`` to a local temporary file (or returns it, on a local store)."""
-        if self.is_local:
+        if self._is_local:
             return path
         fd, local = tempfile.mkstemp(suffix=posixpath.basename(path))
         os.close(fd)
-        return self.download_file(path, local)
+        return self._download_file(path, local)
 
 
 def checkpoint_names(epoch: int) -> tuple[str, str]:

@@ -38,7 +38,7 @@ def _build_model(cfg: RunConfig, custom_objects):
         store = Store.from_config(cfg.store)
         # Weights, optimizer state (its step counter included) and compile config, as saved.
         return load_model_file(
-            store.url(cfg.resume_ckpt), custom_objects, compile=True, storage_options=store.storage_options
+            store._url(cfg.resume_ckpt), custom_objects, compile=True, storage_options=store.storage_options
         )
     if cfg.model_bytes is None:
         raise ValueError("The run configuration has neither a checkpoint to resume nor the model to start from.")
@@ -150,7 +150,7 @@ def train(cfg: RunConfig) -> dict:
 
             final = os.path.join(tmp, "model.keras")
             save_model_file(model, final)
-            store.upload_file(final, store.model_path(cfg.run_id))
+            store._upload_file(final, store.model_path(cfg.run_id))
             ckpt_cb = next(c for c in callbacks if isinstance(c, _CheckpointCallback))
             result["epoch_logs"] = ckpt_cb.history
         return result
@@ -189,11 +189,11 @@ def _tensorboard(store, run_id: str, tmp: str):
             super().on_epoch_end(epoch, logs)
             for w in self._writers.values() if hasattr(self, "_writers") else []:
                 w.flush()
-            store.upload_dir(local, store.logs_path(run_id))
+            store._upload_dir(local, store.logs_path(run_id))
 
         def on_train_end(self, logs=None):
             super().on_train_end(logs)
-            store.upload_dir(local, store.logs_path(run_id))
+            store._upload_dir(local, store.logs_path(run_id))
 
     local = os.path.join(tmp, "logs")
     return _TB(log_dir=local, write_graph=False, profile_batch=0, update_freq="epoch")
@@ -221,8 +221,8 @@ class _CheckpointCallback(keras.callbacks.Callback):
         local = os.path.join(self.tmp, model_name)
         save_model_file(self.model, local)
         ckpt_dir = self.store.checkpoints_path(self.run_id)
-        self.store.upload_file(local, f"{ckpt_dir}/{model_name}")
-        self.store.write_json(
+        self.store._upload_file(local, f"{ckpt_dir}/{model_name}")
+        self.store._write_json(
             f"{ckpt_dir}/{meta_name}", {"epoch": epoch + 1, "logs": logs, "history": self.history, "time": time.time()}
         )
         os.remove(local)

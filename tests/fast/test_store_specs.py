@@ -54,12 +54,12 @@ def test_files_are_spread_by_rows_and_every_rank_gets_one():
 def test_checkpoints_are_complete_and_ordered(tmp_path):
     store = Store(str(tmp_path))
     folder = store.checkpoints_path("run")
-    store.makedirs(folder)
+    store._makedirs(folder)
     for epoch in (10, 2, 3):
         model, meta = checkpoint_names(epoch)
-        store.write_bytes(f"{folder}/{model}", b"model")
+        store._write_bytes(f"{folder}/{model}", b"model")
         if epoch != 3:  # epoch 3's metadata was never written: an incomplete checkpoint
-            store.write_json(f"{folder}/{meta}", {"epoch": epoch})
+            store._write_json(f"{folder}/{meta}", {"epoch": epoch})
     ckpts = store.checkpoints("run")
     assert [c.epoch for c in ckpts] == [2, 10]
     assert store.latest_checkpoint("run") == Checkpoint(10, f"{folder}/epoch-0010.keras", f"{folder}/epoch-0010.json")
@@ -68,32 +68,32 @@ def test_checkpoints_are_complete_and_ordered(tmp_path):
 
 def test_exclusive_create_has_one_winner_among_threads(tmp_path):
     store = Store(str(tmp_path))
-    path = store.path("data", "k", "_meta.json")
+    path = store._path("data", "k", "_meta.json")
     wins, barrier = [], threading.Barrier(8)
 
     def attempt(i):
         barrier.wait()
-        wins.append((i, store.create_exclusive_json(path, {"writer": i})))
+        wins.append((i, store._create_exclusive_json(path, {"writer": i})))
 
     threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]
     [t.start() for t in threads]
     [t.join(10) for t in threads]
     winners = [i for i, won in wins if won]
     assert len(wins) == 8 and len(winners) == 1
-    assert store.read_json(path) == {"writer": winners[0]}
+    assert store._read_json(path) == {"writer": winners[0]}
     assert [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".tmp-")] == []
 
 
 def test_lease_is_live_while_held_and_gone_after(tmp_path):
     store = Store(str(tmp_path))
-    folder = store.path("data", "k")
-    store.makedirs(folder)
-    with store.lease(f"{folder}/_writing-a.json", heartbeat=0.2, attempt="a"):
+    folder = store._path("data", "k")
+    store._makedirs(folder)
+    with store._lease(f"{folder}/_writing-a.json", heartbeat=0.2, attempt="a"):
         time.sleep(0.5)
-        live = store.live_leases(folder, "_writing-", stale=5)
+        live = store._live_leases(folder, "_writing-", stale=5)
         assert [(d["attempt"], d["pid"]) for d in live] == [("a", os.getpid())]
-        assert store.live_leases(folder, "_writing-", stale=0) == []  # any age counts as stale
-    assert store.live_leases(folder, "_writing-", stale=5) == [] and os.listdir(folder) == []
+        assert store._live_leases(folder, "_writing-", stale=0) == []  # any age counts as stale
+    assert store._live_leases(folder, "_writing-", stale=5) == [] and os.listdir(folder) == []
 
 
 @pytest.mark.parametrize("bad", ["", "../up", "a/b", "-x", "x" * 129, 7])

@@ -1,0 +1,40 @@
+"""The public surface of a Store: what users call (no Spark, no TF)."""
+
+import hvd_spark
+
+# What users call on a Store (docs/estimator.md, "Store"); everything else is internal.
+STORE_PUBLIC = {
+    "create",
+    "prefix",
+    "storage_options",
+    "run_path",
+    "model_path",
+    "checkpoints_path",
+    "logs_path",
+    "checkpoints",
+    "latest_checkpoint",
+    "to_config",
+    "from_config",
+}
+
+
+def test_store_public_members_are_the_documented_ones(tmp_path):
+    store = hvd_spark.Store(str(tmp_path))
+    public = {n for n in dir(store) if not n.startswith("_")}
+    assert public == STORE_PUBLIC
+
+
+def test_checkpoints_are_listed_through_the_public_api(tmp_path):
+    store = hvd_spark.Store(str(tmp_path))
+    assert store.latest_checkpoint("r1") is None
+    folder = tmp_path / "runs" / "r1" / "checkpoints"
+    folder.mkdir(parents=True)
+    for epoch in (1, 2, 3):
+        (folder / f"epoch-{epoch:04d}.keras").write_bytes(b"m")
+    for epoch in (1, 2):  # epoch 3 has no metadata: incomplete, not listed
+        (folder / f"epoch-{epoch:04d}.json").write_text("{}")
+    ckpts = store.checkpoints("r1")
+    assert [c.epoch for c in ckpts] == [1, 2]
+    assert isinstance(ckpts[0], hvd_spark.Checkpoint)
+    assert store.latest_checkpoint("r1") == ckpts[-1]
+    assert ckpts[-1].model_path == store.checkpoints_path("r1") + "/epoch-0002.keras"
