@@ -22,6 +22,9 @@ esac
 CACHE="${HVD_SPARK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_spark}"
 CONSTRAINTS="$ROOT/constraints/spark-$SPARK_LINE.txt"
 HOROVOD_VERSION=0.28.1
+# The local version label marks hvd_spark's patched build (see the sed lines in step 3); the
+# launcher reads it to know the multi-host Gloo fix is in.
+HOROVOD_BUILD="$HOROVOD_VERSION+hvdspark.1"
 
 log() { echo "[setup $(date +%H:%M:%S)] $*"; }
 t0=$(date +%s)
@@ -30,6 +33,9 @@ t0=$(date +%s)
 need_apt=()
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mpicc >/dev/null 2>&1 || need_apt+=(openmpi-bin libopenmpi-dev)
+# iproute2 (ip netns, tc) and util-linux (unshare, taskset): the multi-host test hosts.
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     log "installing Debian packages: ${need_apt[*]}"
@@ -76,11 +82,11 @@ fi
 tf_version=$("$VPY" -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))')
 py_tag=$("$VPY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 if command -v mpicc >/dev/null 2>&1; then with_mpi=1; mpi_tag=mpi; else with_mpi=0; mpi_tag=nompi; fi
-wheel_dir="$CACHE/wheels/horovod-$HOROVOD_VERSION-tf$tf_version-$py_tag-$mpi_tag"
+wheel_dir="$CACHE/wheels/horovod-$HOROVOD_BUILD-tf$tf_version-$py_tag-$mpi_tag"
 have_hvd=$("$VPY" - <<PYEOF 2>/dev/null || true
 import importlib.metadata as m
 try:
-    print("yes" if m.version("horovod") == "$HOROVOD_VERSION" else "no")
+    print("yes" if m.version("horovod") == "$HOROVOD_BUILD" else "no")
 except m.PackageNotFoundError:
     print("no")
 PYEOF
@@ -88,7 +94,7 @@ PYEOF
 hvd_stamp="$VENV/.horovod-stamp"
 if [ "$have_hvd" != "yes" ] || [ "$(cat "$hvd_stamp" 2>/dev/null || true)" != "$wheel_dir" ]; then
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-    log "building Horovod $HOROVOD_VERSION against TensorFlow $tf_version (gloo, mpi=$with_mpi); takes a few minutes"
+    log "building Horovod $HOROVOD_BUILD against TensorFlow $tf_version (gloo, mpi=$with_mpi); takes a few minutes"
     build=$(mktemp -d)
     trap 'rm -rf "$build"' EXIT
     "$VPY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$build"
@@ -97,6 +103,16 @@ if [ "$have_hvd" != "yes" ] || [ "$(cat "$hvd_stamp" 2>/dev/null || true)" != "$
     # xla_mpi_ops.cc includes XLA headers that moved in TF >= 2.16; it only serves
     # jit_compile=True on GPUs, so it is left out of the build.
     sed -i '/xla_mpi_ops.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
+    # Horovod 0.28.1 bug: a process set's Gloo device reads its own, never-set iface instead of
+    # the global context's HOROVOD_GLOO_IFACE, so it binds to whatever gethostname() resolves to
+    # (127.0.0.1 where /etc/hosts maps the hostname to loopback) and ranks on other hosts cannot
+    # connect. Use the global context's interface, as the global/local/cross contexts do.
+    gc="$src/horovod/common/gloo/gloo_context.cc"
+    grep -q '^  device_attr.iface = gloo_iface_;$' "$gc"
+    sed -i '/InitializeForProcessSet(const GlooContext& global_context,/,/CreateDevice/ s/^  device_attr.iface = gloo_iface_;$/  gloo_iface_ = global_context.gloo_iface_;\n  device_attr.iface = gloo_iface_;/' "$gc"
+    grep -q 'gloo_iface_ = global_context.gloo_iface_;' "$gc"
+    sed -i "s/^__version__ = '$HOROVOD_VERSION'$/__version__ = '$HOROVOD_BUILD'/" "$src/horovod/__init__.py"
+    grep -q "__version__ = '$HOROVOD_BUILD'" "$src/horovod/__init__.py"
     mpi_flag=HOROVOD_WITHOUT_MPI
     [ "$with_mpi" = 1 ] && mpi_flag=HOROVOD_WITH_MPI
     mkdir -p "$wheel_dir.tmp"

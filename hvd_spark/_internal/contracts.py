@@ -19,6 +19,7 @@ class RankSummary:
     iterations: int | None = None  # the optimizer's step counter (continues across resumes)
     train_seconds: float | None = None  # time inside model.fit on this rank
     state_reconciled: int | None = None  # layer-state variables averaged across ranks (BatchNormalization ...)
+    host: str | None = None  # the address of the host the rank ran on
 
     @classmethod
     def from_result(cls, result: dict[str, Any]) -> "RankSummary":
@@ -28,6 +29,7 @@ class RankSummary:
             iterations=result.get("iterations"),
             train_seconds=result.get("train_seconds"),
             state_reconciled=result.get("state_reconciled"),
+            host=result.get("host"),
         )
 
 

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -18,7 +19,7 @@ import time
 
 import cloudpickle
 
-from hvd_spark._internal import settings
+from hvd_spark._internal import netcheck, settings
 from hvd_spark._internal.driver_service import KIND, Kind, TaskClient
 from hvd_spark._internal.outcomes import ABORTED, ERROR, OK, PROCESS_DIED, RankOutcome, TaskSpec
 from hvd_spark._internal.topology import RankInfo, assign_ranks, horovod_env, threads_env
@@ -167,6 +168,36 @@ def _report(client: TaskClient, outcome: RankOutcome) -> None:
     client.send({KIND: Kind.DONE, "rank": outcome.rank, "ok": outcome.status == OK})
 
 
+def _check_hosts(
+    client: TaskClient, me: RankInfo, ranks: list[RankInfo], infos: list[dict], partition: int
+) -> RankOutcome | None:
+    """Every task sees every host's answer (from the allGather), so all of them stop together when
+    one host cannot be reached: that task reports the error, the others end as aborted."""
+    version = netcheck.horovod_version()
+    hosts = [i["host"] for i in infos]
+    problems = {
+        ranks[t].rank: problem
+        for t, i in enumerate(infos)
+        if (
+            problem := netcheck.gloo_host_problem(
+                rank=ranks[t].rank,
+                ip=i["host"],
+                hosts=hosts,
+                version=version,
+                hostname=i["hostname"],
+                bind_address=i.get("bind"),
+            )
+        )
+    }
+    if not problems:
+        return None
+    if me.rank not in problems:
+        return RankOutcome(me.rank, ABORTED)
+    outcome = RankOutcome(me.rank, ERROR, type="HostConfigurationError", message=problems[me.rank], time=time.time())
+    _report(client, outcome)
+    return outcome
+
+
 def run_task(spec: TaskSpec) -> list[bytes]:
     """The body of one barrier task. Returns the pickled outcome records this task knows of."""
     from pyspark import BarrierTaskContext
@@ -178,10 +209,18 @@ def run_task(spec: TaskSpec) -> list[bytes]:
     workdir = tempfile.mkdtemp(prefix="hvd_spark-")
     try:
         ip = client.local_ip
-        infos = [json.loads(m) for m in ctx.allGather(json.dumps({"host": ip, "iface": iface_for_ip(ip)}))]
+        hostname = socket.gethostname()
+        mine = {"host": ip, "iface": iface_for_ip(ip), "hostname": hostname}
+        if spec.backend == "gloo":
+            mine["bind"] = netcheck.hostname_bind_address(hostname) or ""
+        infos = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
         ranks = assign_ranks([i["host"] for i in infos])
         me = ranks[partition]
         client.send({KIND: Kind.RANK, "rank": me.rank})
+        if spec.backend == "gloo":
+            refused = _check_hosts(client, me, ranks, infos, partition)
+            if refused is not None:
+                return [cloudpickle.dumps(refused)]
         if spec.backend == "mpi":
             return _run_mpi(spec, ctx, client, me, ranks, workdir)
 

@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
 import warnings
@@ -143,6 +144,7 @@ def train(cfg: RunConfig) -> dict:
             "weights_digest": _weights_digest(model),
             "iterations": int(model.optimizer.iterations.numpy()),
             "train_seconds": train_seconds,
+            "host": os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),
             "state_reconciled": state_cb.reconciled,
         }
         if rank == 0:
