@@ -23,20 +23,23 @@ class RankFailedError(HvdSparkError):
             process ended (e.g. ``"killed by signal 9 (SIGKILL)"``).
         remote_message: the remote exception's message.
         remote_traceback: the remote traceback as text (or the rank's last output lines).
+        host: the address of the host the rank ran on ("" when unknown).
     """
 
-    def __init__(self, rank: int, exc_type: str, remote_message: str, remote_traceback: str = ""):
+    def __init__(self, rank: int, exc_type: str, remote_message: str, remote_traceback: str = "", host: str = ""):
         self.rank = rank
         self.exc_type = exc_type
         self.remote_message = remote_message
         self.remote_traceback = remote_traceback
-        text = f"rank {rank} failed with {exc_type}: {remote_message}"
+        self.host = host
+        where = f" on host {host}" if host else ""
+        text = f"rank {rank}{where} failed with {exc_type}: {remote_message}"
         if remote_traceback:
             text += f"\n\nRemote traceback (rank {rank}):\n{remote_traceback.rstrip()}"
         super().__init__(text)
 
     def __reduce__(self):
-        return (type(self), (self.rank, self.exc_type, self.remote_message, self.remote_traceback))
+        return (type(self), (self.rank, self.exc_type, self.remote_message, self.remote_traceback, self.host))
 
 
 class JobTimeoutError(HvdSparkError):

@@ -284,6 +284,12 @@ def teardown_network() -> None:
             kill_in_namespace(ns)
             _ip("netns", "del", ns, check=False)
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+    # Deleting a namespace does not always remove the root end of its veth (seen under gVisor).
+    r = _ip("-o", "link", "show", check=False)
+    for line in r.stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0] if line.count(":") >= 2 else ""
+        if name.startswith("veth-h"):
+            _ip("link", "del", name, check=False)
     _ip("link", "del", BRIDGE, check=False)
 
 

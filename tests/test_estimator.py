@@ -379,5 +379,7 @@ def test_killed_worker_then_training_finishes(spark, tmp_path):
     os.remove(tmp_path / "killed")
     from hvd_spark import RankFailedError
 
-    with pytest.raises(RankFailedError, match="rank 1 failed with ProcessDied: process killed by signal 9"):
+    with pytest.raises(
+        RankFailedError, match="rank 1 on host 127.0.0.1 failed with ProcessDied: process killed by signal 9"
+    ):
         _xor_estimator(store, epochs=4, run_id="crashy-2", callbacks=[KillRankOnce(str(tmp_path / "killed"))]).fit(df)

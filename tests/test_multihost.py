@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -76,20 +77,117 @@ FIT = PRELUDE + textwrap.dedent("""
 """)
 
 
-def _drive(cluster, script, *args, timeout=600):
-    """Runs a driver script in a fresh process on the bridge; returns what it emitted."""
+HOSTLOSS = PRELUDE + textwrap.dedent("""
+    import logging, time
+    import keras, numpy as np, pandas as pd
+    from sklearn.datasets import load_digits
+    store, marker, start_timeout = sys.argv[2], sys.argv[3], float(sys.argv[4])
+
+    class HoldOnSecondHost(keras.callbacks.Callback):
+        # Mid-epoch 2 on the rank of host 10.77.0.3: leave a marker, then wait to be killed with the host.
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+        def on_train_batch_begin(self, batch, logs=None):
+            if (self.epoch == 1 and batch == 2 and os.environ.get("HOROVOD_HOSTNAME") == "10.77.0.3"
+                    and not os.path.exists(marker)):
+                open(marker, "w").close()
+                time.sleep(300)
+
+    seen = {"log": []}
+    class Times(logging.Handler):
+        def emit(self, record):
+            text = record.getMessage()
+            if "failed" in text and "failed_at" not in seen:
+                seen["failed_at"] = record.created
+            if "restarting" in text:
+                seen["restart_at"] = record.created
+            if record.name == "hvd_spark":
+                seen["log"].append([record.created, text[:200]])
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("hvd_spark").addHandler(Times())
+
+    x, y = load_digits(return_X_y=True)
+    pdf = pd.DataFrame({"features": list((x / 16.0).astype("float32")), "label": y.astype("int64")})
+    df = spark.createDataFrame(pdf).repartition(4)
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    est = hvd_spark.HorovodEstimator(
+        num_proc=2, store=store, model=model, optimizer=keras.optimizers.Adam(0.01),
+        loss="sparse_categorical_crossentropy", metrics=["accuracy"], feature_cols=["features"],
+        label_cols=["label"], batch_size=32, epochs=4, verbose=1, start_timeout=start_timeout, max_restarts=1,
+        run_id="hostloss", callbacks=[HoldOnSecondHost()])
+    try:
+        try:
+            fitted = est.fit(df)
+        except hvd_spark.HvdSparkError as e:
+            emit({**seen, "error": str(e), "type": type(e).__name__, "failed_at": time.time()})
+            raise SystemExit(0)
+        summary = fitted.getFitSummary()
+        emit({"restarts": summary.restarts, "epochs": len(fitted.getHistory()["loss"]),
+              "checkpoints": [c.epoch for c in hvd_spark.Store(store).checkpoints("hostloss")],
+              "accuracy": fitted.getHistory()["accuracy"][-1], "digests": [r.weights_digest for r in summary.ranks],
+              "hosts": [r.host for r in summary.ranks], "finished_at": time.time(), **seen})
+    finally:
+        spark.stop()
+""")
+
+
+DROPPED = PRELUDE + textwrap.dedent("""
+    import time
+    marker = sys.argv[2]
+
+    def job():
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+        hvd.init()
+        for step in range(100000):
+            hvd.allreduce(tf.constant([1.0]), op=hvd.Sum)
+            if step == 20 and os.environ["HOROVOD_HOSTNAME"] == "10.77.0.3":
+                with open(marker, "w") as f:
+                    f.write(str(hvd.rank()))
+            time.sleep(0.05)
+
+    t0 = time.time()
+    try:
+        hvd_spark.run(job, num_proc=2, verbose=0, start_timeout=120)
+        emit({"error": None})
+    except hvd_spark.RankFailedError as e:
+        emit({"error": str(e).splitlines()[0], "type": e.exc_type, "rank": e.rank, "host": e.host,
+              "failed_at": time.time()})
+    finally:
+        spark.stop()
+""")
+
+
+def _start_driver(cluster, script, *args, workdir):
+    """Starts a driver script in a fresh process on the bridge (its output in ``workdir``)."""
     conf = dict(cluster.spark_conf(), master=cluster.master_url)
     env = dict(os.environ, SPARK_LOCAL_IP=cluster.driver_ip, PYSPARK_PYTHON=sys.executable)
-    proc = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(conf), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-6000:]
+    out = open(os.path.join(workdir, "driver.out"), "w")
+    err = open(os.path.join(workdir, "driver.err"), "w")
+    return subprocess.Popen([sys.executable, "-c", script, json.dumps(conf), *args], env=env, stdout=out, stderr=err)
+
+
+def _result(proc, workdir, timeout=600):
+    """Waits for a driver started by `_start_driver` and returns what it emitted."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    with open(os.path.join(workdir, "driver.out")) as f:
+        stdout = f.read()
+    with open(os.path.join(workdir, "driver.err")) as f:
+        stderr = f.read()
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, stdout[-3000:] + stderr[-6000:]
     return json.loads(lines[-1][len("RESULT ") :])
+
+
+def _drive(cluster, script, *args, workdir, timeout=600):
+    """Runs a driver script in a fresh process on the bridge; returns what it emitted."""
+    return _result(_start_driver(cluster, script, *args, workdir=workdir), workdir, timeout)
 
 
 @pytest.fixture(scope="module", params=["shared", "own"])
@@ -104,8 +202,8 @@ def cluster(request, tmp_path_factory):
         c.stop()
 
 
-def test_allreduce_across_two_hosts(cluster):
-    results = _drive(cluster, ALLREDUCE)
+def test_allreduce_across_two_hosts(cluster, tmp_path):
+    results = _drive(cluster, ALLREDUCE, workdir=tmp_path)
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["size"] == 2 and r["sum"] == [3.0] and r["gathered"] == [0, 1] for r in results)
     # One rank per host, each host its own: not merged even when both have the same hostname.
@@ -120,7 +218,107 @@ def test_allreduce_across_two_hosts(cluster):
 def test_fit_and_transform_across_two_hosts(cluster, tmp_path):
     if cluster.hostnames != "shared":
         pytest.skip("the fit runs once, on the harder set-up (both hosts share a loopback hostname)")
-    out = _drive(cluster, FIT, str(tmp_path / "store"))
+    out = _drive(cluster, FIT, str(tmp_path / "store"), workdir=tmp_path)
     assert sorted(out["hosts"]) == ["10.77.0.2", "10.77.0.3"]
     assert len(set(out["digests"])) == 1  # identical weights on both hosts
     assert out["accuracy"] >= 0.9, out
+
+
+def test_host_lost_mid_epoch_then_training_finishes_when_it_returns(cluster, tmp_path):
+    """Host 10.77.0.3's Worker, executor and rank are killed mid-epoch 2; the host comes back; the fit
+    restarts from the epoch-1 checkpoint and ends with exactly 4 epochs on both hosts."""
+    if cluster.hostnames != "shared":
+        pytest.skip("runs once, on the shared-hostname set-up")
+    marker = tmp_path / "held"
+    proc = _start_driver(cluster, HOSTLOSS, str(tmp_path / "store"), str(marker), "180", workdir=tmp_path)
+    _wait_for(marker, proc, tmp_path)
+    killed_at = time.time()
+    cluster.kill_host(3)
+    time.sleep(3)
+    cluster.start_worker(3)  # the host returns
+    out = _result(proc, tmp_path)
+    assert "error" not in out, out
+    assert out["restarts"] == 1
+    # The restart names the lost rank's host and what happened to it.
+    assert any("on host 10.77.0.3 failed with TaskLost" in line for _, line in out["log"]), out["log"]
+    assert out["epochs"] == 4 and out["checkpoints"] == [1, 2, 3, 4]
+    assert len(set(out["digests"])) == 1 and sorted(out["hosts"]) == ["10.77.0.2", "10.77.0.3"]
+    for t, line in out["log"]:
+        print(f"{t - killed_at:+7.1f} s  {line}")
+    print(
+        f"host loss: failure seen {out['failed_at'] - killed_at:.1f} s after the kill, restart logged "
+        f"{out['restart_at'] - killed_at:.1f} s after, fit finished {out['finished_at'] - killed_at:.1f} s after"
+    )
+
+
+def _wait_for(marker, proc, workdir, timeout=300):
+    """Waits until the driver's job has written ``marker`` (and is still running)."""
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, (workdir / "driver.err").read_text()[-5000:]
+        time.sleep(0.2)
+
+
+def test_host_lost_for_good_fails_the_restart_naming_the_host(cluster, tmp_path):
+    """The same loss, but the host does not come back: the restarted attempt cannot get its slots and
+    fails after start_timeout, naming the lost host."""
+    if cluster.hostnames != "shared":
+        pytest.skip("runs once, on the shared-hostname set-up")
+    marker = tmp_path / "held"
+    proc = _start_driver(cluster, HOSTLOSS, str(tmp_path / "store"), str(marker), "45", workdir=tmp_path)
+    try:
+        _wait_for(marker, proc, tmp_path)
+        killed_at = time.time()
+        cluster.kill_host(3)
+        out = _result(proc, tmp_path)
+        assert out["type"] == "JobTimeoutError", out
+        assert "did not start within start_timeout=45s" in out["error"], out
+        assert "lost host(s) ['10.77.0.3']" in out["error"], out
+        print(f"host lost for good: fit failed {out['failed_at'] - killed_at:.1f} s after the kill: {out['error']}")
+    finally:
+        cluster.start_worker(3)  # back for the next test
+        cluster.wait_for_workers(2, 120)
+
+
+def _rank_processes(ns):
+    """hvd_spark rank processes (``python -m hvd_spark._internal.child``) running in namespace ``ns``."""
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"hvd_spark._internal.child" in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue  # exited meanwhile
+    return found
+
+
+def test_host_that_stops_answering_is_named_and_nothing_hangs(cluster, tmp_path):
+    """Host 10.77.0.3's link goes down mid-job (its packets dropped, its processes alive): the
+    driver names the host and rank within the heartbeat timeout, and the cut-off host stops its rank."""
+    if cluster.hostnames != "shared":
+        pytest.skip("runs once, on the shared-hostname set-up")
+    marker = tmp_path / "running"
+    proc = _start_driver(cluster, DROPPED, str(marker), workdir=tmp_path)
+    try:
+        _wait_for(marker, proc, tmp_path)
+        assert _rank_processes("hvd-h3")
+        dropped_at = time.time()
+        subprocess.run(["ip", "-n", "hvd-h3", "link", "set", "eth0", "down"], check=True)
+        out = _result(proc, tmp_path, timeout=300)
+        detected = out["failed_at"] - dropped_at
+        assert out["type"] == "HostUnreachable" and out["host"] == "10.77.0.3", out
+        rank = int(marker.read_text())
+        assert out["rank"] == rank and f"rank {rank} on host 10.77.0.3" in out["error"], out
+        # Heartbeat timeout (30 s) + the other ranks' abort grace (10 s) + cancelling the Spark job.
+        assert detected < 90, out
+        # The cut-off host stops its own rank once the driver has been silent for the heartbeat timeout.
+        deadline = time.monotonic() + 40
+        while _rank_processes("hvd-h3") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _rank_processes("hvd-h3") == []
+        print(f"dropped host: error raised {detected:.1f} s after the link went down: {out['error']}")
+    finally:
+        subprocess.run(["ip", "-n", "hvd-h3", "link", "set", "eth0", "up"], check=False)
+        proc.kill()

@@ -116,10 +116,12 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.timeout(240)  # bounded: the failure surfaces long before rank 0's 600 s sleep ends
 def test_failing_rank_is_reported_and_others_stopped(spark, tmp_path):
-    with pytest.raises(RankFailedError, match="rank 1 failed with ValueError: rank one cannot go on") as info:
+    with pytest.raises(
+        RankFailedError, match="rank 1 on host 127.0.0.1 failed with ValueError: rank one cannot go on"
+    ) as info:
         hvd_spark.run(fail_on_rank_one, args=(str(tmp_path),), num_proc=2, spark=spark)
     err = info.value
-    assert err.rank == 1 and err.exc_type == "ValueError"
+    assert err.rank == 1 and err.exc_type == "ValueError" and err.host == "127.0.0.1"
     assert "fail_on_rank_one" in err.remote_traceback
     assert isinstance(err.__cause__, ValueError)
     pids = [int((tmp_path / f"pid-{r}").read_text()) for r in (0, 1)]
@@ -142,7 +144,9 @@ def crash_rank_zero():
 
 @pytest.mark.timeout(240)
 def test_rank_process_dying_without_exception(spark):
-    with pytest.raises(RankFailedError, match="rank 0 failed with ProcessDied: process exited with code 3"):
+    with pytest.raises(
+        RankFailedError, match="rank 0 on host 127.0.0.1 failed with ProcessDied: process exited with code 3"
+    ):
         hvd_spark.run(crash_rank_zero, num_proc=2, spark=spark)
 
 
@@ -205,5 +209,5 @@ def test_mpi_controller_allreduce(spark):
 @pytest.mark.mpi
 @pytest.mark.skipif(not horovod_mpi_built(), reason="Horovod built without MPI (no OpenMPI on this machine)")
 def test_mpi_controller_failure(spark, tmp_path):
-    with pytest.raises(RankFailedError, match="rank 1 failed with ValueError"):
+    with pytest.raises(RankFailedError, match="rank 1 on host 127.0.0.1 failed with ValueError"):
         hvd_spark.run(fail_on_rank_one, args=(str(tmp_path),), num_proc=2, spark=spark, use_mpi=True)

@@ -25,7 +25,8 @@ KIND = "t"  # the field of every message that says its kind
 
 
 class Kind(StrEnum):
-    """Message kinds. Tasks and ranks send the first six to the driver; the driver sends the last two."""
+    """Message kinds. Tasks and ranks send the first six to the driver; the driver sends the next two;
+    both send heartbeats."""
 
     HELLO = "hello"  # the first message of every connection: {"token", "role", "partition" or "rank"}
     RANK = "rank"  # a task's rank, once assigned: {"rank"}
@@ -35,6 +36,7 @@ class Kind(StrEnum):
     DONE = "done"  # a task finished: {"rank", "ok"}
     ABORT = "abort"  # to every task: stop now: {"reason", "dump"}
     ALL_DONE = "all_done"  # to every task: every rank finished, exit
+    BEAT = "beat"  # a heartbeat, every settings.HEARTBEAT_INTERVAL seconds each way: {}
 
 
 def send_line(sock: socket.socket, message: dict, lock: "threading.Lock | None" = None) -> None:
@@ -127,6 +129,9 @@ class DriverService:
         self.rank_of_partition: dict[int, int] = {}
         self.started: dict[int, float] = {}  # partition -> time of hello
         self.done: dict[int, dict] = {}  # rank -> done message
+        self.host_of: dict[int, str] = {}  # partition -> the address its task connected from
+        self.last_heard: dict[int, float] = {}  # partition -> monotonic time of its task's last message
+        self.vanished: dict[int, float] = {}  # partition -> when its connection closed before its rank was done
         self.failures: list[dict] = []  # in the order they reached the driver
 
     @property
@@ -157,16 +162,27 @@ class DriverService:
         with self._lock:
             self.tasks[conn.partition] = conn
             self.started[conn.partition] = time.time()
+            self.last_heard[conn.partition] = time.monotonic()
+            with contextlib.suppress(OSError):  # closed meanwhile: the host stays unknown
+                self.host_of[conn.partition] = conn.sock.getpeername()[0]
             self._lock.notify_all()
 
     def _task_disconnected(self, conn: _Conn) -> None:
         with self._lock:
             if self.tasks.get(conn.partition) is conn:
                 del self.tasks[conn.partition]
+            rank = self.rank_of_partition.get(conn.partition)
+            if rank is None or rank not in self.done:
+                # Gone before its rank finished: the task's process (its executor, its host) died.
+                self.vanished.setdefault(conn.partition, time.time())
             self._lock.notify_all()
 
     def _dispatch(self, conn: _Conn, msg: dict) -> None:
         kind = msg.get(KIND)
+        if conn.hello.get("role") == "task":
+            self.last_heard[conn.partition] = time.monotonic()
+        if kind == Kind.BEAT:
+            return
         if kind == Kind.LOG:
             rank_logger.info("[rank %s] %s", msg.get("rank"), msg.get("line", ""))
         elif kind == Kind.RANK:
@@ -200,6 +216,20 @@ class DriverService:
             conns = [c for p, c in self.tasks.items() if partitions is None or p in partitions]
         for conn in conns:
             conn.send(message)
+
+    def silent_tasks(self, timeout: float) -> list[tuple[int, int | None, str, float]]:
+        """Tasks still connected, whose rank has not finished, that sent nothing for ``timeout``
+        seconds: ``(partition, rank, host, seconds)`` each. Tasks send a heartbeat every
+        ``settings.HEARTBEAT_INTERVAL`` seconds, so silence means their host stopped answering."""
+        now = time.monotonic()
+        with self._lock:
+            out = []
+            for partition in self.tasks:
+                rank = self.rank_of_partition.get(partition)
+                quiet = now - self.last_heard.get(partition, now)
+                if quiet > timeout and (rank is None or rank not in self.done):
+                    out.append((partition, rank, self.host_of.get(partition, "?"), quiet))
+            return out
 
     def snapshot(self):
         with self._lock:

@@ -15,11 +15,11 @@ from pyspark.ml.util import MLReadable, MLWritable
 from hvd_spark._internal import data as data_mod
 from hvd_spark._internal.contracts import DataSpec, FitSummary, RankSummary, RunConfig
 from hvd_spark._internal.params import EstimatorParams
-from hvd_spark._internal.restarts import RESTARTABLE, should_restart
+from hvd_spark._internal.restarts import LOST_HOST_TYPES, RESTARTABLE, should_restart
 from hvd_spark._internal.specs import assign_files, specs_to_dicts, steps_per_epoch, with_stored_names
 from hvd_spark._internal.store import Checkpoint, Store, validate_run_id
 from hvd_spark._internal.transformer import TFTransformer
-from hvd_spark.errors import HvdSparkError
+from hvd_spark.errors import HvdSparkError, JobTimeoutError, RankFailedError
 
 logger = logging.getLogger("hvd_spark")
 
@@ -419,6 +419,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         t0 = time.time()
         model_bytes = None
         restarts = 0
+        lost_hosts: set[str] = set()  # hosts whose executor or network went away in a failed attempt
         while True:
             resume = store.latest_checkpoint(run_id)
             if resume is not None:
@@ -438,16 +439,27 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 results = [{"rank": 0, "weights_digest": "", "epoch_logs": list(cfg.history_so_far)}]
                 return results, restarts, time.time() - t0
             try:
-                results = launch(
-                    train,
-                    args=(cfg,),
-                    spark=spark,
-                    options=c.options,
-                    on_event=_Progress(c.p["verbose"]),
-                    description="HorovodEstimator.fit",
-                )
+                try:
+                    results = launch(
+                        train,
+                        args=(cfg,),
+                        spark=spark,
+                        options=c.options,
+                        on_event=_Progress(c.p["verbose"]),
+                        description="HorovodEstimator.fit",
+                    )
+                except JobTimeoutError as e:
+                    if not lost_hosts:
+                        raise
+                    raise JobTimeoutError(
+                        f"{e} The previous training attempt lost host(s) {sorted(lost_hosts)}; the application "
+                        "has fewer task slots until they return.",
+                        ranks=e.ranks,
+                    ) from e
                 return results, restarts, time.time() - t0
             except RESTARTABLE as e:
+                if isinstance(e, RankFailedError) and e.exc_type in LOST_HOST_TYPES and e.host:
+                    lost_hosts.add(e.host)
                 if not should_restart(e, restarts, max_restarts):
                     raise
                 restarts += 1

@@ -7,6 +7,7 @@ knows nothing about Keras; the estimator builds on it.
 """
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -19,7 +20,7 @@ import cloudpickle
 
 from hvd_spark._internal import settings
 from hvd_spark._internal.driver_service import KIND, Kind
-from hvd_spark._internal.outcomes import ERROR, OK, RankOutcome, TaskSpec, pick_failure
+from hvd_spark._internal.outcomes import ERROR, HOST_UNREACHABLE, OK, TASK_LOST, RankOutcome, TaskSpec, pick_failure
 from hvd_spark._internal.topology import task_cpus, task_slots
 from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError
 
@@ -144,6 +145,7 @@ class LaunchOptions:
     abort_grace: float
     gloo_timeout: float
     env: dict[str, str] | None = None
+    heartbeat_timeout: float = settings.DEFAULT_HEARTBEAT_TIMEOUT
 
 
 def resolve_launch_options(
@@ -198,6 +200,12 @@ def resolve_launch_options(
         gloo_timeout=settings.seconds_setting(
             None, settings.ENV_GLOO_TIMEOUT, None, settings.DEFAULT_GLOO_TIMEOUT, "gloo_timeout"
         ),
+        heartbeat_timeout=max(
+            2 * settings.HEARTBEAT_INTERVAL,
+            settings.seconds_setting(
+                None, settings.ENV_HEARTBEAT_TIMEOUT, None, settings.DEFAULT_HEARTBEAT_TIMEOUT, "heartbeat_timeout"
+            ),
+        ),
         env=dict(env) if env is not None else None,
     )
 
@@ -212,8 +220,53 @@ def pickled_payload(fn: Callable, args=(), kwargs=None) -> bytes:
         raise TypeError(f"fn and its arguments must be picklable with cloudpickle: {e}") from e
 
 
+def _lost_ranks(service, timeout: float) -> list[RankOutcome]:
+    """Failures for the tasks that sent nothing (not even a heartbeat) for ``timeout`` seconds."""
+    out = []
+    for _partition, rank, host, quiet in service.silent_tasks(timeout):
+        out.append(
+            RankOutcome(
+                rank=rank if rank is not None else -1,
+                status=ERROR,
+                type=HOST_UNREACHABLE,
+                message=(
+                    f"its task sent nothing for {quiet:.0f} s (tasks send a heartbeat every "
+                    f"{settings.HEARTBEAT_INTERVAL:g} s; {settings.ENV_HEARTBEAT_TIMEOUT}={timeout:g}): the host "
+                    "stopped answering (network down or dropped, machine frozen or lost)"
+                ),
+                time=time.time(),
+                host=host,
+            )
+        )
+    return out
+
+
+def _vanished_ranks(service, known: set[int]) -> list[RankOutcome]:
+    """Failures for the ranks whose task's connection closed before they finished, unless something
+    better is known about them (their own record or failure report)."""
+    out = []
+    for partition, when in service.vanished.items():
+        rank = service.rank_of_partition.get(partition)
+        if rank is None or rank in known:
+            continue
+        out.append(
+            RankOutcome(
+                rank=rank,
+                status=ERROR,
+                type=TASK_LOST,
+                message=(
+                    "its Spark task ended without a result and without reporting an error: the executor "
+                    "or its host went away (killed, out of memory, lost)"
+                ),
+                time=when,
+                host=service.host_of.get(partition, ""),
+            )
+        )
+    return out
+
+
 def _raise_failure(rec: RankOutcome) -> None:
-    err = RankFailedError(rec.rank, rec.type or "?", rec.message, rec.traceback)
+    err = RankFailedError(rec.rank, rec.type or "?", rec.message, rec.traceback, host=rec.host)
     cause = None
     if rec.pickled:
         try:
@@ -305,6 +358,7 @@ def _launch_claimed(sc, payload: bytes, options: LaunchOptions, *, on_event, des
         num_threads=int(options.num_threads),
         gloo_timeout=options.gloo_timeout,
         abort_grace=abort_grace,
+        heartbeat_timeout=options.heartbeat_timeout,
     )
     group = f"hvd_spark-{uuid.uuid4().hex[:12]}"
     box: dict[str, Any] = {}
@@ -327,13 +381,25 @@ def _launch_claimed(sc, payload: bytes, options: LaunchOptions, *, on_event, des
     thread.daemon = True
     thread.start()
     problem: BaseException | None = None
+    lost: list[RankOutcome] = []  # ranks whose task stopped answering (found by the driver)
     aborted_at: float | None = None
     cancelled = False
     all_done_sent = False
+    next_beat = time.monotonic() + settings.HEARTBEAT_INTERVAL
     try:
         while thread.is_alive():
             service.wait(0.2)
             now = time.monotonic()
+            if now >= next_beat:
+                service.broadcast({KIND: Kind.BEAT})
+                next_beat = now + settings.HEARTBEAT_INTERVAL
+            if not lost and aborted_at is None:
+                lost = _lost_ranks(service, options.heartbeat_timeout)
+                if lost:
+                    what = f"rank {lost[0].rank} on host {lost[0].host}: {lost[0].message}"
+                    logger.error("%s; stopping the other ranks", what)
+                    service.broadcast({KIND: Kind.ABORT, "reason": what})
+                    aborted_at = now
             started, rank_of, done, failures, _ = service.snapshot()
             if failures and aborted_at is None:
                 first = failures[0]
@@ -378,14 +444,22 @@ def _launch_claimed(sc, payload: bytes, options: LaunchOptions, *, on_event, des
     elapsed = time.monotonic() - t0
     _, _, _, failures, _ = service.snapshot()
 
-    records: list[RankOutcome] = [cloudpickle.loads(b) for b in box.get("records") or []]
-    errors = [r for r in records if r.status == ERROR]
+    hosts = {service.rank_of_partition.get(p): h for p, h in service.host_of.items()}
+    records: list[RankOutcome] = [
+        dataclasses.replace(r, host=hosts.get(r.rank, "")) for r in map(cloudpickle.loads, box.get("records") or [])
+    ]
+    errors = [r for r in records if r.status == ERROR] + lost
+    # Failures reported, whose task's record did not come back (the job was cancelled), and ranks
+    # whose task vanished without a word (its executor or host died).
+    returned = {r.rank for r in records}
+    errors += [
+        dataclasses.replace(RankOutcome.from_message(f), host=hosts.get(int(f["rank"]), ""))
+        for f in failures
+        if int(f["rank"]) not in returned
+    ]
+    errors += _vanished_ranks(service, returned | {r.rank for r in errors})
     if errors:
         _raise_failure(pick_failure(errors))
-    if failures:
-        # A failure was reported, but its task's record did not come back (the job was cancelled).
-        rec = pick_failure([RankOutcome.from_message(f) for f in failures])
-        raise RankFailedError(rec.rank, rec.type, rec.message)
     if problem is not None:
         if isinstance(problem, JobTimeoutError) and records:
             where = _where_ranks_were(records, problem.ranks)

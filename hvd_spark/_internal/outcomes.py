@@ -14,6 +14,8 @@ from typing import Any
 
 OK, ERROR, ABORTED = "ok", "error", "aborted"
 PROCESS_DIED = "ProcessDied"  # the type of a rank whose process ended without reporting
+HOST_UNREACHABLE = "HostUnreachable"  # the type of a rank whose task stopped answering the driver
+TASK_LOST = "TaskLost"  # the type of a rank whose task's connection closed before it finished
 
 # Failures that follow from another rank's failure (its peer went away), not causes of their own.
 _SECONDARY_TYPES = ("HorovodInternalError", "HorovodShutdown")
@@ -44,11 +46,12 @@ class RankOutcome:
     time: float | None = None  # when the error happened (epoch seconds)
     pickled: bytes | None = None  # the cloudpickled exception, when it pickles
     tail: tuple[str, ...] = field(default=())  # last output lines (with the stack printed on abort)
+    host: str = ""  # the host's address, filled in by the driver (which sees every task's connection)
 
     @property
     def is_secondary(self) -> bool:
         """True for errors that a rank gets because another rank died (a collective lost its peer)."""
-        if self.type == PROCESS_DIED:
+        if self.type in (PROCESS_DIED, HOST_UNREACHABLE, TASK_LOST):
             return False
         if any(t in self.type for t in _SECONDARY_TYPES):
             return True
@@ -93,3 +96,4 @@ class TaskSpec:
     num_threads: int
     gloo_timeout: float
     abort_grace: float
+    heartbeat_timeout: float = 30.0  # a task that hears nothing from the driver this long stops its rank

@@ -1,11 +1,15 @@
 """The restart policy of a fit: which failed training attempts start again, from the latest checkpoint."""
 
+from hvd_spark._internal.outcomes import HOST_UNREACHABLE, TASK_LOST
 from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError
 
 # Failures of the distributed job itself: a rank that raised or whose process died, tasks that did
 # not start or a launch that broke, a job past its timeout. A new attempt may succeed (a lost
 # executor, a killed process). Errors on the driver (bad input, a bug) are not retried.
 RESTARTABLE = (RankFailedError, LaunchError, JobTimeoutError)
+
+# Failure types that mean a rank's host (or its executor) went away, not that the rank's code failed.
+LOST_HOST_TYPES = (TASK_LOST, HOST_UNREACHABLE)
 
 
 def should_restart(error: BaseException, restarts_so_far: int, max_restarts: int) -> bool:

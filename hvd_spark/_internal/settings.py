@@ -7,6 +7,7 @@ ENV_START_TIMEOUT = "HVD_SPARK_START_TIMEOUT"  # seconds for all ranks to start
 ENV_GLOO_TIMEOUT = "HVD_SPARK_GLOO_TIMEOUT"  # seconds for Gloo's rendezvous and collectives set-up
 ENV_ABORT_GRACE = "HVD_SPARK_ABORT_GRACE"  # seconds ranks get to stop after an abort
 ENV_MATERIALIZE_WAIT = "HVD_SPARK_MATERIALIZE_WAIT"  # seconds a fit waits for another fit writing the same data
+ENV_HEARTBEAT_TIMEOUT = "HVD_SPARK_HEARTBEAT_TIMEOUT"  # seconds of silence after which a task (or the driver) is lost
 
 # Set by the launcher in each rank's process (read by hvd_spark's worker side).
 ENV_DRIVER_ADDR = "HVD_SPARK_DRIVER_ADDR"
@@ -20,6 +21,8 @@ DEFAULT_START_TIMEOUT = 600.0
 DEFAULT_GLOO_TIMEOUT = 120.0
 DEFAULT_ABORT_GRACE = 10.0
 DEFAULT_MATERIALIZE_WAIT = 3600.0
+HEARTBEAT_INTERVAL = 5.0  # seconds between heartbeats, driver to tasks and tasks to driver
+DEFAULT_HEARTBEAT_TIMEOUT = 30.0
 LEASE_HEARTBEAT = 10.0  # seconds between a lease's heartbeats (a writer in progress on the store)
 LEASE_STALE = 60.0  # a lease whose heartbeat is older than this belongs to a writer that is gone
 

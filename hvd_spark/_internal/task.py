@@ -92,7 +92,7 @@ def _plan(ranks: list[RankInfo]):
 class _Watch:
     """Forwards a process's output to the driver, keeps its last lines, and listens for aborts."""
 
-    def __init__(self, client: TaskClient, default_rank: int, parse_tag: bool = False):
+    def __init__(self, client: TaskClient, default_rank: int, parse_tag: bool = False, silence_limit: float = 30.0):
         self.client = client
         self.default_rank = default_rank
         self.parse_tag = parse_tag
@@ -101,10 +101,25 @@ class _Watch:
         self.all_done = threading.Event()
         self.abort_reason = ""
         self.dump_stacks = False
+        self.silence_limit = silence_limit
+        self.last_heard = time.monotonic()
         threading.Thread(target=self._listen, daemon=True, name="hvd_spark-task-listen").start()
+        threading.Thread(target=self._watchdog, daemon=True, name="hvd_spark-task-watchdog").start()
+
+    def _watchdog(self) -> None:
+        """Stops the rank when the driver has said nothing (it beats every few seconds) for too long:
+        this host was cut off, and nobody would ever tell the rank to stop."""
+        while not (self.abort.is_set() or self.all_done.is_set()):
+            quiet = time.monotonic() - self.last_heard
+            if quiet > self.silence_limit:
+                self.abort_reason = f"no word from the driver for {quiet:.0f} s (this host was cut off)"
+                self.abort.set()
+                return
+            self.abort.wait(1.0)
 
     def _listen(self) -> None:
         for msg in self.client.messages():
+            self.last_heard = time.monotonic()
             if msg.get(KIND) == Kind.ABORT:
                 self.abort_reason = msg.get("reason", "")
                 self.dump_stacks = bool(msg.get("dump"))
@@ -205,6 +220,8 @@ def run_task(spec: TaskSpec) -> list[bytes]:
     ctx = BarrierTaskContext.get()
     partition = ctx.partitionId()
     client = TaskClient(spec.driver_addr, spec.token, {"role": "task", "partition": partition})
+    beating = threading.Event()
+    threading.Thread(target=_beat, args=(client, beating), daemon=True, name="hvd_spark-task-beat").start()
     server = None
     workdir = tempfile.mkdtemp(prefix="hvd_spark-")
     try:
@@ -263,10 +280,18 @@ def run_task(spec: TaskSpec) -> list[bytes]:
             _wait_for_end(watch)
         return [cloudpickle.dumps(outcome)]
     finally:
+        beating.set()
         if server is not None:
             server.stop()
         client.close()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _beat(client: TaskClient, stop: threading.Event) -> None:
+    """Tells the driver every few seconds that this task (and its host) is alive."""
+    while not stop.wait(settings.HEARTBEAT_INTERVAL):
+        if not client.send({KIND: Kind.BEAT}):
+            return
 
 
 def _wait_for_end(watch: _Watch) -> None:
@@ -323,7 +348,7 @@ def _run_watched(cmd: list[str], env: dict, workdir: str, watch: _Watch, grace: 
 
 def _run_child(spec: TaskSpec, client: TaskClient, rank: int, env: dict, workdir: str) -> tuple[RankOutcome, "_Watch"]:
     _write_payload(spec, workdir)
-    watch = _Watch(client, rank)
+    watch = _Watch(client, rank, silence_limit=spec.heartbeat_timeout)
     rc, aborted = _run_watched(
         [sys.executable, "-m", "hvd_spark._internal.child", workdir], env, workdir, watch, spec.abort_grace
     )
@@ -339,7 +364,7 @@ def _run_mpi(spec: TaskSpec, ctx, client: TaskClient, me: RankInfo, ranks: list[
             "rsh agent that starts its daemons through the Spark tasks. Use the Gloo controller "
             f"(use_gloo=True) for multi-host jobs. Hosts: {sorted(hosts)}"
         )
-    watch = _Watch(client, me.rank, parse_tag=True)
+    watch = _Watch(client, me.rank, parse_tag=True, silence_limit=spec.heartbeat_timeout)
     ctx.barrier()
     if me.rank != 0:
         # The ranks all run under rank 0's mpirun on this host; this task holds its slot.

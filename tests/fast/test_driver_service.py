@@ -64,3 +64,44 @@ def test_a_failing_progress_callback_does_not_break_the_service():
         c.close()
     finally:
         svc.stop()
+
+
+def test_a_task_that_stops_sending_is_reported_silent_with_its_host(service):
+    addr = f"127.0.0.1:{service.port}"
+    quiet = TaskClient(addr, service.token, {"role": "task", "partition": 0})
+    beating = TaskClient(addr, service.token, {"role": "task", "partition": 1})
+    quiet.send({KIND: Kind.RANK, "rank": 0})
+    beating.send({KIND: Kind.RANK, "rank": 1})
+    _until(lambda: len(service.snapshot()[1]) == 2)
+    deadline = time.monotonic() + 0.8
+    while time.monotonic() < deadline:  # partition 1 beats, partition 0 says nothing
+        beating.send({KIND: Kind.BEAT})
+        time.sleep(0.05)
+    silent = service.silent_tasks(0.5)
+    assert [(p, r, h) for p, r, h, _ in silent] == [(0, 0, "127.0.0.1")] and silent[0][3] > 0.5
+    # A rank that finished may go quiet (rank 0's task serves the rendezvous until the end).
+    quiet.send({KIND: Kind.DONE, "rank": 0, "ok": True})
+    _until(lambda: 0 in service.snapshot()[2])
+    time.sleep(0.6)
+    assert [p for p, *_ in service.silent_tasks(0.5)] == [1]
+    quiet.close()
+    beating.close()
+
+
+def test_a_task_cut_off_from_the_driver_stops_its_rank():
+    from hvd_spark._internal.task import _Watch
+
+    svc = DriverService(1, bind="127.0.0.1")
+    svc.start()
+    try:
+        client = TaskClient(f"127.0.0.1:{svc.port}", svc.token, {"role": "task", "partition": 0})
+        watch = _Watch(client, 0, silence_limit=1.0)
+        assert not watch.abort.wait(0.5)
+        svc.broadcast({KIND: Kind.BEAT})  # a heartbeat resets the clock
+        t0 = time.monotonic()
+        assert watch.abort.wait(5.0)
+        assert 0.9 < time.monotonic() - t0 < 3.0
+        assert "no word from the driver" in watch.abort_reason
+        client.close()
+    finally:
+        svc.stop()
