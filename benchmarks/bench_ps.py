@@ -72,13 +72,15 @@ def _free_port():
 
 
 def ps_job(n_bytes, steps, workers):
-    """Rank 0: chief (coordinator); rank 1: ps; ranks 2..: workers. Horovod only exchanges addresses."""
+    """Rank 0: chief (coordinator); rank 1: ps; ranks 2..: workers. Horovod only exchanges addresses
+    (each task's TF server is reached at its host's address: loopback on one machine)."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
     hvd.init()
     rank = hvd.rank()
-    addrs = hvd.allgather_object(f"127.0.0.1:{_free_port()}")
+    addr = os.environ.get("HVD_SPARK_HOST", "127.0.0.1")
+    addrs = hvd.allgather_object(f"{addr}:{_free_port()}")
     spec = tf.train.ClusterSpec({"chief": [addrs[0]], "ps": [addrs[1]], "worker": addrs[2 : 2 + workers]})
     times = []
     if rank == 0:

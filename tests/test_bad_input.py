@@ -138,7 +138,7 @@ def test_unwritable_store(df, tmp_path):
 
 
 def test_wrong_param_types_fail_at_construction():
-    with pytest.raises(TypeError, match="feature_cols must be a column name or a list of column names"):
+    with pytest.raises(TypeError, match="feature_cols must be a column name, a list of column names or a dict"):
         HorovodEstimator(feature_cols=[1, 2])
     with pytest.raises(TypeError, match="Unknown HorovodEstimator parameters|unexpected keyword"):
         HorovodEstimator(num_processes=2)

@@ -102,7 +102,8 @@ def test_fit_and_transform_with_awkward_names(spark, tmp_path, names):
     assert len({r.weights_digest for r in fitted.getFitSummary().ranks}) == 1
 
     out = fitted.transform(df)
-    assert out.columns == df.columns + [names["output"]]
+    # binary_crossentropy on one unit: a classifier, with Spark ML's columns after the output.
+    assert out.columns == df.columns + [names["output"], "prediction", "probability", "rawPrediction"]
     pdf = out.toPandas()
     x = np.stack(pdf[names["features"]].to_numpy()).astype("float32")
     s = pdf[names["scalar"]].to_numpy().astype("float32").reshape(-1, 1)

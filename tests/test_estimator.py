@@ -64,10 +64,14 @@ def test_digits_accuracy_history_and_identical_weights(fitted, digits):
     ranks = model.getFitSummary().ranks
     assert len({r.weights_digest for r in ranks}) == 1
     assert [r.rank for r in ranks] == [0, 1]
-    # Input columns are kept; the output column is array<double>.
+    # Input columns are kept; the output column is array<double>; a classifier (sparse categorical
+    # cross-entropy) also gets Spark ML's columns, which Spark's evaluators read.
     out = model.transform(digits[1])
-    assert out.columns == ["features", "label", "label__output"]
+    assert out.columns == ["features", "label", "label__output", "prediction", "probability", "rawPrediction"]
     assert out.schema["label__output"].dataType.simpleString() == "array<double>"
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+
+    assert MulticlassClassificationEvaluator(metricName="accuracy").evaluate(out) == pytest.approx(accuracy)
     # Ten checkpoints, each complete, and TensorBoard logs, in the run directory.
     s = Store(store)
     assert [c.epoch for c in s.checkpoints("digits")] == list(range(1, 11))
@@ -95,6 +99,28 @@ def test_transform_udf_kinds_agree_with_keras(fitted, digits, udf):
     expected = model.getModel().predict(x, verbose=0)
     chosen = model.copy({model.inference_udf: udf, model.batch_size: 50})  # several model calls per Arrow batch
     np.testing.assert_allclose(_probs(chosen.transform(digits[1])), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("udf", ["arrow", "pandas"])
+def test_transform_of_bad_rows_names_the_column(fitted, spark, udf):
+    """A row of the wrong length (which a flat reshape could silently mix with its neighbours), a null,
+    and a scalar column for an array input: errors that name the column and the input."""
+    from hvd_spark._internal.transformer import arrow_udfs_available
+
+    if udf == "arrow" and not arrow_udfs_available():
+        pytest.skip("Arrow UDFs need pyspark >= 4.1")
+    _, model, _ = fitted
+    model = model.copy({model.inference_udf: udf})
+    rows = [([0.5] * 64, 0), ([0.5] * 60, 1), ([0.5] * 68, 2)]  # 192 values in 3 rows: reshapes, wrongly
+    bad_length = spark.createDataFrame(rows, "features array<double>, label long").coalesce(1)
+    with pytest.raises(Exception, match=r"Feature column 'features' does not fit model input .* 64 values per row"):
+        model.transform(bad_length).collect()
+    nulls = spark.createDataFrame([([0.5] * 64, 0), (None, 1)], "features array<double>, label long").coalesce(1)
+    with pytest.raises(Exception, match=r"Feature column 'features' has 1 null values"):
+        model.transform(nulls).collect()
+    scalar = spark.createDataFrame([(0.5, 0)], "features double, label long")
+    with pytest.raises(ValueError, match=r"Feature column 'features' holds one value per row; model input"):
+        model.transform(scalar)  # found on the schema, before any job
 
 
 def test_transformer_save_load_and_exports(fitted, digits, tmp_path):

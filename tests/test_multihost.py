@@ -44,9 +44,12 @@ ALLREDUCE = PRELUDE + textwrap.dedent("""
         gathered = hvd.allgather(tf.constant([[hvd.rank()]])).numpy().ravel().tolist()
         return {"rank": hvd.rank(), "size": hvd.size(), "local_size": hvd.local_size(),
                 "cross_size": hvd.cross_size(), "sum": total, "gathered": gathered,
-                "host": os.environ["HOROVOD_HOSTNAME"], "hostname": socket.gethostname()}
+                "host": os.environ.get("HOROVOD_HOSTNAME") or os.environ["HVD_SPARK_WORKDIR"],
+                "hostname": socket.gethostname(), "mpi": hvd.mpi_enabled(), "gloo": hvd.gloo_enabled(),
+                "pid": os.getpid()}
+    backend = sys.argv[2] if len(sys.argv) > 2 else "gloo"
     try:
-        emit(hvd_spark.run(job, num_proc=2, verbose=0, start_timeout=120))
+        emit(hvd_spark.run(job, num_proc=2, verbose=0, start_timeout=120, backend=backend))
     finally:
         spark.stop()
 """)
@@ -64,7 +67,7 @@ FIT = PRELUDE + textwrap.dedent("""
     est = hvd_spark.HorovodEstimator(
         num_proc=2, store=sys.argv[2], model=model, optimizer=keras.optimizers.Adam(0.01),
         loss="sparse_categorical_crossentropy", metrics=["accuracy"], feature_cols=["features"],
-        label_cols=["label"], batch_size=32, epochs=6, verbose=0, start_timeout=120)
+        label_cols=["label"], batch_size=32, epochs=6, verbose=0, start_timeout=120, backend=sys.argv[3])
     try:
         fitted = est.fit(train)
         out = fitted.transform(test).select("label", "label__output").toPandas()
@@ -128,6 +131,29 @@ HOSTLOSS = PRELUDE + textwrap.dedent("""
               "checkpoints": [c.epoch for c in hvd_spark.Store(store).checkpoints("hostloss")],
               "accuracy": fitted.getHistory()["accuracy"][-1], "digests": [r.weights_digest for r in summary.ranks],
               "hosts": [r.host for r in summary.ranks], "finished_at": time.time(), **seen})
+    finally:
+        spark.stop()
+""")
+
+
+MPI_FAILURE = PRELUDE + textwrap.dedent("""
+    def job():
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+        hvd.init()
+        hvd.allreduce(tf.constant([1.0]), op=hvd.Sum)
+        if hvd.rank() == 1:
+            import psutil
+            here = next(a.address for a in psutil.net_if_addrs()["eth0"] if a.family == socket.AF_INET)
+            raise ValueError("rank 1 gives up on " + here)
+        import time
+        time.sleep(600)  # rank 0 waits: mpirun must stop it
+
+    try:
+        hvd_spark.run(job, num_proc=2, verbose=0, start_timeout=120, backend="mpi")
+        emit({"error": None})
+    except hvd_spark.RankFailedError as e:
+        emit({"error": str(e).splitlines()[0], "type": e.exc_type, "rank": e.rank, "host": e.host})
     finally:
         spark.stop()
 """)
@@ -215,10 +241,37 @@ def test_allreduce_across_two_hosts(cluster, tmp_path):
         assert sorted(r["hostname"] for r in results) == ["hvd-h2", "hvd-h3"]
 
 
-def test_fit_and_transform_across_two_hosts(cluster, tmp_path):
+def test_mpi_allreduce_across_two_hosts_without_ssh(cluster, tmp_path):
+    """backend="mpi": mpirun on rank 0's task starts the other host's daemon through that host's
+    barrier task (hvd_spark's rsh agent); the ranks talk MPI, one per host."""
+    results = _drive(cluster, ALLREDUCE, "mpi", workdir=tmp_path)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["mpi"] and not r["gloo"] for r in results)
+    assert all(r["size"] == 2 and r["sum"] == [3.0] and r["gathered"] == [0, 1] for r in results)
+    assert all(r["local_size"] == 1 and r["cross_size"] == 2 for r in results)
+    # Each rank ran on its own host, from that host's task's work folder.
+    assert results[0]["host"] != results[1]["host"]
+    assert all(_rank_processes(ns, "orted") == [] for ns in ("hvd-h2", "hvd-h3"))
+
+
+def test_mpi_rank_failing_on_the_remote_host_is_reported_and_stops_the_job(cluster, tmp_path):
+    if cluster.hostnames != "shared":
+        pytest.skip("runs once, on the shared-hostname set-up")
+    out = _drive(cluster, MPI_FAILURE, workdir=tmp_path, timeout=300)
+    # The error names the host the rank really ran on (its task's, not mpirun's).
+    host = out["host"]
+    assert out["type"] == "ValueError" and out["rank"] == 1 and host in ("10.77.0.2", "10.77.0.3"), out
+    assert f"rank 1 on host {host} failed with ValueError: rank 1 gives up on {host}" in out["error"], out
+    # Rank 0 (asleep for 600 s) was stopped, and no daemon or rank is left on either host.
+    for ns in ("hvd-h2", "hvd-h3"):
+        assert _rank_processes(ns) == [] and _rank_processes(ns, "orted") == []
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_fit_and_transform_across_two_hosts(cluster, tmp_path, backend):
     if cluster.hostnames != "shared":
         pytest.skip("the fit runs once, on the harder set-up (both hosts share a loopback hostname)")
-    out = _drive(cluster, FIT, str(tmp_path / "store"), workdir=tmp_path)
+    out = _drive(cluster, FIT, str(tmp_path / "store"), backend, workdir=tmp_path)
     assert sorted(out["hosts"]) == ["10.77.0.2", "10.77.0.3"]
     assert len(set(out["digests"])) == 1  # identical weights on both hosts
     assert out["accuracy"] >= 0.9, out
@@ -280,14 +333,14 @@ def test_host_lost_for_good_fails_the_restart_naming_the_host(cluster, tmp_path)
         cluster.wait_for_workers(2, 120)
 
 
-def _rank_processes(ns):
-    """hvd_spark rank processes (``python -m hvd_spark._internal.child``) running in namespace ``ns``."""
+def _rank_processes(ns, marker="hvd_spark._internal.child"):
+    """Processes in namespace ``ns`` whose command line holds ``marker`` (default: hvd_spark's ranks)."""
     pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
     found = []
     for pid in pids:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"hvd_spark._internal.child" in f.read():
+                if marker.encode() in f.read():
                     found.append(int(pid))
         except OSError:
             continue  # exited meanwhile

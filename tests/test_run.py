@@ -11,6 +11,7 @@ from _helpers import horovod_mpi_built
 
 import hvd_spark
 from hvd_spark import JobTimeoutError, RankFailedError
+from hvd_spark._internal.logs import is_tf_notice
 
 # The functions below run in the ranks' processes, which cannot import this test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -71,6 +72,16 @@ def test_output_reaches_driver_log_with_rank_prefix(spark, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "hvd_spark.rank"]
     assert "[rank 0] hello from the child of rank 0" in lines
     assert "[rank 1] hello from the child of rank 1" in lines
+    # TF's C++ notices (oneDNN, CPU features, absl's pre-setup warning) stay out of the driver's log.
+    assert not [line for line in lines if is_tf_notice(line.split("] ", 1)[1])], lines
+
+
+def test_the_users_tf_log_level_wins(spark, caplog):
+    """TF_CPP_MIN_LOG_LEVEL=0 asks for TF's INFO lines: then its notices reach the driver's log."""
+    with caplog.at_level(logging.INFO, logger="hvd_spark.rank"):
+        hvd_spark.run(rank_output, num_proc=1, spark=spark, verbose=0, env={"TF_CPP_MIN_LOG_LEVEL": "0"})
+    lines = [r.getMessage().split("] ", 1)[1] for r in caplog.records if r.name == "hvd_spark.rank"]
+    assert any(is_tf_notice(line) for line in lines), lines
 
 
 def args_and_kwargs(a, b, *, scale):

@@ -1,4 +1,4 @@
-"""Entry point of one rank's process: ``python -m hvd_spark._internal.child WORKDIR``.
+"""Entry point of one rank's process: ``python -m hvd_spark._internal.child [WORKDIR]``.
 
 Reads ``WORKDIR/payload.pkl`` (``fn, args, kwargs``, cloudpickled), runs the function and
 writes ``result-<rank>.pkl`` on success or ``error-<rank>.pkl`` (an ``outcomes.RankOutcome``:
@@ -67,6 +67,23 @@ def main(workdir: str) -> int:
     return 0
 
 
+def _finalize_mpi(timeout: float = 20.0) -> None:
+    """Shuts Horovod (and with it MPI) down, so mpirun sees a rank that finished, not one that
+    vanished. Bounded: a peer that is stuck must not keep this finished rank alive."""
+    import threading
+
+    def shutdown():
+        for name in ("horovod.tensorflow", "horovod.torch"):
+            module = sys.modules.get(name)
+            if module is not None and hasattr(module, "shutdown"):
+                with contextlib.suppress(Exception):
+                    module.shutdown()
+
+    t = threading.Thread(target=shutdown, daemon=True)
+    t.start()
+    t.join(timeout)
+
+
 if __name__ == "__main__":
     import faulthandler
     import signal
@@ -77,7 +94,10 @@ if __name__ == "__main__":
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(line_buffering=True)
-    code = main(sys.argv[1])
+    # MPI ranks share one command line: each host's workdir comes from the environment instead.
+    code = main(sys.argv[1] if len(sys.argv) > 1 else os.environ["HVD_SPARK_WORKDIR"])
+    if code == 0 and os.environ.get("OMPI_COMM_WORLD_RANK"):
+        _finalize_mpi()
     sys.stdout.flush()
     sys.stderr.flush()
     # The outcome is on disk. Leave without interpreter finalization: some libraries' threads

@@ -16,7 +16,7 @@ from hvd_spark._internal import data as data_mod
 from hvd_spark._internal.contracts import DataSpec, FitSummary, RankSummary, RunConfig
 from hvd_spark._internal.params import EstimatorParams
 from hvd_spark._internal.restarts import LOST_HOST_TYPES, RESTARTABLE, should_restart
-from hvd_spark._internal.specs import assign_files, specs_to_dicts, steps_per_epoch, with_stored_names
+from hvd_spark._internal.specs import assign_files, match_columns, specs_to_dicts, steps_per_epoch, with_stored_names
 from hvd_spark._internal.store import Checkpoint, Store, validate_run_id
 from hvd_spark._internal.transformer import TFTransformer
 from hvd_spark.errors import HvdSparkError, JobTimeoutError, RankFailedError
@@ -42,6 +42,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         num_proc: ranks; default the application's task slots.
         store: path / URL / :class:`hvd_spark.Store` reachable from every executor (required).
         model: a built Keras 3 model (required).
+        learning_rate: replaces the optimizer's learning rate for this fit (a number to search in a
+            tuning grid); default: the optimizer's own.
         optimizer, loss, loss_weights, metrics: as for ``model.compile``; default: the
             model's compiled ones.
         custom_objects: custom Keras objects needed to load the model.
@@ -63,6 +65,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             executor) is started again from the latest checkpoint (default 0).
         reader: how ranks read the Parquet files: ``"arrow"`` (default, pyarrow-native) or
             ``"petastorm"`` (needs Petastorm 0.13.1 and pyarrow 12).
+        task: ``"auto"`` (default: a single-output model trained with a cross-entropy loss is a
+            classifier), ``"classification"`` or ``"regression"``. A classifier's ``transform``
+            also adds Spark ML's ``prediction``, ``probability`` and ``rawPrediction`` columns.
 
     Example:
         >>> est = HorovodEstimator(num_proc=2, store="/tmp/store", model=model, optimizer="adam",
@@ -79,6 +84,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         store: "str | os.PathLike[str] | Store | None" = None,
         model: Any = None,
         optimizer: Any = None,
+        learning_rate: float | None = None,
         loss: Any = None,
         loss_weights: "list[float] | dict[str, float] | None" = None,
         metrics: Any = None,
@@ -103,6 +109,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         start_timeout: float | None = None,
         max_restarts: int = 0,
         reader: str = "arrow",
+        task: str = "auto",
     ):
         super().__init__()
         self._setDefault(
@@ -110,6 +117,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             store=None,
             model=None,
             optimizer=None,
+            learning_rate=None,
             loss=None,
             loss_weights=None,
             metrics=None,
@@ -134,6 +142,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             start_timeout=None,
             max_restarts=0,
             reader="arrow",
+            task="auto",
         )
         self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]  # set by @keyword_only
 
@@ -203,14 +212,18 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         this returns, so every mistake found here leaves the store as it was."""
         from hvd_spark._internal.launcher import resolve_launch_options
         from hvd_spark._internal.logs import ensure_visible
-        from hvd_spark._internal.model_info import is_compiled, model_specs
+        from hvd_spark._internal.model_info import is_compiled, model_specs, prediction_task
         from hvd_spark._internal.serde import model_custom_objects
 
         p = self._check_params()
         ensure_visible(p["verbose"])
         model = p["model"]
         inputs, outputs = model_specs(model)
-        features, labels = p["feature_cols"], p["label_cols"]
+        # Columns in the model's order (matched by name where they are named after its tensors).
+        features = p["feature_cols"] = match_columns(p["feature_cols"], inputs, "feature_cols", "input")
+        labels = p["label_cols"] = match_columns(p["label_cols"], outputs, "label_cols", "output")
+        if isinstance(p["output_cols"], dict):
+            p["output_cols"] = match_columns(p["output_cols"], outputs, "output_cols", "output")
         if len(features) != len(inputs):
             raise ValueError(
                 f"feature_cols must name one column per model input ({len(inputs)}: "
@@ -230,6 +243,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 "The model is not compiled, so optimizer and loss are required. Received: "
                 f"optimizer={p['optimizer']!r}, loss={p['loss']!r}. Pass both, or compile the model."
             )
+        if p["learning_rate"] is not None:
+            _check_settable_learning_rate(p["optimizer"] if p["optimizer"] is not None else model.optimizer)
+        loss = p["loss"] if p["loss"] is not None else getattr(model, "loss", None)
+        prediction = prediction_task(p["task"], loss, outputs)
         f_infos = [data_mod.column_info(dataset, c, "feature") for c in features]
         l_infos = [data_mod.column_info(dataset, c, "label") for c in labels]
         w_info = (
@@ -260,7 +277,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 ) from e
         store = Store.create(p["store"])
         store._check_writable()
-        return _Checked(p, model, inputs, outputs, f_infos, l_infos, w_info, validation, options, custom_objects, store)
+        return _Checked(
+            p, model, inputs, outputs, f_infos, l_infos, w_info, validation, options, custom_objects, store, prediction
+        )
 
     def _plan_resume(self, c: "_Checked") -> "_ResumePlan":
         """Step 2: the run id, and the checkpoint to continue from (a run with checkpoints continues
@@ -316,7 +335,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             plan.history[: p["epochs"]],
             c.inputs,
             c.outputs,
-            dict(p, custom_objects=c.custom_objects),
+            dict(p, custom_objects=c.custom_objects, prediction=c.prediction),
         )
 
     def _materialize(self, dataset, c: "_Checked") -> "_Written":
@@ -374,6 +393,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             )
         comp = {k: (dumps_keras_obj(p[k]) if p[k] is not None else None) for k in ("optimizer", "loss", "metrics")}
         comp["loss_weights"] = p["loss_weights"]
+        comp["learning_rate"] = p["learning_rate"]
         logger.info(
             "training run '%s' on %d ranks: %d train rows, %d val rows, %d steps/epoch, batch %d per rank",
             plan.run_id,
@@ -509,7 +529,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             epoch_logs,
             c.inputs,
             c.outputs,
-            dict(c.p, custom_objects=c.custom_objects),
+            dict(c.p, custom_objects=c.custom_objects, prediction=c.prediction),
             history=history_from(epoch_logs),
         )
         model._fit_summary = summary
@@ -529,6 +549,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             history=history if history is not None else history_from(epoch_logs),
             run_id=run_id,
             custom_objects=p["custom_objects"],
+            task=p["prediction"][0],
+            from_logits=p["prediction"][1],
         )
         return t
 
@@ -562,6 +584,18 @@ class _Progress:
         self.last = now
 
 
+def _check_settable_learning_rate(optimizer) -> None:
+    """learning_rate replaces a number; an optimizer built on a schedule would ignore or refuse it."""
+    import keras
+
+    if isinstance(getattr(optimizer, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
+        raise ValueError(
+            "learning_rate cannot replace the learning rate of an optimizer built with a LearningRateSchedule "
+            f"({type(optimizer._learning_rate).__name__}). Leave learning_rate unset, or build the optimizer "
+            "with a number."
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class _Checked:
     """What step 1 of a fit established: checked params and everything derived from them."""
@@ -577,6 +611,7 @@ class _Checked:
     options: Any  # launcher.LaunchOptions
     custom_objects: dict | None
     store: Store
+    prediction: tuple[str, bool]  # model_info.prediction_task: (kind, from_logits)
 
 
 @dataclasses.dataclass(frozen=True)

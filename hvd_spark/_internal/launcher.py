@@ -344,6 +344,7 @@ def _launch_claimed(sc, payload: bytes, options: LaunchOptions, *, on_event, des
     from pyspark import InheritableThread
 
     from hvd_spark._internal.driver_service import DriverService
+    from hvd_spark._internal.logs import rank_env_defaults
 
     num_proc, start_timeout, timeout = options.num_proc, options.start_timeout, options.timeout
     abort_grace = options.abort_grace
@@ -354,7 +355,7 @@ def _launch_claimed(sc, payload: bytes, options: LaunchOptions, *, on_event, des
         token=service.token,
         payload=payload,
         backend=options.backend,
-        env=dict(options.env or {}),
+        env=rank_env_defaults(options.env),
         num_threads=int(options.num_threads),
         gloo_timeout=options.gloo_timeout,
         abort_grace=abort_grace,

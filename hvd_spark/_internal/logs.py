@@ -1,6 +1,8 @@
 """Makes hvd_spark's progress visible to a person when the application configured no logging."""
 
 import logging
+import os
+import re
 import sys
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -21,3 +23,36 @@ def ensure_visible(verbose: int) -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
         logger.addHandler(handler)
+
+
+TF_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+DEFAULT_TF_LOG_LEVEL = "2"  # ranks: TF's C++ INFO and WARNING lines off unless the user says otherwise
+
+# TensorFlow's C++ INFO lines (absl format) and the notices it prints before its logging is set up,
+# which TF_CPP_MIN_LOG_LEVEL does not silence.
+_ABSL_INFO = re.compile(r"^I\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [\w./+-]+:\d+\] ")
+_PRE_INIT = (
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "To enable the following instructions:",  # the second line of cpu_feature_guard's INFO notice
+)
+
+
+def rank_env_defaults(env: dict[str, str] | None) -> dict[str, str]:
+    """The ranks' environment with TF's C++ logging quiet by default: the user's own setting (in
+    ``env``, else in the driver's environment, which a cluster does not pass on) wins."""
+    out = dict(env or {})
+    out.setdefault(TF_LOG_LEVEL, os.environ.get(TF_LOG_LEVEL) or DEFAULT_TF_LOG_LEVEL)
+    return out
+
+
+def tf_quiet(env: dict[str, str]) -> bool:
+    """Whether the ranks asked TF for no INFO lines (then its pre-setup notices are dropped too)."""
+    try:
+        return int(env.get(TF_LOG_LEVEL, "0")) >= 1
+    except ValueError:
+        return False
+
+
+def is_tf_notice(line: str) -> bool:
+    """A TF C++ INFO line or pre-setup notice (kept in a failed rank's last lines, not sent to the log)."""
+    return line.startswith(_PRE_INIT) or bool(_ABSL_INFO.match(line))

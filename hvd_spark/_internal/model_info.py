@@ -6,7 +6,17 @@ import json
 from hvd_spark._internal.specs import TensorSpec
 
 
-def _specs(tensors, names, what: str) -> list[TensorSpec]:
+def _struct_keys(struct, n: int) -> list[str] | None:
+    """The dict keys of a model's inputs (outputs) in the order of ``model.inputs`` (Keras flattens a
+    dict by sorted key), or None when the model was not built with a dict."""
+    if not isinstance(struct, dict) or len(struct) != n:
+        return None
+    import keras
+
+    return [str(k) for k in keras.tree.flatten({k: k for k in struct})]
+
+
+def _specs(tensors, names, what: str, keys: list[str] | None = None) -> list[TensorSpec]:
     out = []
     for i, t in enumerate(tensors):
         shape = tuple(t.shape)
@@ -14,7 +24,8 @@ def _specs(tensors, names, what: str) -> list[TensorSpec]:
             raise ValueError(f"Model {what} {i} has shape {shape}; expected a batch axis first.")
         dtype = str(getattr(t, "dtype", "float32"))
         dtype = dtype.replace("<dtype: '", "").replace("'>", "")
-        out.append(TensorSpec(names[i] if i < len(names) else f"{what}_{i}", tuple(shape[1:]), dtype))
+        name = keys[i] if keys else (names[i] if i < len(names) else f"{what}_{i}")
+        out.append(TensorSpec(name, tuple(shape[1:]), dtype, keys[i] if keys else None))
     return out
 
 
@@ -38,7 +49,9 @@ def model_specs(model) -> tuple[list[TensorSpec], list[TensorSpec]]:
         getattr(model, "input_names", None) or [getattr(t, "name", f"input_{i}") for i, t in enumerate(inputs)]
     )
     out_names = list(getattr(model, "output_names", None) or [f"output_{i}" for i in range(len(outputs))])
-    return _specs(inputs, in_names, "input"), _specs(outputs, out_names, "output")
+    in_keys = _struct_keys(getattr(model, "_inputs_struct", None), len(inputs))
+    out_keys = _struct_keys(getattr(model, "_outputs_struct", None), len(outputs))
+    return _specs(inputs, in_names, "input", in_keys), _specs(outputs, out_names, "output", out_keys)
 
 
 def model_fingerprint(model) -> str:
@@ -51,3 +64,70 @@ def model_fingerprint(model) -> str:
 
 def is_compiled(model) -> bool:
     return bool(getattr(model, "compiled", False)) and getattr(model, "optimizer", None) is not None
+
+
+# Losses that make a model a classifier, and what kind: one probability per class, or one for class 1.
+CLASSIFICATION_LOSSES = {
+    "sparse_categorical_crossentropy": "multiclass",
+    "categorical_crossentropy": "multiclass",
+    "categorical_focal_crossentropy": "multiclass",
+    "binary_crossentropy": "binary",
+    "binary_focal_crossentropy": "binary",
+}
+TASKS = ("auto", "classification", "regression")
+
+
+def loss_identity(loss) -> tuple[str | None, bool]:
+    """The snake_case name of a Keras loss (a string, a ``keras.losses.Loss`` or a loss function) and
+    whether it takes logits (``from_logits=True``). Several outputs: the first output's loss."""
+    if isinstance(loss, (list, tuple)):
+        loss = loss[0] if loss else None
+    if isinstance(loss, dict):
+        loss = next(iter(loss.values()), None)
+    if loss is None:
+        return None, False
+    if isinstance(loss, str):
+        return loss.lower(), False
+    from_logits = False
+    try:
+        from_logits = bool(loss.get_config().get("from_logits", False))
+    except Exception:  # noqa: BLE001 - not a Keras Loss object (a plain function)
+        from_logits = bool(getattr(loss, "from_logits", False))
+    if hasattr(loss, "get_config"):
+        name = type(loss).__name__
+    else:
+        name = getattr(loss, "__name__", "") or type(loss).__name__
+    import re
+
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower(), from_logits
+
+
+def prediction_task(task: str, loss, outputs: list[TensorSpec]) -> tuple[str, bool]:
+    """What ``transform`` adds beside the raw output: ``("multiclass" | "binary", from_logits)`` for a
+    classifier (Spark ML's prediction / probability / rawPrediction columns), ``("regression", False)``
+    otherwise.
+
+    ``task="auto"`` recognizes a classifier by its loss (:data:`CLASSIFICATION_LOSSES`) and the width of
+    its single output (several units for multiclass, one for binary; a ``binary_crossentropy`` over
+    several units is multi-label, not one class per row). ``"classification"`` also accepts other
+    losses, from the output's width; ``"regression"`` never adds the columns.
+    """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {list(TASKS)}. Received: task={task!r}.")
+    if task == "regression":
+        return "regression", False
+    name, logits = loss_identity(loss)
+    width = outputs[0].elements if len(outputs) == 1 else None
+    kind = CLASSIFICATION_LOSSES.get(name or "")
+    if kind is None and task == "classification" and width is not None:
+        kind = "binary" if width == 1 else "multiclass"
+    fits = width is not None and ((kind == "binary" and width == 1) or (kind == "multiclass" and width >= 2))
+    if not fits:
+        if task == "classification":
+            raise ValueError(
+                "task='classification' needs a model with one output of one unit (binary: the probability or "
+                "logit of class 1) or of one unit per class (multiclass). Received outputs "
+                f"{[(s.name, list(s.shape)) for s in outputs]} with loss {name!r}."
+            )
+        return "regression", False
+    return kind, logits  # type: ignore[return-value]

@@ -27,6 +27,17 @@ def _opt_str(name):
     return conv
 
 
+def _opt_positive_float(name):
+    def conv(x):
+        if x is None:
+            return None
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0:
+            raise TypeError(f"{name} must be a positive number or None. Received: {x!r}.")
+        return float(x)
+
+    return conv
+
+
 def _str_list(name):
     def conv(x):
         if x is None:
@@ -35,7 +46,12 @@ def _str_list(name):
             return [x]
         if isinstance(x, (list, tuple)) and all(isinstance(c, str) for c in x):
             return list(x)
-        raise TypeError(f"{name} must be a column name or a list of column names. Received: {x!r}.")
+        if isinstance(x, dict) and all(isinstance(k, str) and isinstance(c, str) for k, c in x.items()):
+            return dict(x)  # model tensor name (or dict key) -> column
+        raise TypeError(
+            f"{name} must be a column name, a list of column names or a dict of model tensor name -> column. "
+            f"Received: {x!r}."
+        )
 
     return conv
 
@@ -44,6 +60,51 @@ def _param(name, doc, conv=_identity):
     return Param(Params._dummy(), name, doc, typeConverter=conv)
 
 
+def camel(name: str) -> str:
+    """``batch_size`` -> ``BatchSize``: the suffix of a param's setter and getter."""
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+
+
+def with_accessors(cls=None, *, setters: tuple[str, ...] | None = None):
+    """Adds ``get<Name>`` and ``set<Name>`` for every Param that a class itself declares, unless it
+    defines one by hand (horovod.spark's KerasEstimator spelling: ``setBatchSize``, ``getStore``, ...).
+    Setters convert with the Param's type converter (errors name the param) and return ``self`` for
+    chaining. ``setters`` limits the setters to those params (a fitted model's record is read-only)."""
+
+    def add(cls):
+        for name, param in list(vars(cls).items()):
+            if not isinstance(param, Param):
+                continue
+            suffix = camel(name)
+            if not hasattr(cls, f"get{suffix}"):
+                setattr(cls, f"get{suffix}", _getter(name, param.doc))
+            if (setters is None or name in setters) and not hasattr(cls, f"set{suffix}"):
+                setattr(cls, f"set{suffix}", _setter(name, param.doc))
+        return cls
+
+    return add(cls) if cls is not None else add
+
+
+def _getter(name: str, doc: str):
+    def get(self):
+        return self.getOrDefault(name)
+
+    get.__name__ = f"get{camel(name)}"
+    get.__doc__ = f"The value of ``{name}``: {doc}"
+    return get
+
+
+def _setter(name: str, doc: str):
+    def set_(self, value):
+        self._set(**{name: value})
+        return self
+
+    set_.__name__ = f"set{camel(name)}"
+    set_.__doc__ = f"Sets ``{name}`` and returns ``self``: {doc}"
+    return set_
+
+
+@with_accessors
 class ColumnParams(Params):
     feature_cols = _param(
         "feature_cols",
@@ -74,6 +135,7 @@ class ColumnParams(Params):
         return [f"{c}__output" for c in labels] or ["prediction"]
 
 
+@with_accessors
 class EstimatorParams(ColumnParams):
     num_proc = _param(
         "num_proc", "Number of Horovod processes (ranks). Default: the number of task slots.", _opt_int("num_proc")
@@ -88,6 +150,12 @@ class EstimatorParams(ColumnParams):
     loss = _param(
         "loss",
         "Loss (name, function, Loss object; a list or dict for several outputs). Default: the model's compiled loss.",
+    )
+    learning_rate = _param(
+        "learning_rate",
+        "The optimizer's learning rate for this fit, replacing the one it was built with (a number to search "
+        "in a tuning grid without putting optimizer objects in it). Default: the optimizer's own.",
+        _opt_positive_float("learning_rate"),
     )
     loss_weights = _param("loss_weights", "Weights of the losses of several outputs (list or dict).")
     metrics = _param("metrics", "Metrics, as for keras.Model.compile.")
@@ -141,7 +209,14 @@ class EstimatorParams(ColumnParams):
         TypeConverters.toInt,
     )
     backend = _param(
-        "backend", "Horovod controller: 'gloo' (default, CPU) or 'mpi' (one host).", TypeConverters.toString
+        "backend", "Horovod controller: 'gloo' (default, CPU) or 'mpi' (one or several hosts).", TypeConverters.toString
+    )
+    task = _param(
+        "task",
+        "'auto' (default): a model with one output trained with a cross-entropy loss is a classifier; "
+        "'classification' or 'regression' to say so. A classifier's transform adds Spark ML's "
+        "prediction (class index), probability and rawPrediction (Vectors) columns.",
+        TypeConverters.toString,
     )
     reader = _param(
         "reader",

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
-from hvd_spark._internal.specs import ColumnInfo, TensorSpec
+from hvd_spark._internal.specs import ColumnInfo, TensorSpec, pack
 
 READERS = ("arrow", "petastorm")
 
@@ -236,8 +236,7 @@ def rank_dataset(
                 shaped(tf.cast(columns[c.stored], tf.int32 if c.is_integer else tf.float32), shape)
                 for c, shape in zip(labels, out_shapes)
             ]
-            x = xs[0] if len(xs) == 1 else tuple(xs)
-            y = ys[0] if len(ys) == 1 else tuple(ys)
+            x, y = pack(xs, inputs), pack(ys, outputs)  # dicts for a model built on dicts
             if weight is not None:
                 return x, y, tf.cast(columns[weight.stored], tf.float32)
             return x, y
@@ -246,6 +245,36 @@ def rank_dataset(
         if shuffle:
             ds = ds.shuffle(max(1, shuffle_buffer_size // batch_size), seed=seed, reshuffle_each_iteration=True)
         yield ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _check_list_rows(column, spec: TensorSpec) -> None:
+    """Every row of a list column must hold what the input takes: the same length at the top level
+    (a flat reshape would otherwise silently mix rows) and ``spec.elements`` values in all."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) or len(column) == 0:
+        return
+    lengths = pc.min_max(pc.list_value_length(column))
+    low, high = lengths["min"].as_py(), lengths["max"].as_py()
+    if low != high:
+        raise ValueError(f"its rows hold from {low} to {high} values; every row must have the same length.")
+    inner = _inner(column.type)
+    if spec.elements is not None and spec.shape and inner is not None and low * inner != spec.elements:
+        raise ValueError(f"its rows hold {low * inner} values.")
+
+
+def _inner(list_type) -> int | None:
+    """Values per top-level element of a list type: 1 for a list of scalars, the product of the sizes
+    for fixed-size inner lists, None for variable inner lists (checked by the flat size instead)."""
+    import pyarrow as pa
+
+    t = list_type.value_type
+    n = 1
+    while pa.types.is_fixed_size_list(t):
+        n *= t.list_size
+        t = t.value_type
+    return None if (pa.types.is_list(t) or pa.types.is_large_list(t)) else n
 
 
 def _objects_to_array(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
@@ -261,6 +290,11 @@ def _objects_to_array(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
         return arr
     if spec.elements is None:  # shape unknown: rows must stack as they are
         return np.stack(list(arr))
+    lengths = np.frompyfunc(len, 1, 1)(arr).astype(np.int64)  # one C loop: a flat reshape would mix rows
+    if lengths.min() != lengths.max():
+        raise ValueError(
+            f"its rows hold from {lengths.min()} to {lengths.max()} values; every row must have the same length."
+        )
     flat = arr
     while flat.dtype == object and len(flat):
         flat = np.concatenate(flat)
@@ -273,25 +307,34 @@ def _objects_to_array(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
     return flat.reshape((n, *spec.dims))
 
 
-def to_model_inputs(columns: Sequence, inputs: Sequence[TensorSpec]):
+def to_model_inputs(columns: Sequence, inputs: Sequence[TensorSpec], names: Sequence[str] | None = None):
     """The arrays the model takes (inference), from pyarrow arrays or numpy / pandas column values.
 
     pyarrow list arrays are reshaped from their flat values; object arrays of per-row arrays
-    (what pandas gives for array columns) are concatenated in C and reshaped.
+    (what pandas gives for array columns) are concatenated in C and reshaped. A row of another
+    length than the input takes is an error naming the column (``names``) and the input.
     """
     import pyarrow as pa
 
     xs = []
-    for values, spec in zip(columns, inputs):
-        if isinstance(values, (pa.Array, pa.ChunkedArray)):
-            arr = column_values(values)
-        else:
-            arr = np.asarray(values)
-            if arr.dtype == object:
-                arr = _objects_to_array(arr, spec)
-        dtype = np.dtype(spec.dtype) if spec.dtype else np.float32
-        arr = arr.astype(dtype, copy=False)
-        if spec.elements is not None:
-            arr = arr.reshape((len(arr), *spec.dims))
+    for i, (values, spec) in enumerate(zip(columns, inputs)):
+        name = names[i] if names else f"#{i}"
+        try:
+            if isinstance(values, (pa.Array, pa.ChunkedArray)):
+                _check_list_rows(values, spec)
+                arr = column_values(values)
+            else:
+                arr = np.asarray(values)
+                if arr.dtype == object:
+                    arr = _objects_to_array(arr, spec)
+            dtype = np.dtype(spec.dtype) if spec.dtype else np.float32
+            arr = arr.astype(dtype, copy=False)
+            if spec.elements is not None:
+                arr = arr.reshape((len(arr), *spec.dims))
+        except ValueError as e:
+            raise ValueError(
+                f"Feature column '{name}' does not fit model input '{spec.name}' (shape {tuple(spec.shape)}, "
+                f"{spec.elements} values per row): {e}"
+            ) from None
         xs.append(arr)
-    return xs[0] if len(xs) == 1 else xs
+    return pack(xs, inputs, sequence=list)

@@ -13,6 +13,7 @@ ENV_HEARTBEAT_TIMEOUT = "HVD_SPARK_HEARTBEAT_TIMEOUT"  # seconds of silence afte
 ENV_DRIVER_ADDR = "HVD_SPARK_DRIVER_ADDR"
 ENV_JOB_TOKEN = "HVD_SPARK_JOB_TOKEN"
 ENV_RANK = "HVD_SPARK_RANK"
+ENV_HOST = "HVD_SPARK_HOST"  # the address of the rank's host (its task's address towards the driver)
 
 # Spark conf keys (spark.hvd_spark.*), read on the driver; the environment wins over them.
 CONF_START_TIMEOUT = "spark.hvd_spark.startTimeout"

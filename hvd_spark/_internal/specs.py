@@ -16,6 +16,7 @@ class TensorSpec:
     name: str
     shape: tuple[int | None, ...]
     dtype: str
+    key: str | None = None  # the model's dict key for this tensor, when it takes / returns a dict
 
     @property
     def elements(self) -> int | None:
@@ -31,11 +32,55 @@ class TensorSpec:
         return tuple(int(d) for d in self.shape if d is not None)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        d = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        if self.key is not None:
+            d["key"] = self.key
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "TensorSpec":
-        return cls(d["name"], tuple(d["shape"]), d["dtype"])
+        return cls(d["name"], tuple(d["shape"]), d["dtype"], d.get("key"))
+
+
+def pack(values: list, specs: "Sequence[TensorSpec]", sequence=tuple):
+    """Values in the model's structure: a dict by key for a model that takes (returns) a dict, the
+    value alone for one tensor, else a ``sequence`` in the model's order."""
+    if specs and all(s.key is not None for s in specs):
+        return {s.key: v for s, v in zip(specs, values)}
+    return values[0] if len(values) == 1 else sequence(values)
+
+
+def unpack(value, specs: "Sequence[TensorSpec]") -> list:
+    """The inverse of :func:`pack` for a model's predictions: one value per spec, in spec order."""
+    if isinstance(value, dict):
+        if all(s.key in value for s in specs):
+            return [value[s.key] for s in specs]
+        return list(value.values())
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+def match_columns(cols, specs: "Sequence[TensorSpec]", param: str, what: str) -> list[str]:
+    """The columns for the model's tensors, in the model's order.
+
+    ``cols`` is a list (the model's order; when its names are exactly the model's input names or
+    dict keys, in any order, they are matched by name) or a dict ``{tensor name or key: column}``.
+    """
+    names = [s.key if s.key is not None else s.name for s in specs]
+    if isinstance(cols, dict):
+        missing = [n for n in names if n not in cols]
+        unknown = [k for k in cols if k not in names]
+        if missing or unknown:
+            raise ValueError(
+                f"{param} maps the model's {what}s by name: expected the keys {names}. "
+                f"Missing: {missing}; not {what}s of the model: {unknown}."
+            )
+        return [cols[n] for n in names]
+    cols = list(cols)
+    if sorted(cols) == sorted(names) and len(set(names)) == len(names):
+        return names  # the columns are named after the tensors: matched by name, whatever the order
+    return cols
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ This runs inside Spark's Python worker. The barrier closure shipped by the launc
 """
 
 import collections
-import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -19,12 +19,14 @@ import time
 
 import cloudpickle
 
-from hvd_spark._internal import netcheck, settings
+from hvd_spark._internal import logs, mpi_agent, netcheck, settings
 from hvd_spark._internal.driver_service import KIND, Kind, TaskClient
 from hvd_spark._internal.outcomes import ABORTED, ERROR, OK, PROCESS_DIED, RankOutcome, TaskSpec
+from hvd_spark._internal.procs import die_with_parent, kill_tree, signal_name
 from hvd_spark._internal.topology import RankInfo, assign_ranks, horovod_env, threads_env
 
 TAIL_LINES = 40
+ENV_WORKDIR = "HVD_SPARK_WORKDIR"  # where an MPI rank finds its payload and leaves its result
 
 
 def iface_for_ip(ip: str) -> str:
@@ -37,38 +39,6 @@ def iface_for_ip(ip: str) -> str:
     if ip.startswith("127."):
         return "lo"
     raise RuntimeError(f"No network interface holds {ip}, the address this task uses to reach the driver.")
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it when the task's process dies (Linux only)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        return  # not Linux: the task's own kill on exit still applies
-
-
-def _signal_name(rc: int) -> str:
-    try:
-        return signal.Signals(-rc).name
-    except ValueError:
-        return str(-rc)
-
-
-def _kill_tree(proc: subprocess.Popen, grace: float) -> None:
-    """Stops a rank process and everything it started (its own process group)."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _plan(ranks: list[RankInfo]):
@@ -92,8 +62,16 @@ def _plan(ranks: list[RankInfo]):
 class _Watch:
     """Forwards a process's output to the driver, keeps its last lines, and listens for aborts."""
 
-    def __init__(self, client: TaskClient, default_rank: int, parse_tag: bool = False, silence_limit: float = 30.0):
+    def __init__(
+        self,
+        client: TaskClient,
+        default_rank: int,
+        parse_tag: bool = False,
+        silence_limit: float = 30.0,
+        quiet_tf: bool = False,
+    ):
         self.client = client
+        self.quiet_tf = quiet_tf
         self.default_rank = default_rank
         self.parse_tag = parse_tag
         self.tails: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=TAIL_LINES))
@@ -132,23 +110,48 @@ class _Watch:
 
     def pump(self, stream) -> threading.Thread:
         def run():
+            pending: dict[int, str] = collections.defaultdict(str)  # a tagged rank's unfinished line
             for raw in iter(stream.readline, b""):
-                line = raw.decode(errors="replace").rstrip("\n")
-                rank = self.default_rank
-                if self.parse_tag and line.startswith("[1,"):
-                    # mpirun --tag-output: "[1,<rank>]<stdout>:text"
-                    head, _, rest = line.partition("]")
-                    try:
-                        rank = int(head[3:])
-                        line = rest.split(">:", 1)[-1]
-                    except ValueError:
-                        rank = self.default_rank  # not mpirun's tag after all: keep the line whole
-                self.tails[rank].append(line)
-                self.client.send({KIND: Kind.LOG, "rank": rank, "line": line})
+                text = raw.decode(errors="replace")
+                if not self.parse_tag:
+                    self._line(self.default_rank, text.rstrip("\n"))
+                    continue
+                for rank, chunk in split_tagged(text, self.default_rank):
+                    pending[rank] += chunk
+                    if pending[rank].endswith("\n"):
+                        self._line(rank, pending.pop(rank).rstrip("\n"))
+            for rank, rest in pending.items():
+                if rest:
+                    self._line(rank, rest)
 
         t = threading.Thread(target=run, daemon=True, name="hvd_spark-task-output")
         t.start()
         return t
+
+    def _line(self, rank: int, line: str) -> None:
+        self.tails[rank].append(line)
+        if not (self.quiet_tf and logs.is_tf_notice(line)):
+            self.client.send({KIND: Kind.LOG, "rank": rank, "line": line})
+
+
+_TAG = re.compile(r"\[1,(\d+)\]<std(?:out|err)>:")
+
+
+def split_tagged(text: str, default_rank: int) -> list[tuple[int, str]]:
+    """Splits a piece of ``mpirun --tag-output`` output into (rank, text) chunks.
+
+    mpirun tags every write of a rank (``[1,<rank>]<stdout>:``), not every line, so one line of a rank
+    may arrive in several tagged pieces, between pieces of other ranks; text before any tag belongs to
+    ``default_rank`` (mpirun's own messages)."""
+    chunks: list[tuple[int, str]] = []
+    pos, rank = 0, default_rank
+    for m in _TAG.finditer(text):
+        if m.start() > pos:
+            chunks.append((rank, text[pos : m.start()]))
+        rank, pos = int(m.group(1)), m.end()
+    if pos < len(text) or not chunks:
+        chunks.append((rank, text[pos:]))
+    return chunks
 
 
 def _outcome(workdir: str, rank: int, rc: int | None, aborted: bool, tail) -> RankOutcome:
@@ -164,7 +167,7 @@ def _outcome(workdir: str, rank: int, rc: int | None, aborted: bool, tail) -> Ra
     if aborted:
         return RankOutcome(rank, ABORTED, tail=tuple(tail or ()))
     if rc is not None and rc < 0:
-        how = f"process killed by signal {-rc} ({_signal_name(rc)})"
+        how = f"process killed by signal {-rc} ({signal_name(rc)})"
     else:
         how = f"process exited with code {rc} before reporting a result"
     return RankOutcome(
@@ -268,6 +271,7 @@ def run_task(spec: TaskSpec) -> list[bytes]:
         env.update(
             {
                 settings.ENV_RANK: str(me.rank),
+                settings.ENV_HOST: me.host,
                 settings.ENV_DRIVER_ADDR: spec.driver_addr,
                 settings.ENV_JOB_TOKEN: spec.token,
                 "PYTHONUNBUFFERED": "1",
@@ -319,7 +323,7 @@ def _supervise(proc: subprocess.Popen, watch: _Watch, grace: float) -> bool:
                     time.sleep(1.5)
                 except ProcessLookupError:
                     return True  # it is already gone
-            _kill_tree(proc, grace)
+            kill_tree(proc, grace)
             return True
     return False
 
@@ -334,43 +338,29 @@ def _run_watched(cmd: list[str], env: dict, workdir: str, watch: _Watch, grace: 
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,
         cwd=workdir,
     )
     pump = watch.pump(proc.stdout)
     try:
         aborted = _supervise(proc, watch, grace)
     finally:
-        _kill_tree(proc, 1.0)
+        kill_tree(proc, 1.0)
     pump.join(5)
     return proc.returncode, aborted
 
 
 def _run_child(spec: TaskSpec, client: TaskClient, rank: int, env: dict, workdir: str) -> tuple[RankOutcome, "_Watch"]:
     _write_payload(spec, workdir)
-    watch = _Watch(client, rank, silence_limit=spec.heartbeat_timeout)
+    watch = _Watch(client, rank, silence_limit=spec.heartbeat_timeout, quiet_tf=logs.tf_quiet(spec.env))
     rc, aborted = _run_watched(
         [sys.executable, "-m", "hvd_spark._internal.child", workdir], env, workdir, watch, spec.abort_grace
     )
     return _outcome(workdir, rank, rc, aborted, list(watch.tails[rank])), watch
 
 
-def _run_mpi(spec: TaskSpec, ctx, client: TaskClient, me: RankInfo, ranks: list[RankInfo], workdir: str) -> list[bytes]:
-    """MPI controller: rank 0's task runs ``mpirun`` for the whole job; the others wait with it."""
-    hosts = {r.host for r in ranks}
-    if len(hosts) > 1:
-        raise NotImplementedError(
-            "use_mpi=True with barrier tasks on several hosts is not supported yet: mpirun would need an "
-            "rsh agent that starts its daemons through the Spark tasks. Use the Gloo controller "
-            f"(use_gloo=True) for multi-host jobs. Hosts: {sorted(hosts)}"
-        )
-    watch = _Watch(client, me.rank, parse_tag=True, silence_limit=spec.heartbeat_timeout)
-    ctx.barrier()
-    if me.rank != 0:
-        # The ranks all run under rank 0's mpirun on this host; this task holds its slot.
-        _wait_for_end(watch)
-        return []
-    _write_payload(spec, workdir)
+def _mpi_env(spec: TaskSpec, workdir: str, host: str) -> dict[str, str]:
+    """The environment of mpirun on rank 0's host and of ``orted`` on the others (their ranks inherit it)."""
     env = dict(os.environ)
     env.update(threads_env(spec.num_threads))
     env.update(spec.env)
@@ -378,6 +368,8 @@ def _run_mpi(spec: TaskSpec, ctx, client: TaskClient, me: RankInfo, ranks: list[
         {
             settings.ENV_DRIVER_ADDR: spec.driver_addr,
             settings.ENV_JOB_TOKEN: spec.token,
+            ENV_WORKDIR: workdir,
+            settings.ENV_HOST: host,
             "PYTHONUNBUFFERED": "1",
             "HOROVOD_CONTROLLER": "mpi",
             "HOROVOD_CPU_OPERATIONS": "mpi",
@@ -387,27 +379,94 @@ def _run_mpi(spec: TaskSpec, ctx, client: TaskClient, me: RankInfo, ranks: list[
         env.pop(name, None)
     if os.geteuid() == 0:
         env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
-    cmd = [
-        "mpirun",
-        "-np",
-        str(me.size),
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-        "--map-by",
-        "slot",
-        "--tag-output",
-        sys.executable,
-        "-m",
-        "hvd_spark._internal.child",
-        workdir,
-    ]
-    rc, aborted = _run_watched(cmd, env, workdir, watch, spec.abort_grace)
-    outcomes = [_outcome(workdir, r, rc, aborted, list(watch.tails[r])) for r in range(me.size)]
+    return env
+
+
+def _network_of(ip: str) -> str:
+    """The subnet (CIDR) of the interface that holds ``ip``: where mpirun's daemons and ranks talk."""
+    import ipaddress
+
+    import psutil
+
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.address == ip and a.netmask:
+                return str(ipaddress.ip_interface(f"{ip}/{a.netmask}").network)
+    return f"{ip}/32"
+
+
+def mpirun_command(ranks: list[RankInfo], env: dict[str, str], network: str | None) -> list[str]:
+    """mpirun for the whole job: one slot per barrier task, ranks laid out as :func:`assign_ranks` did
+    (contiguous per host, hosts in rank order). ``network`` (a CIDR) is set for jobs on several hosts:
+    remote daemons are then started through hvd_spark's rsh agent and talk over that subnet."""
+    slots: dict[str, int] = {}
+    for r in sorted(ranks, key=lambda r: r.rank):
+        slots[r.host] = slots.get(r.host, 0) + 1
+    cmd = ["mpirun", "-np", str(len(ranks))]
+    if network is not None:
+        cmd += ["-H", ",".join(f"{h}:{n}" for h, n in slots.items()), "--leave-session-attached"]
+        cmd += ["--mca", "plm_rsh_agent", mpi_agent.agent_command(), "--mca", "plm_rsh_no_tree_spawn", "1"]
+        for param in ("oob_tcp_if_include", "btl_tcp_if_include"):
+            kind = param.rsplit("_", 1)[0]
+            if not any(f"OMPI_MCA_{kind}_{x}" in env for x in ("include", "exclude")):
+                cmd += ["--mca", param, network]  # the user's own interface choice wins
+    cmd += ["--oversubscribe", "--bind-to", "none", "--map-by", "slot", "--tag-output"]
+    return cmd + [sys.executable, "-m", "hvd_spark._internal.child"]
+
+
+def _host_outcomes(workdir: str, ranks: list[RankInfo], host: str, rc: int | None, aborted: bool, watch: "_Watch"):
+    """The outcomes of the ranks that ran on ``host`` (their result files are in this host's ``workdir``)."""
+    outcomes = [_outcome(workdir, r.rank, rc, aborted, list(watch.tails[r.rank])) for r in ranks if r.host == host]
     if any(o.status == ERROR and o.type != PROCESS_DIED for o in outcomes):
         # mpirun stops the other ranks once one fails; those are not failures of their own.
         outcomes = [o.as_aborted() if o.status == ERROR and o.type == PROCESS_DIED else o for o in outcomes]
-    for o in outcomes:
-        _report(client, o)
-    _wait_for_end(watch)
-    return [cloudpickle.dumps(o) for o in outcomes]
+    return outcomes
+
+
+def _run_mpi(spec: TaskSpec, ctx, client: TaskClient, me: RankInfo, ranks: list[RankInfo], workdir: str) -> list[bytes]:
+    """MPI controller: rank 0's task runs ``mpirun`` for the whole job. On every other host, the first
+    task serves the rsh agent (it runs that host's ``orted``, whose ranks write their results in its
+    ``workdir``) and reports that host's ranks; the other tasks hold their slots until the job ends."""
+    by_rank = sorted(ranks, key=lambda r: r.rank)
+    first_host = by_rank[0].host
+    several_hosts = len({r.host for r in ranks}) > 1
+    watch = _Watch(
+        client,
+        me.rank,
+        parse_tag=me.rank == 0,
+        silence_limit=spec.heartbeat_timeout,
+        quiet_tf=logs.tf_quiet(spec.env),
+    )
+    env = _mpi_env(spec, workdir, me.host)
+    server = None
+    if several_hosts and me.local_rank == 0 and me.host != first_host:
+        _write_payload(spec, workdir)
+        server = mpi_agent.CommandServer(me.host, spec.token, env, workdir)
+        published = json.dumps({"host": me.host, "addr": server.addr})
+    else:
+        published = ""
+    servers = {d["host"]: d["addr"] for d in (json.loads(m) for m in ctx.allGather(published) if m)}
+    try:
+        if me.rank == 0:
+            _write_payload(spec, workdir)
+            env[mpi_agent.ENV_HOSTS] = json.dumps(servers)
+            cmd = mpirun_command(ranks, env, _network_of(me.host) if several_hosts else None)
+            rc, aborted = _run_watched(cmd, env, workdir, watch, spec.abort_grace)
+        elif server is not None:
+            # This host's ranks are done when its orted ends; an abort stops it.
+            while not (server.finished.is_set() or watch.abort.is_set()):
+                server.finished.wait(0.2)
+            aborted = not server.finished.is_set()
+            server.stop(spec.abort_grace)
+            rc = server.returncode
+        else:
+            _wait_for_end(watch)
+            return []
+        outcomes = _host_outcomes(workdir, ranks, me.host, rc, aborted, watch)
+        for o in outcomes:
+            _report(client, o)
+        _wait_for_end(watch)
+        return [cloudpickle.dumps(o) for o in outcomes]
+    finally:
+        if server is not None:
+            server.stop(1.0)

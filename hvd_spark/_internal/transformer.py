@@ -12,11 +12,12 @@ import numpy as np
 import pandas as pd
 from pyspark.ml import Model
 from pyspark.ml.param import TypeConverters
+from pyspark.ml.param.shared import HasPredictionCol, HasProbabilityCol, HasRawPredictionCol
 from pyspark.ml.util import MLReadable, MLWritable
 
 from hvd_spark._internal.contracts import FitSummary
-from hvd_spark._internal.params import ColumnParams, _param
-from hvd_spark._internal.specs import TensorSpec
+from hvd_spark._internal.params import ColumnParams, _param, with_accessors
+from hvd_spark._internal.specs import TensorSpec, unpack
 from hvd_spark._internal.topology import task_cpus
 
 _MODEL_CACHE: dict[str, Any] = {}
@@ -43,7 +44,13 @@ def _load_cached(key: str, model_url: str, storage_options: dict, custom_objects
 
 
 def _predict_columns(
-    model, cols: list, n: int, inputs: list[TensorSpec], outputs: list[TensorSpec], batch_size: int
+    model,
+    cols: list,
+    n: int,
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    batch_size: int,
+    names: list[str] | None = None,
 ) -> list[np.ndarray]:
     """Predicts ``n`` rows given as column values (numpy or pyarrow), ``batch_size`` rows per model call.
 
@@ -53,9 +60,9 @@ def _predict_columns(
 
     preds: list[list[np.ndarray]] = [[] for _ in outputs]
     for start in range(0, n, batch_size):
-        x = to_model_inputs([c[start : start + batch_size] for c in cols], inputs)
+        x = to_model_inputs([c[start : start + batch_size] for c in cols], inputs, names)
         y = model.predict_on_batch(x)
-        ys = list(y.values()) if isinstance(y, dict) else (list(y) if isinstance(y, (list, tuple)) else [y])
+        ys = unpack(y, outputs)
         for i, out in enumerate(ys):
             preds[i].append(np.asarray(out))
     return [
@@ -87,7 +94,9 @@ def predict_batches(
             nulls = int(frame[col].isna().sum())
             if nulls:
                 raise _null_error(col, nulls, n)
-        arrays = _predict_columns(model, [frame[c].to_numpy() for c in feature_cols], n, inputs, outputs, batch_size)
+        arrays = _predict_columns(
+            model, [frame[c].to_numpy() for c in feature_cols], n, inputs, outputs, batch_size, feature_cols
+        )
         columns = {
             name: (pd.Series(arr[:, 0]) if _is_scalar(spec) else pd.Series(list(arr)))
             for name, spec, arr in zip(output_cols, outputs, arrays)
@@ -119,7 +128,7 @@ def predict_arrow_batches(
         for name, c in zip(feature_cols, cols):
             if c.null_count:
                 raise _null_error(name, c.null_count, n)
-        arrays = _predict_columns(model, cols, n, inputs, outputs, batch_size)
+        arrays = _predict_columns(model, cols, n, inputs, outputs, batch_size, feature_cols)
         out = []
         for spec, arr in zip(outputs, arrays):
             if _is_scalar(spec):
@@ -145,7 +154,10 @@ def _is_scalar(spec: TensorSpec) -> bool:
     return spec.elements == 1
 
 
-class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
+@with_accessors(setters=("batch_size", "inference_udf"))
+class TFTransformer(
+    Model, ColumnParams, HasPredictionCol, HasProbabilityCol, HasRawPredictionCol, MLWritable, MLReadable
+):
     """Adds a trained Keras model's predictions to a DataFrame.
 
     Returned by :meth:`HorovodEstimator.fit`; also loadable with ``TFTransformer.load(path)``.
@@ -166,6 +178,15 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
     run_id = _param("run_id", "The training run that produced the model.", TypeConverters.toString)
     batch_size = _param("batch_size", "Rows per model call during transform.", TypeConverters.toInt)
     custom_objects = _param("custom_objects", "Custom Keras objects needed to load the model.")
+    task = _param(
+        "task",
+        "What the model predicts: 'multiclass' or 'binary' (a classifier: transform adds Spark ML's "
+        "prediction, probability and rawPrediction columns) or 'regression'. Set by fit.",
+        TypeConverters.toString,
+    )
+    from_logits = _param(
+        "from_logits", "Whether a classifier's output is logits (else probabilities).", TypeConverters.toBoolean
+    )
     inference_udf = _param(
         "inference_udf",
         "How transform() calls the model: 'auto' (default: an Arrow UDF where "
@@ -188,9 +209,16 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
         custom_objects=None,
         storage_options=None,
         inference_udf: str = "auto",
+        task: str = "regression",
+        from_logits: bool = False,
+        predictionCol: str = "prediction",
+        probabilityCol: str = "probability",
+        rawPredictionCol: str = "rawPrediction",
     ):
         super().__init__()
         self._setDefault(
+            task="regression",
+            from_logits=False,
             batch_size=4096,
             history={},
             storage_options={},
@@ -214,12 +242,41 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
                 custom_objects=custom_objects,
                 storage_options=storage_options,
                 inference_udf=inference_udf,
+                task=task,
+                from_logits=from_logits,
+                predictionCol=predictionCol,
+                probabilityCol=probabilityCol,
+                rawPredictionCol=rawPredictionCol,
             ).items()
             if v is not None
         }
         self._set(**kwargs)
         self._keras_model = None
         self._fit_summary: FitSummary | None = None
+
+    # --- Spark ML's classifier columns ---
+    def setPredictionCol(self, value: str) -> "TFTransformer":
+        """Sets the class-index column of a classifier (``""``: leave it out)."""
+        return self._set(predictionCol=value)
+
+    def setProbabilityCol(self, value: str) -> "TFTransformer":
+        """Sets the class-probability Vector column of a classifier (``""``: leave it out)."""
+        return self._set(probabilityCol=value)
+
+    def setRawPredictionCol(self, value: str) -> "TFTransformer":
+        """Sets the raw-score Vector column of a classifier (``""``: leave it out)."""
+        return self._set(rawPredictionCol=value)
+
+    def _classifier_cols(self) -> dict[str, str]:
+        """Spark ML's columns this transform adds (kind -> name): only for a single-output classifier."""
+        if self.getOrDefault(self.task) not in ("multiclass", "binary") or len(self.getOutputCols()) != 1:
+            return {}
+        cols = {
+            "prediction": self.getPredictionCol(),
+            "probability": self.getProbabilityCol(),
+            "rawPrediction": self.getRawPredictionCol(),
+        }
+        return {k: v for k, v in cols.items() if v}
 
     # --- getters ---
     def getHistory(self) -> dict[str, list[float]]:
@@ -285,14 +342,31 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
         features = self.getFeatureCols()
         if not features:
             raise ValueError("TFTransformer needs feature_cols. Received: none.")
-        for c in features:
-            column_info(df, c, "feature")
+        known = self.isDefined(self.input_specs) and self.getOrDefault(self.input_specs)
+        specs = self._inputs() if known else [None] * len(features)
+        for c, spec in zip(features, specs):
+            info = column_info(df, c, "feature")
+            if spec is not None and info.kind == "scalar" and spec.elements not in (None, 1):
+                raise ValueError(
+                    f"Feature column '{c}' holds one value per row; model input '{spec.name}' takes "
+                    f"{spec.elements} (shape {tuple(spec.shape)}). Use an array or Vector column (e.g. a "
+                    "VectorAssembler of the scalar columns)."
+                )
         clash = [c for c in self.getOutputCols() if c in df.columns]
         if clash:
             raise ValueError(
                 f"Output columns {clash} already exist in the DataFrame. Set output_cols to new names "
-                "or drop those columns first."
+                "(setOutputCols) or drop those columns first."
             )
+        spark_cols = self._classifier_cols()
+        taken = set(df.columns) | set(self.getOutputCols())
+        for kind, name in spark_cols.items():
+            if name in taken:
+                raise ValueError(
+                    f"{kind}Col {name!r} already exists in the DataFrame or is an output column. Set {kind}Col to a "
+                    f"new name (set{kind[0].upper() + kind[1:]}Col), or to '' to leave that column out."
+                )
+            taken.add(name)
         if len(self.getOutputCols()) != len(self._outputs()):
             raise ValueError(
                 f"output_cols must name one column per model output ({len(self._outputs())}). "
@@ -359,10 +433,42 @@ class TFTransformer(Model, ColumnParams, MLWritable, MLReadable):
             args.append((vector_to_array(c_ref, "float32") if info.kind == "vector" else c_ref).alias(n))
         packed = F.struct(*args)
         if len(output_cols) == 1:
-            return dataset.withColumn(output_cols[0], udf(packed))
+            return self._with_classifier_cols(dataset.withColumn(output_cols[0], udf(packed)), output_cols[0])
         tmp = "__hvd_spark_pred"
         out = dataset.withColumn(tmp, udf(packed))
         return out.select("*", *[F.col(tmp).getField(c).alias(c) for c in output_cols]).drop(tmp)
+
+    def _with_classifier_cols(self, df, out: str):
+        """Adds a classifier's prediction (class index, double), probability and rawPrediction (Vectors)
+        from its output column, with Spark SQL (no second pass through the model)."""
+        cols = self._classifier_cols()
+        if not cols:
+            return df
+        from pyspark.ml.functions import array_to_vector
+        from pyspark.sql import functions as F
+
+        from hvd_spark._internal.data import col
+
+        o, logits = col(out), bool(self.getOrDefault(self.from_logits))
+        if self.getOrDefault(self.task) == "multiclass":
+            raw = o
+            if logits:
+                top = F.array_max(o)
+                e = F.transform(o, lambda x: F.exp(x - top))
+                total = F.aggregate(e, F.lit(0.0), lambda acc, x: acc + x)
+                prob = F.transform(e, lambda x: x / total)
+            else:
+                prob = o
+            # SQL text: F.array_position takes a Column as its value only from Spark 4.0 on.
+            quoted = "`" + out.replace("`", "``") + "`"
+            pred = F.expr(f"CAST(array_position({quoted}, array_max({quoted})) - 1 AS DOUBLE)")
+        else:  # binary: the output is the probability (or logit) of class 1
+            p1 = 1.0 / (1.0 + F.exp(-o)) if logits else o
+            raw = F.array(-o, o) if logits else F.array(1.0 - o, o)
+            prob = F.array(1.0 - p1, p1)
+            pred = (p1 > 0.5).cast("double")
+        exprs = {"prediction": pred, "probability": array_to_vector(prob), "rawPrediction": array_to_vector(raw)}
+        return df.select("*", *[exprs[kind].alias(name) for kind, name in cols.items()])
 
     # --- persistence (save / load come from MLWritable / MLReadable) ---
     @classmethod

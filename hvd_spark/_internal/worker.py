@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import keras
 
+from hvd_spark._internal import settings
 from hvd_spark._internal.contracts import RunConfig
 from hvd_spark._internal.keras_hvd import _is_number
 
@@ -96,6 +97,8 @@ def train(cfg: RunConfig) -> dict:
     keras.utils.set_random_seed(cfg.seed)
     custom_objects = cloudpickle.loads(cfg.custom_objects) if cfg.custom_objects else None
     model = _build_model(cfg, custom_objects)
+    if cfg.compile.get("learning_rate") is not None:
+        model.optimizer.learning_rate = float(cfg.compile["learning_rate"])  # the fit's own, also after a resume
     make_distributed(model.optimizer)
     synced = synchronize_batch_norm(model)
     if synced and rank == 0:
@@ -144,7 +147,7 @@ def train(cfg: RunConfig) -> dict:
             "weights_digest": _weights_digest(model),
             "iterations": int(model.optimizer.iterations.numpy()),
             "train_seconds": train_seconds,
-            "host": os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),
+            "host": os.environ.get(settings.ENV_HOST) or os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),
             "state_reconciled": state_cb.reconciled,
         }
         if rank == 0:

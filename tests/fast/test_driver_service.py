@@ -105,3 +105,21 @@ def test_a_task_cut_off_from_the_driver_stops_its_rank():
         client.close()
     finally:
         svc.stop()
+
+
+def test_tf_notices_are_recognized_and_the_users_level_wins(monkeypatch):
+    from hvd_spark._internal import logs
+
+    assert logs.is_tf_notice(
+        "I0000 00:00:1795399587.622207    3804 port.cc:153] oneDNN custom operations are on. You may see ..."
+    )
+    assert logs.is_tf_notice("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR")
+    assert logs.is_tf_notice("To enable the following instructions: AVX2 FMA, in other operations, rebuild ...")
+    assert not logs.is_tf_notice("E0000 00:00:1795399587.622207    3804 op.cc:12] a real error")
+    assert not logs.is_tf_notice("epoch 1/3 - loss: 0.5")
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    assert logs.rank_env_defaults(None) == {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")
+    assert logs.rank_env_defaults({"A": "b"}) == {"A": "b", "TF_CPP_MIN_LOG_LEVEL": "1"}  # the driver's
+    assert logs.rank_env_defaults({"TF_CPP_MIN_LOG_LEVEL": "0"})["TF_CPP_MIN_LOG_LEVEL"] == "0"  # env= wins
+    assert logs.tf_quiet({"TF_CPP_MIN_LOG_LEVEL": "2"}) and not logs.tf_quiet({"TF_CPP_MIN_LOG_LEVEL": "0"})
