@@ -45,6 +45,25 @@ def digits_model():
     return keras.Model(inputs, outputs)
 
 
+def _print_mlflow_run(run_id: str) -> None:
+    """What the fit left in MLflow: params, tags, each metric's per-epoch history, the model."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    data = client.get_run(run_id).data
+    print(f"MLflow run {run_id} ({mlflow.get_tracking_uri()}):")
+    for k, v in sorted(data.params.items()):
+        print(f"  param  {k} = {v}")
+    for k, v in sorted(data.tags.items()):
+        if k.startswith("hvd_spark."):
+            print(f"  tag    {k} = {v}")
+    for name in sorted(data.metrics):
+        values = [f"{m.value:.4g}" for m in client.get_metric_history(run_id, name)]
+        print(f"  metric {name}: {', '.join(values)}")
+    for m in mlflow.search_logged_models(filter_string=f"source_run_id = '{run_id}'", output_format="list"):
+        print(f"  model  {m.name}: {m.model_uri}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-proc", type=int, default=2)
@@ -53,6 +72,12 @@ def main():
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--store", default=os.path.join(os.getcwd(), "hvd_spark_store"))
     p.add_argument("--run-id", default=None, help="default: a new run each time")
+    p.add_argument(
+        "--mlflow",
+        default=None,
+        metavar="URI",
+        help="track the fit in MLflow at this tracking URI (e.g. sqlite:///mlflow.db; needs hvd_spark[mlflow])",
+    )
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -87,7 +112,15 @@ def main():
             run_id=a.run_id,
         )
         t0 = time.time()
-        fitted = est.fit(train_df)
+        if a.mlflow:
+            import mlflow
+
+            mlflow.set_tracking_uri(a.mlflow)
+            with mlflow.start_run(run_name="digits") as run:
+                fitted = est.fit(train_df)
+            _print_mlflow_run(run.info.run_id)
+        else:
+            fitted = est.fit(train_df)
         fit_s = time.time() - t0
 
         t0 = time.time()

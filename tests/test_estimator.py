@@ -118,6 +118,14 @@ def test_transform_of_bad_rows_names_the_column(fitted, spark, udf):
     nulls = spark.createDataFrame([([0.5] * 64, 0), (None, 1)], "features array<double>, label long").coalesce(1)
     with pytest.raises(Exception, match=r"Feature column 'features' has 1 null values"):
         model.transform(nulls).collect()
+    # Asked for: a null prediction for that row (the other predicted as alone), or the row left out.
+    kept = model.copy({model.handleInvalid: "keep"}).transform(nulls).orderBy("label").collect()
+    alone = model.transform(nulls.where("label = 0")).collect()[0]
+    assert kept[0]["label__output"] == pytest.approx(alone["label__output"]) and kept[0]["prediction"] is not None
+    assert (kept[1]["label__output"], kept[1]["prediction"], kept[1]["probability"]) == (None, None, None)
+    assert [r["label"] for r in model.copy({model.handleInvalid: "skip"}).transform(nulls).collect()] == [0]
+    with pytest.raises(ValueError, match="handleInvalid must be 'error', 'keep' or 'skip'"):
+        model.copy({model.handleInvalid: "drop"}).transform(nulls)
     scalar = spark.createDataFrame([(0.5, 0)], "features double, label long")
     with pytest.raises(ValueError, match=r"Feature column 'features' holds one value per row; model input"):
         model.transform(scalar)  # found on the schema, before any job

@@ -67,13 +67,58 @@ def test_dict_inputs_matched_by_name_train_and_transform(frame, tmp_path):
     np.testing.assert_allclose(out["y__output"].to_numpy(), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_an_explicit_mapping_and_a_wrong_one(frame, tmp_path, spark):
-    renamed = frame.withColumnRenamed("num", "numbers").withColumnRenamed("cat", "category")
-    est = _estimator(tmp_path, {"num": "numbers", "cat": "category"})
+def test_an_explicit_mapping_with_stacked_scalar_columns_and_a_wrong_one(frame, tmp_path, spark):
+    """{"num": [n0..n6], "cat": "category"}: seven scalar columns stacked (in that order) into one input."""
+    from pyspark.sql import functions as F
+
+    parts = [f"n{i}" for i in range(7)]
+    renamed = frame.select(
+        *[F.col("num")[i].cast("double").alias(p) for i, p in enumerate(parts)], F.col("cat").alias("category"), "y"
+    )
+    est = _estimator(tmp_path, {"num": parts, "cat": "category"})
     est.setEpochs(1)
-    assert est.fit(renamed).getFeatureCols() == ["category", "numbers"]
+    fitted = est.fit(renamed)
+    assert fitted.getFeatureCols() == ["category", parts]
+    out = fitted.transform(renamed).toPandas()
+    x = {"num": out[parts].to_numpy().astype("float32"), "cat": out["category"].to_numpy().reshape(-1, 1)}
+    np.testing.assert_allclose(out["y__output"], fitted.getModel().predict(x, verbose=0).ravel(), rtol=1e-4, atol=1e-5)
+    # A null in one of the stacked columns: the error names the group; handleInvalid="keep" gives a null.
+    holed = renamed.limit(3).withColumn("n3", F.when(F.col("y") >= 0, None).otherwise(F.col("n3")).cast("double"))
+    with pytest.raises(Exception, match=r"Feature column '\[n0, n1, n2, n3, n4, n5, n6\]' has \d+ null values"):
+        fitted.transform(holed).collect()
+    assert {r["y__output"] for r in fitted.setHandleInvalid("keep").transform(holed).collect()} == {None}
+    with pytest.raises(ValueError, match=r"Feature column '\[n0, n1, n2, n3, n4, n5, n6\]' has 3 of 3 rows with null"):
+        _estimator(tmp_path, {"num": parts, "cat": "category"}).fit(holed)
     with pytest.raises(ValueError, match=r"feature_cols maps the model's inputs by name: expected the keys"):
-        _estimator(tmp_path, {"num": "numbers", "kat": "category"}).fit(renamed)
+        _estimator(tmp_path, {"num": parts, "kat": "category"}).fit(renamed)
+    with pytest.raises(TypeError, match=r"are stacked into one model input.*\['num'\] hold several values"):
+        _estimator(tmp_path, {"num": ["n0", "num"], "cat": "cat"}).fit(frame.withColumn("n0", F.lit(1.0)))
+
+
+def test_thirteen_scalar_columns_feed_a_one_input_model(spark, tmp_path):
+    """The wine data as a DataFrame of 13 numeric columns, and a model with one 13-wide input: no
+    VectorAssembler; fit and transform stack the columns in the order given."""
+    from sklearn.datasets import load_wine
+
+    wine = load_wine(as_frame=True)
+    x = wine.data
+    pdf = ((x - x.mean()) / x.std()).assign(label=wine.target.astype("int64"))
+    pdf.columns = [c.replace("/", "_") if c != "label" else c for c in pdf.columns]
+    names = [c for c in pdf.columns if c != "label"]
+    df = spark.createDataFrame(pdf).repartition(2).cache()
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([keras.Input((13,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
+    est = hvd_spark.HorovodEstimator(
+        num_proc=2, store=str(tmp_path / "store"), model=model, optimizer=keras.optimizers.Adam(0.02),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), feature_cols=names,
+        label_cols=["label"], batch_size=16, epochs=15, verbose=0,
+    )  # fmt: skip
+    fitted = est.fit(df)
+    assert fitted.getFeatureCols() == [names]
+    out = fitted.transform(df).toPandas()
+    assert float((out["prediction"] == out["label"]).mean()) >= 0.9
+    logits = fitted.getModel().predict(out[names].to_numpy().astype("float32"), verbose=0)
+    np.testing.assert_allclose(np.stack(out["label__output"].to_numpy()), logits, rtol=1e-4, atol=1e-5)
 
 
 def test_dict_outputs_matched_to_label_columns_by_key(frame, tmp_path):

@@ -163,6 +163,45 @@ def test_train_validation_split_over_learning_rate_picks_the_better_model_and_sa
     assert before == after
 
 
+def test_cross_validator_over_learning_rate_averages_folds_and_saves(spark, tmp_path):
+    """CrossValidator: numFolds fits per grid point on disjoint folds, avgMetrics read by a real
+    evaluator, the best grid point refitted on all the data; the tuning model saves and loads."""
+    import os
+    import sys
+
+    import keras
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+    from pyspark.ml.tuning import CrossValidator, CrossValidatorModel, ParamGridBuilder
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    from digits import digits_frames, digits_model
+
+    train, test = digits_frames(spark)
+    keras.utils.set_random_seed(5)
+    est = hvd_spark.HorovodEstimator(
+        num_proc=2, store=str(tmp_path / "store"), model=digits_model(), optimizer=keras.optimizers.Adam(),
+        loss="sparse_categorical_crossentropy", feature_cols=["features"], label_cols=["label"],
+        batch_size=32, epochs=2, verbose=0,
+    )  # fmt: skip
+    grid = ParamGridBuilder().addGrid(est.learning_rate, [1e-5, 0.01]).build()
+    evaluator = MulticlassClassificationEvaluator(metricName="accuracy")
+    cv = CrossValidator(estimator=est, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2, seed=7)
+    tuned = cv.fit(train.cache())
+    slow, fast = tuned.avgMetrics
+    assert fast >= 0.85 and slow < fast - 0.2, tuned.avgMetrics
+    assert tuned.bestModel.getFitSummary() is not None  # refitted on all the data with the best point
+    assert evaluator.evaluate(tuned.bestModel.transform(test)) >= 0.85
+    runs = sorted(p.name for p in (tmp_path / "store" / "runs").iterdir())
+    assert len(runs) == 2 * 2 + 1, runs  # each fold of each grid point, then the refit: its own run
+
+    tuned.save(str(tmp_path / "cv"))
+    loaded = CrossValidatorModel.load(str(tmp_path / "cv"))
+    assert loaded.avgMetrics == pytest.approx(tuned.avgMetrics)
+    assert evaluator.evaluate(loaded.bestModel.transform(test)) == pytest.approx(
+        evaluator.evaluate(tuned.bestModel.transform(test))
+    )
+
+
 def test_learning_rate_is_checked_before_any_work(spark, tmp_path):
     import keras
 

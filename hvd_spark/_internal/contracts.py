@@ -95,6 +95,7 @@ class RunConfig:
     shuffle_buffer_size: int
     seed: int
     verbose: int
+    progress_interval: float  # seconds between rank 0's in-epoch progress events; 0: none
     reader: str  # "arrow" or "petastorm"
     num_threads: int
     # --- per attempt ---

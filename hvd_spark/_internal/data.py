@@ -4,17 +4,25 @@ Everything here runs Spark jobs; nothing is collected to the driver but counts a
 per-column statistics, so data larger than the driver's memory works.
 """
 
+import functools
 import hashlib
 import json
 import logging
 import math
+import operator
 import posixpath
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any, TypeGuard
 
-from hvd_spark._internal.specs import ColumnInfo, TensorSpec, check_feature_lengths, check_label_lengths
+from hvd_spark._internal.specs import (
+    ColumnInfo,
+    TensorSpec,
+    check_feature_lengths,
+    check_label_lengths,
+    group_name,
+)
 from hvd_spark._internal.store import Store
 
 logger = logging.getLogger("hvd_spark")
@@ -25,8 +33,11 @@ FORMAT_VERSION = 2  # 2: attempt folders under data/<key>/, stored column names
 TARGET_FILE_BYTES = 32 * 1024 * 1024
 
 
-def column_info(df, name: str, role: str) -> ColumnInfo:
-    """Classifies a column as scalar / array / vector, or raises a TypeError naming it."""
+def column_info(df, name, role: str) -> ColumnInfo:
+    """Classifies a column as scalar / array / vector, or raises a TypeError naming it. ``name`` may
+    be a list of scalar columns: one array of them, stacked in that order."""
+    if not isinstance(name, str):
+        return _group_info(df, list(name), role)
     from pyspark.ml.linalg import VectorUDT
     from pyspark.mllib.linalg import VectorUDT as OldVectorUDT
     from pyspark.sql import types as T
@@ -57,6 +68,36 @@ def column_info(df, name: str, role: str) -> ColumnInfo:
     )
 
 
+def _group_info(df, parts: list[str], role: str) -> ColumnInfo:
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"{role} columns {parts} are stacked into one input; each may appear once.")
+    infos = [column_info(df, p, role) for p in parts]
+    arrays = [i.name for i in infos if i.kind != "scalar"]
+    if arrays:
+        raise TypeError(
+            f"{role} columns {group_name(parts)} are stacked into one model input, which needs one "
+            f"value per column; {arrays} hold several values per row. Stack scalar columns only, or "
+            "give each array / Vector column its own input."
+        )
+    integer = all(i.is_integer for i in infos)
+    return ColumnInfo(group_name(parts), "array", "int" if integer else "float", integer, parts=tuple(parts))
+
+
+def feature_expr(info: ColumnInfo, element: str = "float"):
+    """The Spark expression of one feature as an array (or a scalar) of ``element``: Vectors turned into
+    arrays, a group of scalar columns stacked into one array (null when any of them is null)."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    if info.parts:
+        stacked = F.array(*[col(p).cast(element) for p in info.parts])
+        return F.when(functools.reduce(operator.or_, [col(p).isNull() for p in info.parts]), F.lit(None)).otherwise(
+            stacked
+        )
+    c = col(info.name)
+    return vector_to_array(c, "float32") if info.kind == "vector" else c
+
+
 def col(name: str):
     """A reference to the top-level column ``name``, whatever characters it holds (``x.y``, ``a b``)."""
     from pyspark.sql import functions as F
@@ -69,6 +110,10 @@ def _as_stored(info: ColumnInfo):
     on the JVM side, booleans ints, decimals doubles."""
     from pyspark.ml.functions import vector_to_array
 
+    if info.parts:  # nulls inside stay elements of the array: check_stats names the group
+        from pyspark.sql import functions as F
+
+        return F.array(*[col(p).cast("int" if info.is_integer else "float") for p in info.parts]).alias(info.stored)
     c = col(info.name)
     if info.kind == "vector":
         c = vector_to_array(c, "float32")

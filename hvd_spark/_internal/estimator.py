@@ -15,8 +15,16 @@ from pyspark.ml.util import MLReadable, MLWritable
 from hvd_spark._internal import data as data_mod
 from hvd_spark._internal.contracts import DataSpec, FitSummary, RankSummary, RunConfig
 from hvd_spark._internal.params import EstimatorParams
+from hvd_spark._internal.progress import BATCH_INTERVAL, FitProgress, interactive
 from hvd_spark._internal.restarts import LOST_HOST_TYPES, RESTARTABLE, should_restart
-from hvd_spark._internal.specs import assign_files, match_columns, specs_to_dicts, steps_per_epoch, with_stored_names
+from hvd_spark._internal.specs import (
+    assign_files,
+    match_columns,
+    specs_to_dicts,
+    stack_for_single_input,
+    steps_per_epoch,
+    with_stored_names,
+)
 from hvd_spark._internal.store import Checkpoint, Store, validate_run_id
 from hvd_spark._internal.transformer import TFTransformer
 from hvd_spark.errors import HvdSparkError, JobTimeoutError, RankFailedError
@@ -47,7 +55,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         optimizer, loss, loss_weights, metrics: as for ``model.compile``; default: the
             model's compiled ones.
         custom_objects: custom Keras objects needed to load the model.
-        feature_cols: one column per model input (numeric, array, or Vector).
+        feature_cols: one column per model input (numeric, array, or Vector), in the model's order
+            or as a dict ``{input name: column}``; an entry may be a list of numeric columns stacked
+            into one input (several plain columns for a one-input model are stacked too).
         label_cols: one column per model output.
         sample_weight_col: optional per-row weight.
         validation: fraction in [0, 1) or the name of a boolean / 0-1 column.
@@ -68,6 +78,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         task: ``"auto"`` (default: a single-output model trained with a cross-entropy loss is a
             classifier), ``"classification"`` or ``"regression"``. A classifier's ``transform``
             also adds Spark ML's ``prediction``, ``probability`` and ``rawPrediction`` columns.
+        mlflow: ``"auto"`` (default: track the fit in the MLflow run active on the driver, if
+            any), ``"on"`` (start a run when none is active; needs the ``mlflow`` extra) or
+            ``"off"``. See docs/estimator.md, "MLflow".
 
     Example:
         >>> est = HorovodEstimator(num_proc=2, store="/tmp/store", model=model, optimizer="adam",
@@ -89,7 +102,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         loss_weights: "list[float] | dict[str, float] | None" = None,
         metrics: Any = None,
         custom_objects: dict[str, Any] | None = None,
-        feature_cols: list[str] | None = None,
+        feature_cols: "list[str | list[str]] | dict[str, str | list[str]] | None" = None,
         label_cols: list[str] | None = None,
         sample_weight_col: str | None = None,
         validation: float | str | None = None,
@@ -110,6 +123,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         max_restarts: int = 0,
         reader: str = "arrow",
         task: str = "auto",
+        mlflow: str | bool = "auto",
     ):
         super().__init__()
         self._setDefault(
@@ -143,6 +157,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             max_restarts=0,
             reader="arrow",
             task="auto",
+            mlflow="auto",
         )
         self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]  # set by @keyword_only
 
@@ -186,6 +201,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 )
         if p["run_id"] is not None:
             validate_run_id(p["run_id"])
+        from hvd_spark._internal.tracking import check_mode
+
+        p["mlflow"] = check_mode(p["mlflow"])
         from hvd_spark._internal.reader import check_reader
 
         check_reader(p["reader"])
@@ -200,18 +218,73 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         t_start = time.time()
         checked = self._check(dataset)
         plan = self._plan_resume(checked)
-        if plan.resume is not None and plan.resume.epoch >= checked.p["epochs"]:
-            return self._finished_run(checked, plan)
-        written = self._materialize(dataset, checked)
-        cfg = self._plan_ranks(checked, plan, written)
-        results, restarts, t_train = self._train_with_restarts(dataset.sparkSession, checked, cfg)
-        return self._verify_and_build(checked, written, cfg, results, restarts, t_train, t_start)
+        tracker = self._open_tracking(checked, plan)
+        try:
+            if plan.resume is not None and plan.resume.epoch >= checked.p["epochs"]:
+                model = self._finished_run(checked, plan)
+            else:
+                written = self._materialize(dataset, checked)
+                cfg = self._plan_ranks(checked, plan, written)
+                listeners = [tracker.on_event] if tracker else []
+                results, restarts, t_train = self._train_with_restarts(dataset.sparkSession, checked, cfg, listeners)
+                model = self._verify_and_build(checked, written, cfg, results, restarts, t_train, t_start)
+        except BaseException:
+            if tracker is not None:
+                tracker.close(error=True)
+            raise
+        if tracker is not None:
+            self._close_tracking(tracker, checked, model)
+        return model
+
+    def _open_tracking(self, c: "_Checked", plan: "_ResumePlan"):
+        """MLflow (``mlflow`` param): the run this fit is logged in, or None."""
+        from hvd_spark._internal.tracking import FitTracker
+
+        store, run_id = c.store, plan.run_id
+        tags = {
+            "run_id": run_id,
+            "store": store.prefix,
+            "run_path": store._url(store.run_path(run_id)),
+            "model_path": store._url(store.model_path(run_id)),
+            "checkpoints_path": store._url(store.checkpoints_path(run_id)),
+            "logs_path": store._url(store.logs_path(run_id)),
+            "resumed_from_epoch": str(plan.resume.epoch if plan.resume else 0),
+        }
+        params = {k: v for k, v in c.p.items() if k not in ("mlflow", "verbose")}
+        params["run_id"] = run_id
+        return FitTracker.open(c.p["mlflow"], params, tags)
+
+    def _close_tracking(self, tracker, c: "_Checked", model: "TFTransformer") -> None:
+        """Logs the epochs the events missed, the fit's summary and the model. A tracking failure here
+        is a warning: the trained model is returned either way."""
+        from hvd_spark._internal.tracking import signature
+
+        history = model.getHistory()
+        epochs = max((len(v) for v in history.values()), default=0)
+        epoch_logs = [{k: v[i] for k, v in history.items() if i < len(v)} for i in range(epochs)]
+        s = model.getFitSummary()
+        summary = (
+            {
+                "fit_seconds": s.fit_seconds,
+                "materialize_seconds": s.materialize_seconds,
+                "train_job_seconds": s.train_job_seconds,
+                "restarts": s.restarts,
+            }
+            if s
+            else {}
+        )
+        try:
+            tracker.close(
+                epoch_logs=epoch_logs, summary=summary, model=model.getModel(), sig=signature(c.inputs, c.outputs)
+            )
+        except Exception as e:
+            logger.warning("MLflow: logging the fit's end to run %s failed: %s", tracker.run_id, e, exc_info=True)
 
     def _check(self, dataset) -> "_Checked":
         """Step 1: params, the model against the columns, launch options. Nothing is written before
         this returns, so every mistake found here leaves the store as it was."""
         from hvd_spark._internal.launcher import resolve_launch_options
-        from hvd_spark._internal.logs import ensure_visible
+        from hvd_spark._internal.logs import TF_LOG_LEVEL, ensure_visible
         from hvd_spark._internal.model_info import is_compiled, model_specs, prediction_task
         from hvd_spark._internal.serde import model_custom_objects
 
@@ -220,7 +293,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         model = p["model"]
         inputs, outputs = model_specs(model)
         # Columns in the model's order (matched by name where they are named after its tensors).
-        features = p["feature_cols"] = match_columns(p["feature_cols"], inputs, "feature_cols", "input")
+        features = p["feature_cols"] = stack_for_single_input(
+            match_columns(p["feature_cols"], inputs, "feature_cols", "input"), inputs
+        )
         labels = p["label_cols"] = match_columns(p["label_cols"], outputs, "label_cols", "output")
         if isinstance(p["output_cols"], dict):
             p["output_cols"] = match_columns(p["output_cols"], outputs, "output_cols", "output")
@@ -266,6 +341,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             num_proc=p["num_proc"],
             backend=p["backend"],
             start_timeout=p["start_timeout"],
+            # verbose=2 shows everything, TF's C++ notices included, unless the driver's env says otherwise
+            env={TF_LOG_LEVEL: os.environ.get(TF_LOG_LEVEL, "0")} if p["verbose"] == 2 else None,
         )
         custom_objects = model_custom_objects(model, p["custom_objects"]) or None
         for name, value in (("callbacks", p["callbacks"]), ("custom_objects", custom_objects)):
@@ -421,11 +498,12 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             shuffle_buffer_size=int(p["shuffle_buffer_size"]),
             seed=w.seed,
             verbose=int(p["verbose"]),
+            progress_interval=BATCH_INTERVAL if p["verbose"] and interactive() else 0.0,
             reader=p["reader"],
             num_threads=c.options.num_threads,
         )
 
-    def _train_with_restarts(self, spark, c: "_Checked", cfg: RunConfig) -> tuple[list[dict], int, float]:
+    def _train_with_restarts(self, spark, c: "_Checked", cfg: RunConfig, listeners=()) -> tuple[list[dict], int, float]:
         """Step 5: one barrier job per attempt, each from the latest complete checkpoint (none: from the
         user's model); a failed attempt restarts when ``restarts.should_restart`` says so.
 
@@ -440,6 +518,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         model_bytes = None
         restarts = 0
         lost_hosts: set[str] = set()  # hosts whose executor or network went away in a failed attempt
+        progress = FitProgress(int(c.p["verbose"]), bar=cfg.progress_interval > 0, listeners=list(listeners))
         while True:
             resume = store.latest_checkpoint(run_id)
             if resume is not None:
@@ -465,7 +544,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                         args=(cfg,),
                         spark=spark,
                         options=c.options,
-                        on_event=_Progress(c.p["verbose"]),
+                        on_event=progress,
                         description="HorovodEstimator.fit",
                     )
                 except JobTimeoutError as e:
@@ -565,23 +644,6 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         from hvd_spark._internal.persistence import EstimatorWriter
 
         return EstimatorWriter(self)
-
-
-class _Progress:
-    """Driver-side: logs each epoch's metrics as rank 0 reports them."""
-
-    def __init__(self, verbose: int):
-        self.verbose = verbose
-        self.t0 = time.time()
-        self.last = self.t0
-
-    def __call__(self, rank: int, payload: dict) -> None:
-        if payload.get("kind") != "epoch" or not self.verbose:
-            return
-        now = time.time()
-        logs = " - ".join(f"{k}: {v:.4f}" for k, v in sorted(payload["logs"].items()))
-        logger.info("epoch %d/%d - %.1fs - %s", payload["epoch"], payload["epochs"], now - self.last, logs)
-        self.last = now
 
 
 def _check_settable_learning_rate(optimizer) -> None:

@@ -7,6 +7,7 @@ and is used here: an optimizer whose ``apply`` first averages the gradients with
 """
 
 import contextlib
+import time
 
 import keras
 import tensorflow as tf
@@ -253,12 +254,40 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
 
 class EventCallback(keras.callbacks.Callback):
-    """Sends each epoch's (averaged) metrics to the driver as a progress event (rank 0 only)."""
+    """Sends progress to the driver (rank 0 only): each epoch's (averaged) metrics and, when
+    ``batch_interval`` > 0, the position within the epoch at most once per ``batch_interval`` seconds
+    (and at the epoch's last step), with rank 0's running metrics."""
 
-    def __init__(self, total_epochs: int, send):
+    def __init__(self, total_epochs: int, send, steps_per_epoch: int | None = None, batch_interval: float = 0.0):
         super().__init__()
         self.total_epochs = total_epochs
+        self.steps = steps_per_epoch
+        self.batch_interval = batch_interval
         self._send = send
+        self._epoch = 0
+        self._last = 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch + 1
+        self._last = time.monotonic()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.batch_interval <= 0:
+            return
+        now, last_step = time.monotonic(), self.steps is not None and batch + 1 >= self.steps
+        if now - self._last < self.batch_interval and not last_step:
+            return
+        self._last = now
+        self._send(
+            {
+                "kind": "batch",
+                "epoch": self._epoch,
+                "epochs": self.total_epochs,
+                "step": batch + 1,
+                "steps": self.steps,
+                "logs": {k: float(v) for k, v in (logs or {}).items() if _is_number(v)},
+            }
+        )
 
     def on_epoch_end(self, epoch, logs=None):
         self._send(

@@ -38,19 +38,33 @@ def _opt_positive_float(name):
     return conv
 
 
-def _str_list(name):
+def _str_list(name, groups: bool = False):
+    """A converter for column-list params. With ``groups``, an entry may also be a list of column
+    names (scalar columns stacked into one model input)."""
+
+    def entry(c):
+        if isinstance(c, str):
+            return c
+        if groups and isinstance(c, (list, tuple)) and c and all(isinstance(p, str) for p in c):
+            return list(c)
+        raise TypeError
+
     def conv(x):
         if x is None:
             return None
         if isinstance(x, str):
             return [x]
-        if isinstance(x, (list, tuple)) and all(isinstance(c, str) for c in x):
-            return list(x)
-        if isinstance(x, dict) and all(isinstance(k, str) and isinstance(c, str) for k, c in x.items()):
-            return dict(x)  # model tensor name (or dict key) -> column
+        try:
+            if isinstance(x, (list, tuple)):
+                return [entry(c) for c in x]
+            if isinstance(x, dict) and all(isinstance(k, str) for k in x):
+                return {k: entry(c) for k, c in x.items()}  # model tensor name (or dict key) -> column
+        except TypeError:
+            pass
+        group = " (or a list of scalar columns to stack into one input)" if groups else ""
         raise TypeError(
-            f"{name} must be a column name, a list of column names or a dict of model tensor name -> column. "
-            f"Received: {x!r}."
+            f"{name} must be a column name, a list of column names or a dict of model tensor name -> "
+            f"column{group}. Received: {x!r}."
         )
 
     return conv
@@ -108,9 +122,10 @@ def _setter(name: str, doc: str):
 class ColumnParams(Params):
     feature_cols = _param(
         "feature_cols",
-        "Feature column names, one per model input, in the model's input order. "
-        "Columns may be numeric, arrays of numbers, or Vectors.",
-        _str_list("feature_cols"),
+        "Feature column names, one per model input, in the model's input order (or a dict: input name "
+        "-> column). Columns may be numeric, arrays of numbers, or Vectors; an entry may be a list of "
+        "numeric columns, stacked in that order into one input.",
+        _str_list("feature_cols", groups=True),
     )
     label_cols = _param(
         "label_cols", "Label column names, one per model output, in the model's output order.", _str_list("label_cols")
@@ -230,3 +245,10 @@ class EstimatorParams(ColumnParams):
         TypeConverters.toInt,
     )
     start_timeout = _param("start_timeout", "Seconds for all ranks to start (default 600).", _identity)
+    mlflow = _param(
+        "mlflow",
+        "MLflow tracking of the fit (extra 'mlflow'): 'auto' (default: when an MLflow run is active on "
+        "the driver), 'on' (also starts a run when none is active) or 'off'. Logs the params, each "
+        "epoch's rank-averaged metrics as they arrive, the run id and store paths, and the model.",
+        _identity,
+    )

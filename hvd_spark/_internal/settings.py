@@ -7,6 +7,7 @@ ENV_START_TIMEOUT = "HVD_SPARK_START_TIMEOUT"  # seconds for all ranks to start
 ENV_GLOO_TIMEOUT = "HVD_SPARK_GLOO_TIMEOUT"  # seconds for Gloo's rendezvous and collectives set-up
 ENV_ABORT_GRACE = "HVD_SPARK_ABORT_GRACE"  # seconds ranks get to stop after an abort
 ENV_MATERIALIZE_WAIT = "HVD_SPARK_MATERIALIZE_WAIT"  # seconds a fit waits for another fit writing the same data
+ENV_PROGRESS = "HVD_SPARK_PROGRESS"  # 1 / 0: the fit's live progress bar on / off (default: on a TTY or notebook)
 ENV_HEARTBEAT_TIMEOUT = "HVD_SPARK_HEARTBEAT_TIMEOUT"  # seconds of silence after which a task (or the driver) is lost
 
 # Set by the launcher in each rank's process (read by hvd_spark's worker side).

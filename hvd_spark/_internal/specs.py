@@ -78,7 +78,8 @@ def match_columns(cols, specs: "Sequence[TensorSpec]", param: str, what: str) ->
             )
         return [cols[n] for n in names]
     cols = list(cols)
-    if sorted(cols) == sorted(names) and len(set(names)) == len(names):
+    named = all(isinstance(c, str) for c in cols)
+    if named and sorted(cols) == sorted(names) and len(set(names)) == len(names):
         return names  # the columns are named after the tensors: matched by name, whatever the order
     return cols
 
@@ -97,9 +98,31 @@ class ColumnInfo:
     element_type: str
     is_integer: bool
     stored: str = ""
+    parts: tuple[str, ...] = ()  # scalar columns stacked (in this order) into one array; name: group_name(parts)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if not self.parts:
+            del d["parts"]  # as before groups existed: materialization keys of plain columns stay the same
+        return d
+
+
+def group_name(parts: Sequence[str]) -> str:
+    """How a group of stacked scalar columns is named in messages and statistics: ``[a, b, c]``."""
+    return "[" + ", ".join(parts) + "]"
+
+
+def column_label(c) -> str:
+    """A feature_cols entry (a column, or a list of scalar columns to stack) as one name."""
+    return c if isinstance(c, str) else group_name(c)
+
+
+def stack_for_single_input(cols: list, specs: "Sequence[TensorSpec]") -> list:
+    """Several plain columns for a model with one input: one group, stacked in the order given
+    (13 numeric columns for a 13-wide input, without a VectorAssembler)."""
+    if len(specs) == 1 and len(cols) > 1 and all(isinstance(c, str) for c in cols):
+        return [list(cols)]
+    return cols
 
 
 def with_stored_names(*groups: Sequence[ColumnInfo | None]) -> list[list[ColumnInfo | None]]:

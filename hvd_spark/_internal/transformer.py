@@ -4,6 +4,8 @@ The UDF is of the iterator form: each Python worker loads the model once (cached
 URL and version) and predicts whole Arrow batches, cut into ``batch_size`` chunks.
 """
 
+import functools
+import operator
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -12,12 +14,12 @@ import numpy as np
 import pandas as pd
 from pyspark.ml import Model
 from pyspark.ml.param import TypeConverters
-from pyspark.ml.param.shared import HasPredictionCol, HasProbabilityCol, HasRawPredictionCol
+from pyspark.ml.param.shared import HasHandleInvalid, HasPredictionCol, HasProbabilityCol, HasRawPredictionCol
 from pyspark.ml.util import MLReadable, MLWritable
 
 from hvd_spark._internal.contracts import FitSummary
 from hvd_spark._internal.params import ColumnParams, _param, with_accessors
-from hvd_spark._internal.specs import TensorSpec, unpack
+from hvd_spark._internal.specs import TensorSpec, column_label, stack_for_single_input, unpack
 from hvd_spark._internal.topology import task_cpus
 
 _MODEL_CACHE: dict[str, Any] = {}
@@ -58,6 +60,8 @@ def _predict_columns(
     """
     from hvd_spark._internal.reader import to_model_inputs
 
+    if n == 0:  # e.g. a batch whose rows all had a null feature (handleInvalid="keep")
+        return [np.zeros((0, spec.elements or 1)) for spec in outputs]
     preds: list[list[np.ndarray]] = [[] for _ in outputs]
     for start in range(0, n, batch_size):
         x = to_model_inputs([c[start : start + batch_size] for c in cols], inputs, names)
@@ -78,6 +82,12 @@ def _null_error(col: str, nulls: int, n: int) -> ValueError:
     )
 
 
+def _first_null(names: list[str], nulls: list[int], n: int) -> None:
+    for name, count in zip(names, nulls):
+        if count:
+            raise _null_error(name, count, n)
+
+
 def predict_batches(
     model,
     frames: Iterator[pd.DataFrame],
@@ -86,21 +96,31 @@ def predict_batches(
     feature_cols: list[str],
     output_cols: list[str],
     batch_size: int,
+    keep_invalid: bool = False,
 ) -> Iterator:
-    """Pure batching (pandas): predicts each batch in chunks and yields a Series (one output) or a DataFrame."""
+    """Pure batching (pandas): predicts each batch in chunks and yields a Series (one output) or a DataFrame.
+
+    A row with a null feature raises (naming the column), or with ``keep_invalid`` gets null outputs.
+    """
     for frame in frames:
         n = len(frame)
-        for col in feature_cols:
-            nulls = int(frame[col].isna().sum())
-            if nulls:
-                raise _null_error(col, nulls, n)
+        missing = frame[feature_cols].isna()
+        if not keep_invalid:
+            _first_null(feature_cols, [int(missing[c].sum()) for c in feature_cols], n)
+        valid = ~missing.any(axis=1).to_numpy()
+        rows = frame if valid.all() else frame[valid]
         arrays = _predict_columns(
-            model, [frame[c].to_numpy() for c in feature_cols], n, inputs, outputs, batch_size, feature_cols
+            model, [rows[c].to_numpy() for c in feature_cols], len(rows), inputs, outputs, batch_size, feature_cols
         )
-        columns = {
-            name: (pd.Series(arr[:, 0]) if _is_scalar(spec) else pd.Series(list(arr)))
-            for name, spec, arr in zip(output_cols, outputs, arrays)
-        }
+        columns = {}
+        for name, spec, arr in zip(output_cols, outputs, arrays):
+            values = list(arr[:, 0]) if _is_scalar(spec) else list(arr)
+            if len(rows) < n:  # null outputs for the rows kept without a prediction
+                full: list = [None] * n
+                for i, v in zip(np.flatnonzero(valid), values):
+                    full[i] = v
+                values = full
+            columns[name] = pd.Series(values, dtype="float64" if _is_scalar(spec) else object)
         yield columns[output_cols[0]] if len(output_cols) == 1 else pd.DataFrame(columns)
 
 
@@ -112,31 +132,47 @@ def predict_arrow_batches(
     feature_cols: list[str],
     output_cols: list[str],
     batch_size: int,
+    keep_invalid: bool = False,
 ) -> Iterator:
     """Pure batching (Arrow): each StructArray of feature columns -> an Arrow array of predictions.
 
     List features are reshaped from their flat values and list outputs built from flat values
-    and offsets: no per-row Python on either side.
+    and offsets: no per-row Python on either side. Nulls as in :func:`predict_batches`.
     """
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     for struct in structs:
         if isinstance(struct, pa.ChunkedArray):
             struct = struct.combine_chunks()
         n = len(struct)
         cols = [struct.field(i) for i in range(struct.type.num_fields)]
-        for name, c in zip(feature_cols, cols):
+        if not keep_invalid:
+            _first_null(feature_cols, [c.null_count for c in cols], n)
+        valid = np.ones(n, dtype=bool)
+        for c in cols:
             if c.null_count:
-                raise _null_error(name, c.null_count, n)
-        arrays = _predict_columns(model, cols, n, inputs, outputs, batch_size, feature_cols)
+                valid &= np.asarray(pc.is_valid(c).to_numpy(zero_copy_only=False), dtype=bool)
+        if not valid.all():
+            keep = pa.array(valid)
+            cols = [c.filter(keep) for c in cols]
+        m = int(valid.sum())
+        arrays = _predict_columns(model, cols, m, inputs, outputs, batch_size, feature_cols)
+        nulls = None if m == n else pa.array(~valid)
         out = []
         for spec, arr in zip(outputs, arrays):
+            if m < n:  # scatter the predictions to their rows; the others stay empty and null
+                full = np.zeros((n, arr.shape[1]), dtype=np.float64)
+                full[valid] = arr
+                arr = full
             if _is_scalar(spec):
-                out.append(pa.array(arr[:, 0], type=pa.float64()))
+                out.append(pa.array(arr[:, 0], type=pa.float64(), mask=None if nulls is None else ~valid))
             else:
                 width = arr.shape[1]
-                offsets = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32))
-                out.append(pa.ListArray.from_arrays(offsets, pa.array(arr.reshape(-1), type=pa.float64())))
+                sizes = np.where(valid, width, 0)
+                offsets = pa.array(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32))
+                flat = pa.array(arr[valid].reshape(-1), type=pa.float64())
+                out.append(pa.ListArray.from_arrays(offsets, flat, mask=nulls))
         yield out[0] if len(out) == 1 else pa.StructArray.from_arrays(out, names=list(output_cols))
 
 
@@ -156,13 +192,23 @@ def _is_scalar(spec: TensorSpec) -> bool:
 
 @with_accessors(setters=("batch_size", "inference_udf"))
 class TFTransformer(
-    Model, ColumnParams, HasPredictionCol, HasProbabilityCol, HasRawPredictionCol, MLWritable, MLReadable
+    Model,
+    ColumnParams,
+    HasPredictionCol,
+    HasProbabilityCol,
+    HasRawPredictionCol,
+    HasHandleInvalid,
+    MLWritable,
+    MLReadable,
 ):
     """Adds a trained Keras model's predictions to a DataFrame.
 
     Returned by :meth:`HorovodEstimator.fit`; also loadable with ``TFTransformer.load(path)``.
     Output columns are ``double`` for a single-value output and ``array<double>`` otherwise
     (higher-rank outputs are flattened, row-major).
+
+    A row with a null feature is refused by default, naming the column (``handleInvalid="error"``);
+    ``"keep"`` gives it null predictions, ``"skip"`` leaves it out of the result.
 
     Example:
         >>> model = estimator.fit(train_df)            # doctest: +SKIP
@@ -214,6 +260,7 @@ class TFTransformer(
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
         rawPredictionCol: str = "rawPrediction",
+        handleInvalid: str = "error",
     ):
         super().__init__()
         self._setDefault(
@@ -226,6 +273,7 @@ class TFTransformer(
             output_cols=None,
             label_cols=None,
             inference_udf="auto",
+            handleInvalid="error",
         )
         kwargs = {
             k: v
@@ -247,6 +295,7 @@ class TFTransformer(
                 predictionCol=predictionCol,
                 probabilityCol=probabilityCol,
                 rawPredictionCol=rawPredictionCol,
+                handleInvalid=handleInvalid,
             ).items()
             if v is not None
         }
@@ -266,6 +315,11 @@ class TFTransformer(
     def setRawPredictionCol(self, value: str) -> "TFTransformer":
         """Sets the raw-score Vector column of a classifier (``""``: leave it out)."""
         return self._set(rawPredictionCol=value)
+
+    def setHandleInvalid(self, value: str) -> "TFTransformer":
+        """What a row with a null feature gets: ``"error"`` (default), ``"keep"`` (null predictions) or
+        ``"skip"`` (the row is left out)."""
+        return self._set(handleInvalid=value)
 
     def _classifier_cols(self) -> dict[str, str]:
         """Spark ML's columns this transform adds (kind -> name): only for a single-output classifier."""
@@ -343,7 +397,10 @@ class TFTransformer(
         if not features:
             raise ValueError("TFTransformer needs feature_cols. Received: none.")
         known = self.isDefined(self.input_specs) and self.getOrDefault(self.input_specs)
-        specs = self._inputs() if known else [None] * len(features)
+        specs: list[TensorSpec | None] = [None] * len(features)
+        if known:
+            features = stack_for_single_input(features, self._inputs())
+            specs = list(self._inputs())
         for c, spec in zip(features, specs):
             info = column_info(df, c, "feature")
             if spec is not None and info.kind == "scalar" and spec.elements not in (None, 1):
@@ -387,19 +444,23 @@ class TFTransformer(
         return choice == "arrow" or (choice == "auto" and arrow_udfs_available())
 
     def _transform(self, dataset):
-        from pyspark.ml.functions import vector_to_array
         from pyspark.sql import functions as F
         from pyspark.sql.functions import pandas_udf
 
-        from hvd_spark._internal.data import col, column_info
+        from hvd_spark._internal.data import col, column_info, feature_expr
 
         self._check_columns(dataset)
         self._use_arrow_udf()  # a bad inference_udf fails here, before any Spark job
+        invalid = self.getHandleInvalid()
+        if invalid not in ("error", "keep", "skip"):
+            raise ValueError(f"handleInvalid must be 'error', 'keep' or 'skip'. Received: handleInvalid={invalid!r}.")
+        keep = invalid == "keep"
         import cloudpickle
 
-        feature_cols = self.getFeatureCols()
-        output_cols = self.getOutputCols()
         inputs, outputs = self._inputs(), self._outputs()
+        entries = stack_for_single_input(self.getFeatureCols(), inputs)
+        feature_cols = [column_label(c) for c in entries]  # a stacked group by its name: [a, b, c]
+        output_cols = self.getOutputCols()
         url, opts = self.getModelUrl(), dict(self.getOrDefault(self.storage_options) or {})
         co = self.getOrDefault(self.custom_objects)
         co_bytes = cloudpickle.dumps(co) if co else None
@@ -414,7 +475,9 @@ class TFTransformer(
 
             def predict_arrow(structs: Iterator[pa.Array]) -> Iterator[pa.Array]:
                 model = _load_cached(key, url, opts, co_bytes, num_threads)
-                yield from predict_arrow_batches(model, structs, inputs, outputs, feature_cols, output_cols, batch_size)
+                yield from predict_arrow_batches(
+                    model, structs, inputs, outputs, feature_cols, output_cols, batch_size, keep
+                )
 
             # pyspark's stubs type returnType as a DataType literal; a StructType / ArrayType works.
             udf = arrow_udf(predict_arrow, returnType=self._output_type())  # type: ignore[call-overload]
@@ -423,15 +486,14 @@ class TFTransformer(
             def predict(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
                 model = _load_cached(key, url, opts, co_bytes, num_threads)
                 renamed = (f.set_axis(feature_cols, axis=1) for f in frames)
-                yield from predict_batches(model, renamed, inputs, outputs, feature_cols, output_cols, batch_size)
+                yield from predict_batches(model, renamed, inputs, outputs, feature_cols, output_cols, batch_size, keep)
 
             udf = pandas_udf(predict, returnType=self._output_type())  # type: ignore[call-overload]
-        args = []
-        for c, n in zip(feature_cols, names):
-            info = column_info(dataset, c, "feature")
-            c_ref = col(c)
-            args.append((vector_to_array(c_ref, "float32") if info.kind == "vector" else c_ref).alias(n))
-        packed = F.struct(*args)
+        infos = [column_info(dataset, c, "feature") for c in entries]
+        packed = F.struct(*[feature_expr(info).alias(n) for info, n in zip(infos, names)])
+        if invalid == "skip":
+            present = [col(p).isNotNull() for info in infos for p in (info.parts or [info.name])]
+            dataset = dataset.where(functools.reduce(operator.and_, present))
         if len(output_cols) == 1:
             return self._with_classifier_cols(dataset.withColumn(output_cols[0], udf(packed)), output_cols[0])
         tmp = "__hvd_spark_pred"
@@ -468,7 +530,10 @@ class TFTransformer(
             prob = F.array(1.0 - p1, p1)
             pred = (p1 > 0.5).cast("double")
         exprs = {"prediction": pred, "probability": array_to_vector(prob), "rawPrediction": array_to_vector(raw)}
-        return df.select("*", *[exprs[kind].alias(name) for kind, name in cols.items()])
+        # A row kept without a prediction (handleInvalid="keep") has nulls in these columns too.
+        return df.select(
+            "*", *[F.when(o.isNull(), F.lit(None)).otherwise(exprs[kind]).alias(name) for kind, name in cols.items()]
+        )
 
     # --- persistence (save / load come from MLWritable / MLReadable) ---
     @classmethod

@@ -114,7 +114,7 @@ def train(cfg: RunConfig) -> dict:
     if rank == 0:
         callbacks.append(_CheckpointCallback(store, cfg.run_id, cfg.history_so_far, tmp))
         callbacks.append(_tensorboard(store, cfg.run_id, tmp))
-        callbacks.append(EventCallback(cfg.epochs, send_event))
+        callbacks.append(EventCallback(cfg.epochs, send_event, cfg.steps_per_epoch, cfg.progress_interval))
     try:
         with (
             rank_dataset(

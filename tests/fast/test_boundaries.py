@@ -22,6 +22,8 @@ CASES = [
     ("hvd_spark._internal.data", ("tensorflow", "keras", "horovod", "petastorm")),
     ("hvd_spark._internal.driver_service", HEAVY),
     ("hvd_spark._internal.topology", HEAVY),
+    ("hvd_spark._internal.progress", HEAVY),
+    ("hvd_spark._internal.tracking", HEAVY),  # MLflow (which loads a part of pyspark) only inside functions
     ("hvd_spark._internal.task", ("tensorflow", "keras", "pyspark")),
     ("hvd_spark._internal.child", ("tensorflow", "keras", "pyspark")),
     # the rank side (one interpreter: each of these imports TensorFlow, which takes seconds)

@@ -64,6 +64,7 @@ def test_run_config_pickles_and_changes_per_attempt():
         shuffle_buffer_size=100,
         seed=1,
         verbose=1,
+        progress_interval=0.0,
         reader="arrow",
         num_threads=1,
         model_bytes=b"model",
