@@ -9,11 +9,14 @@ import sys
 
 def build_report() -> dict:
     """Returns the versions and the Horovod capabilities of this environment."""
+    from hvd_spark._internal.logs import tf_notices_dropped
+
+    with tf_notices_dropped():  # TF's start-up notices say nothing about the build
+        import tensorflow as tf
     import horovod
     import horovod.tensorflow as hvd
     import pyarrow
     import pyspark
-    import tensorflow as tf
 
     return {
         "horovod": horovod.__version__,

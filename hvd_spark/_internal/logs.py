@@ -1,9 +1,11 @@
 """Makes hvd_spark's progress visible to a person when the application configured no logging."""
 
+import contextlib
 import logging
 import os
 import re
 import sys
+import threading
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -56,3 +58,42 @@ def tf_quiet(env: dict[str, str]) -> bool:
 def is_tf_notice(line: str) -> bool:
     """A TF C++ INFO line or pre-setup notice (kept in a failed rank's last lines, not sent to the log)."""
     return line.startswith(_PRE_INIT) or bool(_ABSL_INFO.match(line))
+
+
+@contextlib.contextmanager
+def tf_notices_dropped():
+    """Drops TensorFlow's C++ start-up notices (written to fd 2 whatever TF_CPP_MIN_LOG_LEVEL says)
+    while the body imports TF, in a process that is not a rank: transform's Python workers, whose
+    stderr is the executor's log (the driver's console in local mode). Other lines pass through.
+    Quiet like the ranks: unless TF_CPP_MIN_LOG_LEVEL is 0, or TF was already imported."""
+    if "tensorflow" in sys.modules or not tf_quiet({TF_LOG_LEVEL: os.environ.get(TF_LOG_LEVEL, DEFAULT_TF_LOG_LEVEL)}):
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    captured: list[bytes] = []
+
+    def drain():
+        while chunk := os.read(read_end, 65536):
+            captured.append(chunk)
+
+    reader = threading.Thread(target=drain, name="hvd_spark-tf-notices", daemon=True)
+    reader.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # closes the pipe's last write end: the reader sees EOF
+        os.close(saved)
+        reader.join(timeout=5)
+        os.close(read_end)
+        kept = [
+            line
+            for line in b"".join(captured).decode("utf-8", "replace").splitlines(keepends=True)
+            if not is_tf_notice(line)
+        ]
+        if kept:
+            os.write(2, "".join(kept).encode())

@@ -34,6 +34,11 @@ def _load_cached(key: str, model_url: str, storage_options: dict, custom_objects
             return model
         import cloudpickle
 
+        from hvd_spark._internal.logs import tf_notices_dropped
+
+        with tf_notices_dropped():
+            import tensorflow  # noqa: F401  # its start-up notices are not the user's business
+
         from hvd_spark._internal.keras_hvd import set_threads
         from hvd_spark._internal.serde import load_model_file
 

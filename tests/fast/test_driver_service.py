@@ -123,3 +123,22 @@ def test_tf_notices_are_recognized_and_the_users_level_wins(monkeypatch):
     assert logs.rank_env_defaults({"A": "b"}) == {"A": "b", "TF_CPP_MIN_LOG_LEVEL": "1"}  # the driver's
     assert logs.rank_env_defaults({"TF_CPP_MIN_LOG_LEVEL": "0"})["TF_CPP_MIN_LOG_LEVEL"] == "0"  # env= wins
     assert logs.tf_quiet({"TF_CPP_MIN_LOG_LEVEL": "2"}) and not logs.tf_quiet({"TF_CPP_MIN_LOG_LEVEL": "0"})
+
+
+def test_tf_notices_written_to_fd_2_during_an_import_are_dropped(monkeypatch, capfd):
+    """transform's Python workers: TF writes its start-up notices to fd 2 (not through sys.stderr),
+    whatever TF_CPP_MIN_LOG_LEVEL says; they are dropped, other lines pass, unless the level is 0."""
+    import os
+
+    from hvd_spark._internal import logs
+
+    notice = b"I0000 00:00:1795399587.622207    3804 port.cc:153] oneDNN custom operations are on.\n"
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    with logs.tf_notices_dropped():
+        os.write(2, notice + b"a line of the user's\n")
+        os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n")
+    assert capfd.readouterr().err == "a line of the user's\n"
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # asked for everything
+    with logs.tf_notices_dropped():
+        os.write(2, notice)
+    assert capfd.readouterr().err == notice.decode()
