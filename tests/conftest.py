@@ -11,6 +11,12 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Spark Connect tests last: a Connect client switches pyspark into Connect mode for the whole
+    process (SPARK_CONNECT_MODE_ENABLED), which classic tests after them would inherit."""
+    items.sort(key=lambda item: item.get_closest_marker("connect") is not None)
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     import hvd_spark

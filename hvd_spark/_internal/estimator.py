@@ -17,6 +17,7 @@ from hvd_spark._internal.contracts import DataSpec, FitSummary, RankSummary, Run
 from hvd_spark._internal.params import EstimatorParams
 from hvd_spark._internal.progress import BATCH_INTERVAL, FitProgress, interactive
 from hvd_spark._internal.restarts import LOST_HOST_TYPES, RESTARTABLE, should_restart
+from hvd_spark._internal.sessions import require_classic
 from hvd_spark._internal.specs import (
     assign_files,
     match_columns,
@@ -289,13 +290,21 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         from hvd_spark._internal.serde import model_custom_objects
 
         p = self._check_params()
+        require_classic(dataset.sparkSession, "HorovodEstimator.fit")
         ensure_visible(p["verbose"])
         model = p["model"]
         inputs, outputs = model_specs(model)
         # Columns in the model's order (matched by name where they are named after its tensors).
-        features = p["feature_cols"] = stack_for_single_input(
-            match_columns(p["feature_cols"], inputs, "feature_cols", "input"), inputs
-        )
+        listed = match_columns(p["feature_cols"], inputs, "feature_cols", "input")
+        features = p["feature_cols"] = stack_for_single_input(listed, inputs)
+        if features is not listed:  # several columns for a one-input model: stacked only if all are scalars
+            wide = [c for c in listed if data_mod.column_info(dataset, c, "feature").kind != "scalar"]
+            if wide:
+                raise ValueError(
+                    f"feature_cols must name one column per model input (1: {[s.name for s in inputs]}). "
+                    f"Received: {listed}. Several columns feed one input only when each holds one number per row "
+                    f"(they are stacked in order); {wide} hold several."
+                )
         labels = p["label_cols"] = match_columns(p["label_cols"], outputs, "label_cols", "output")
         if isinstance(p["output_cols"], dict):
             p["output_cols"] = match_columns(p["output_cols"], outputs, "output_cols", "output")

@@ -21,6 +21,7 @@ import cloudpickle
 from hvd_spark._internal import settings
 from hvd_spark._internal.driver_service import KIND, Kind
 from hvd_spark._internal.outcomes import ERROR, HOST_UNREACHABLE, OK, TASK_LOST, RankOutcome, TaskSpec, pick_failure
+from hvd_spark._internal.sessions import require_classic
 from hvd_spark._internal.topology import task_cpus, task_slots
 from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError
 
@@ -322,6 +323,7 @@ def launch(
 
     payload = pickled_payload(fn, args, kwargs)
     spark = spark or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+    require_classic(spark, description)
     sc = spark.sparkContext
     if options is None:
         options = resolve_launch_options(

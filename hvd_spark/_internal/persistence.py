@@ -6,6 +6,7 @@ callbacks, custom objects) as ``objects.pkl``. Paths are local paths or URLs tha
 """
 
 import posixpath
+from typing import Any
 
 import cloudpickle
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
@@ -31,21 +32,44 @@ def _load_common(cls, path: str, sc):
     return inst, objects, fs, root
 
 
-def _json_params(instance, skip):
-    return {p.name: v for p, v in instance._paramMap.items() if p.name not in skip}
+def _spark(io) -> Any:
+    """What Spark's metadata reader / writer gets: the session on Spark Connect (no SparkContext
+    there; pyspark >= 4.0 accepts it), the SparkContext on a classic session (any pyspark)."""
+    from hvd_spark._internal.sessions import is_connect
+
+    return io.sparkSession if is_connect(io.sparkSession) else io.sc
 
 
-class EstimatorWriter(MLWriter):
+class _Writer(MLWriter):
+    """Spark's MLWriter, with overwrite done through fsspec on Spark Connect (Spark's own goes
+    through the JVM, which a Connect client does not have)."""
+
     def __init__(self, instance):
         super().__init__()
         self.instance = instance
 
+    def _handleOverwrite(self, path: str) -> None:
+        from hvd_spark._internal.sessions import is_connect
+
+        if not is_connect(self.sparkSession):
+            super()._handleOverwrite(path)
+            return
+        fs, root = _fs(path)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+
+def _json_params(instance, skip):
+    return {p.name: v for p, v in instance._paramMap.items() if p.name not in skip}
+
+
+class EstimatorWriter(_Writer):
     def saveImpl(self, path: str) -> None:
         from hvd_spark._internal.serde import dumps_keras_obj, model_to_bytes
         from hvd_spark._internal.store import Store
 
         inst = self.instance
-        DefaultParamsWriter.saveMetadata(inst, path, self.sc, paramMap=_json_params(inst, _OBJECT_PARAMS))
+        DefaultParamsWriter.saveMetadata(inst, path, _spark(self), paramMap=_json_params(inst, _OBJECT_PARAMS))
         fs, root = _fs(path)
         objects = {}
         for name in _OBJECT_PARAMS:
@@ -74,7 +98,7 @@ class EstimatorReader(MLReader):
         from hvd_spark._internal.serde import loads_keras_obj, model_from_bytes
         from hvd_spark._internal.store import Store
 
-        inst, objects, fs, root = _load_common(self.cls, path, self.sc)
+        inst, objects, fs, root = _load_common(self.cls, path, _spark(self))
         custom = cloudpickle.loads(objects["custom_objects"][1]) if "custom_objects" in objects else None
         values = {}
         for name, (kind, data) in objects.items():
@@ -92,17 +116,13 @@ class EstimatorReader(MLReader):
         return inst
 
 
-class TransformerWriter(MLWriter):
-    def __init__(self, instance):
-        super().__init__()
-        self.instance = instance
-
+class TransformerWriter(_Writer):
     def saveImpl(self, path: str) -> None:
         import fsspec
 
         inst = self.instance
         skip = ("custom_objects", "model_url", "storage_options")
-        DefaultParamsWriter.saveMetadata(inst, path, self.sc, paramMap=_json_params(inst, skip))
+        DefaultParamsWriter.saveMetadata(inst, path, _spark(self), paramMap=_json_params(inst, skip))
         fs, root = _fs(path)
         src_fs, src = fsspec.core.url_to_fs(inst.getModelUrl(), **(inst.getOrDefault("storage_options") or {}))
         with src_fs.open(src, "rb") as f_in, fs.open(posixpath.join(root, "model.keras"), "wb") as f_out:
@@ -121,7 +141,7 @@ class TransformerReader(MLReader):
         self.cls = cls
 
     def load(self, path: str):
-        inst, objects, fs, root = _load_common(self.cls, path, self.sc)
+        inst, objects, fs, root = _load_common(self.cls, path, _spark(self))
         model_url = fs.unstrip_protocol(posixpath.join(root, "model.keras"))
         inst._set(model_url=model_url, storage_options={})
         if objects.get("custom_objects"):

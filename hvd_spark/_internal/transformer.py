@@ -19,6 +19,7 @@ from pyspark.ml.util import MLReadable, MLWritable
 
 from hvd_spark._internal.contracts import FitSummary
 from hvd_spark._internal.params import ColumnParams, _param, with_accessors
+from hvd_spark._internal.sessions import session_conf
 from hvd_spark._internal.specs import TensorSpec, column_label, stack_for_single_input, unpack
 from hvd_spark._internal.topology import task_cpus
 
@@ -470,7 +471,7 @@ class TFTransformer(
         co = self.getOrDefault(self.custom_objects)
         co_bytes = cloudpickle.dumps(co) if co else None
         batch_size = int(self.getOrDefault(self.batch_size))
-        num_threads = task_cpus(dataset.sparkSession.sparkContext.getConf())
+        num_threads = task_cpus(session_conf(dataset.sparkSession))
         names = [f"_f{i}" for i in range(len(feature_cols))]
         key = _model_version(url, opts)
 

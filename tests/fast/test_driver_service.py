@@ -129,10 +129,12 @@ def test_tf_notices_written_to_fd_2_during_an_import_are_dropped(monkeypatch, ca
     """transform's Python workers: TF writes its start-up notices to fd 2 (not through sys.stderr),
     whatever TF_CPP_MIN_LOG_LEVEL says; they are dropped, other lines pass, unless the level is 0."""
     import os
+    import sys
 
     from hvd_spark._internal import logs
 
     notice = b"I0000 00:00:1795399587.622207    3804 port.cc:153] oneDNN custom operations are on.\n"
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)  # as in a fresh Python worker
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
     with logs.tf_notices_dropped():
         os.write(2, notice + b"a line of the user's\n")

@@ -1,0 +1,28 @@
+"""Classic SparkSession or Spark Connect: what hvd_spark reads from a session, without touching a
+SparkContext where there is none (a Connect client has no JVM and no RDDs)."""
+
+from typing import Any
+
+
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session (``SparkSession.builder.remote(...)``)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def session_conf(spark) -> Any:
+    """Something with ``get(key, default)`` holding the application's settings: the SparkConf of a
+    classic session, the runtime conf of a Connect session (which answers for static keys too)."""
+    if is_connect(spark):
+        return spark.conf
+    return spark.sparkContext.getConf()
+
+
+def require_classic(spark, what: str) -> None:
+    """Raises NotImplementedError, before any work, for what cannot run through Spark Connect yet."""
+    if is_connect(spark):
+        raise NotImplementedError(
+            f"{what} does not run through Spark Connect yet: its launcher submits a barrier RDD and runs a "
+            "service on the driver that the Spark tasks connect back to, and a Connect client has neither a "
+            "SparkContext nor a reachable address. Use a classic SparkSession (SparkSession.builder.master(...)) "
+            "for training; TFTransformer.transform, save and load work on Connect."
+        )
