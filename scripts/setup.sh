@@ -67,6 +67,7 @@ want=$(cat "$ROOT/pyproject.toml" "$CONSTRAINTS" | sha256sum | cut -c1-16)
 extras="test,bench"
 command -v mpicc >/dev/null 2>&1 && extras="$extras,mpi"
 [ "$SPARK_LINE" = "3.5" ] && extras="$extras,petastorm"
+[ "$SPARK_LINE" = "4.0" ] && extras="$extras,connect"
 [ "$SPARK_LINE" = "4.3" ] && extras="$extras,connect,lint,mlflow"
 want="$want-$extras"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then

@@ -125,30 +125,37 @@ def test_a_classifier_column_that_exists_is_refused_before_any_job(spark):
         _classifier("multiclass", False)._check_columns(df)
 
 
-def test_train_validation_split_over_learning_rate_picks_the_better_model_and_saves(spark, tmp_path):
-    """Spark's tuning over a learning_rate grid (no optimizer objects in it), read by a real evaluator:
-    1e-5 barely moves in 3 epochs, 0.01 learns digits; the tuning model saves and loads."""
+def _tuning_setup(spark, tmp_path, *, seed: int, epochs: int):
+    """Digits frames, a 2-rank estimator and a grid over learning_rate: 1e-5 barely moves, 0.01 learns."""
     import os
     import sys
 
     import keras
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator
-    from pyspark.ml.tuning import ParamGridBuilder, TrainValidationSplit, TrainValidationSplitModel
+    from pyspark.ml.tuning import ParamGridBuilder
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
     from digits import digits_frames, digits_model
 
     train, test = digits_frames(spark)
-    keras.utils.set_random_seed(1)
+    keras.utils.set_random_seed(seed)
     est = hvd_spark.HorovodEstimator(
         num_proc=2, store=str(tmp_path / "store"), model=digits_model(), optimizer=keras.optimizers.Adam(),
         loss="sparse_categorical_crossentropy", feature_cols=["features"], label_cols=["label"],
-        batch_size=32, epochs=3, verbose=0,
+        batch_size=32, epochs=epochs, verbose=0,
     )  # fmt: skip
     grid = ParamGridBuilder().addGrid(est.learning_rate, [1e-5, 0.01]).build()
-    evaluator = MulticlassClassificationEvaluator(metricName="accuracy")
+    return train.cache(), test, est, grid, MulticlassClassificationEvaluator(metricName="accuracy")
+
+
+def test_train_validation_split_over_learning_rate_picks_the_better_model_and_saves(spark, tmp_path):
+    """Spark's tuning over a learning_rate grid (no optimizer objects in it), read by a real evaluator;
+    the tuning model saves and loads."""
+    from pyspark.ml.tuning import TrainValidationSplit, TrainValidationSplitModel
+
+    train, test, est, grid, evaluator = _tuning_setup(spark, tmp_path, seed=1, epochs=3)
     tvs = TrainValidationSplit(estimator=est, estimatorParamMaps=grid, evaluator=evaluator, trainRatio=0.8, seed=3)
-    tuned = tvs.fit(train.cache())
+    tuned = tvs.fit(train)
     slow, fast = tuned.validationMetrics
     assert fast >= 0.9 and slow < fast - 0.2, tuned.validationMetrics
     best = tuned.bestModel
@@ -166,27 +173,11 @@ def test_train_validation_split_over_learning_rate_picks_the_better_model_and_sa
 def test_cross_validator_over_learning_rate_averages_folds_and_saves(spark, tmp_path):
     """CrossValidator: numFolds fits per grid point on disjoint folds, avgMetrics read by a real
     evaluator, the best grid point refitted on all the data; the tuning model saves and loads."""
-    import os
-    import sys
+    from pyspark.ml.tuning import CrossValidator, CrossValidatorModel
 
-    import keras
-    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
-    from pyspark.ml.tuning import CrossValidator, CrossValidatorModel, ParamGridBuilder
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-    from digits import digits_frames, digits_model
-
-    train, test = digits_frames(spark)
-    keras.utils.set_random_seed(5)
-    est = hvd_spark.HorovodEstimator(
-        num_proc=2, store=str(tmp_path / "store"), model=digits_model(), optimizer=keras.optimizers.Adam(),
-        loss="sparse_categorical_crossentropy", feature_cols=["features"], label_cols=["label"],
-        batch_size=32, epochs=2, verbose=0,
-    )  # fmt: skip
-    grid = ParamGridBuilder().addGrid(est.learning_rate, [1e-5, 0.01]).build()
-    evaluator = MulticlassClassificationEvaluator(metricName="accuracy")
+    train, test, est, grid, evaluator = _tuning_setup(spark, tmp_path, seed=5, epochs=2)
     cv = CrossValidator(estimator=est, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2, seed=7)
-    tuned = cv.fit(train.cache())
+    tuned = cv.fit(train)
     slow, fast = tuned.avgMetrics
     assert fast >= 0.85 and slow < fast - 0.2, tuned.avgMetrics
     assert tuned.bestModel.getFitSummary() is not None  # refitted on all the data with the best point
