@@ -15,7 +15,7 @@ import time
 
 from benchmarks.common import RESULTS, mib
 
-ORDER = ["comm", "ps", "scaling", "e2e", "data", "inference"]
+ORDER = ["comm", "ps", "scaling", "e2e", "data", "inference", "connect"]
 ROOT_ONLY = ["multihost"]  # needs root (network namespaces): run with --only multihost
 MODULES = {
     "multihost": "bench_multihost",
@@ -25,6 +25,7 @@ MODULES = {
     "e2e": "bench_e2e",
     "data": "bench_data",
     "inference": "bench_inference",
+    "connect": "bench_connect",
 }
 FILES = {
     "multihost": "multihost",
@@ -34,6 +35,7 @@ FILES = {
     "e2e": "e2e_overhead",
     "data": "data_path",
     "inference": "inference",
+    "connect": "connect",
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -73,7 +75,7 @@ def _table(lines, title, header, d) -> None:
 
 
 def report() -> str:
-    comm, ps, scaling, e2e, data, inf = (_load(n) for n in ORDER)  # multihost: _multihost_section
+    comm, ps, scaling, e2e, data, inf = (_load(n) for n in ORDER[:6])  # connect, multihost: own sections
     if ps and comm and not ps.get("alpha_beta"):
         from benchmarks.bench_ps import alpha_beta
 
@@ -248,10 +250,30 @@ def report() -> str:
         )
         lines.append(f"- Target transform >= 20 x row-at-a-time: {r2:.1f}, {_ok(r2 >= 20)}.")
         lines.append("")
+    connect = _load("connect")
+    if connect:
+        _connect_section(lines, connect)
     multihost = _load("multihost")
     if multihost:
         _multihost_section(lines, multihost)
     return "\n".join(lines)
+
+
+def _connect_section(lines, d) -> None:
+    """Spark Connect against a classic session (bench_connect)."""
+    _table(lines, "### Spark Connect against a classic session", ["session", "fit s", "transform s", "accuracy"], d)
+    for side in ("classic", "connect"):
+        f, t = d[side]["fit_s"], d[side]["transform_s"]
+        lines.append(
+            f"| {side} | {f['median']:.1f} ({f['min']:.1f}-{f['max']:.1f}) | {t['median']:.1f} "
+            f"({t['min']:.1f}-{t['max']:.1f}) | {min(d[side]['accuracy']):.3f} |"
+        )
+    lines.append("")
+    lines.append(
+        f"- {d['what']}. Connect / classic: fit {d['ratio_fit_connect_over_classic']:.2f}, transform "
+        f"{d['ratio_transform_connect_over_classic']:.2f}."
+    )
+    lines.append("")
 
 
 def _multihost_section(lines, d) -> None:

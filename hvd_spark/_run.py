@@ -21,6 +21,7 @@ def run(
     start_timeout: float | None = None,
     timeout: float | None = None,
     verbose: int = 1,
+    store=None,
 ) -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` on ``num_proc`` Horovod ranks as one Spark barrier stage.
 
@@ -50,6 +51,10 @@ def run(
             prints its Python stack, the job is stopped, and the error names the ranks that had
             not finished and where each one was (e.g. waiting in an allreduce, or in user code).
         verbose: 1 shows the ranks' output and progress on stderr when logging is not configured.
+        store: on a Spark Connect session, a store (a path or URL that this client and the
+            cluster can both reach, or a :class:`hvd_spark.Store`) where the ranks' output is written
+            while the job runs, so that it shows as it comes; without it, it shows when the job ends.
+            Ignored on a classic session, whose driver receives the output directly.
 
     Returns:
         The return values of ``fn``, ordered by rank.
@@ -72,6 +77,12 @@ def run(
     from hvd_spark._internal.logs import ensure_visible
 
     ensure_visible(verbose)
+    channel = None
+    if store is not None:
+        from hvd_spark._internal.store import Store
+
+        store = Store.create(store)
+        channel = (store, store._path("jobs"))
     return launch(
         fn,
         args,
@@ -86,4 +97,5 @@ def run(
         start_timeout=start_timeout,
         timeout=timeout,
         description="hvd_spark.run",
+        channel=channel,
     )

@@ -1,8 +1,9 @@
-"""Spark Connect (issue 12, first part): a real local Connect server in its own process
-(tests/connect_server.py), this test process only its client. A model fitted on the classic session
-is used through Connect: transform (both UDF kinds, streaming), save and load of the transformer and
-the estimator, bad input; fit and run refuse Connect clearly, before any work, until the launcher
-has a transport that needs no connection back to the client.
+"""Spark Connect (issue 12): a real local Connect server in its own process (tests/connect_server.py),
+this test process only its client. Through Connect: fit of digits (held-out accuracy, per-epoch
+progress on the client, resume with exact epochs), fit's bad input before any work, hvd_spark.run
+with and without a live channel, a rank's error (the other rank aborted) and a timeout; a model
+fitted on the classic session gives the same predictions through Connect (both UDF kinds,
+streaming); save and load of the transformer and the estimator.
 
 These tests run last (tests/conftest.py): a Connect client switches pyspark into Connect mode for
 the whole process."""
@@ -10,10 +11,12 @@ the whole process."""
 import os
 import sys
 
+import cloudpickle
 import numpy as np
 import pytest
 
 pytestmark = pytest.mark.connect
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks' functions travel by value
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 sys.path.insert(0, os.path.dirname(__file__))
@@ -126,13 +129,140 @@ def test_bad_input_through_connect_names_the_column(connect, classic):
         model.transform(scalar)
 
 
-def test_fit_and_run_refuse_connect_before_any_work(connect, classic, tmp_path):
-    import hvd_spark
+def _estimator(est, store, **params):
+    return est.copy({getattr(est, k): v for k, v in dict(store=str(store), **params).items()})
+
+
+def test_fit_through_connect_trains_resumes_and_predicts(connect, classic, tmp_path, caplog):
+    """fit on a Connect DataFrame: the ranks are coordinated inside the barrier stage, each epoch
+    reaches the client through the store while the job runs, the model predicts held-out digits,
+    and a second fit of the same run resumes from its checkpoint with the epochs counted exactly."""
+    import logging
+
+    from digits import digits_frames
 
     est, _, rows, _ = classic
+    train, _ = digits_frames(connect)
     store = tmp_path / "store"
-    with pytest.raises(NotImplementedError, match="HorovodEstimator.fit does not run through Spark Connect yet"):
-        est.copy({est.store: str(store)}).fit(_test_frame(connect, rows))
+    est = _estimator(est, store, run_id="conn", epochs=4, verbose=1)
+    with caplog.at_level(logging.INFO, logger="hvd_spark"):
+        model = est.fit(train)
+    text = caplog.text
+    for epoch in range(1, 5):
+        assert f"epoch {epoch}/4" in text
+    assert len(model.getHistory()["loss"]) == 4
+    out = model.transform(_test_frame(connect, rows)).toPandas()
+    assert float((out["prediction"] == out["label"]).mean()) >= 0.9
+    assert not (store / "runs" / "conn" / "_live").exists()  # the progress channel is removed
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hvd_spark"):
+        again = est.copy({est.epochs: 6}).fit(train)
+    assert "resuming run 'conn' from epoch 4 of 6" in caplog.text
+    assert "epoch 1/6" not in caplog.text and "epoch 6/6" in caplog.text  # only the new epochs ran
+    assert len(again.getHistory()["loss"]) == 6
+
+
+def test_fit_bad_input_through_connect_writes_nothing(connect, classic, tmp_path):
+    est, _, rows, _ = classic
+    store = tmp_path / "store"
+    with pytest.raises(ValueError, match=r"feature column 'nope' is not in the DataFrame"):
+        _estimator(est, store, feature_cols=["nope"]).fit(_test_frame(connect, rows))
+    with pytest.raises(ValueError, match=r"num_proc must be at most the number of task slots \(2\)"):
+        _estimator(est, store, num_proc=3).fit(_test_frame(connect, rows))
     assert not store.exists()  # nothing written
-    with pytest.raises(NotImplementedError, match="does not run through Spark Connect yet"):
-        hvd_spark.run(lambda: 1, num_proc=1, spark=connect)
+
+
+def _allreduce(x):
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    print(f"rank {hvd.rank()} of {hvd.size()} says hello", flush=True)
+    return hvd.allreduce(tf.constant([hvd.rank() + x]), op=hvd.Sum).numpy().tolist()
+
+
+def _fails_on_rank_1(marker):
+    import time
+
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise KeyError("no such shard on rank 1")
+    time.sleep(120)  # rank 0 waits: the coordinator must abort it
+    open(marker, "w").close()
+
+
+@pytest.mark.parametrize(
+    "live, backend",
+    [(False, "gloo"), (True, "gloo"), (False, "mpi")],
+    ids=["output-at-end", "live-output-through-store", "mpi"],
+)
+def test_run_through_connect(connect, tmp_path, caplog, live, backend):
+    import logging
+
+    import hvd_spark
+
+    store = str(tmp_path / "s") if live else None
+    with caplog.at_level(logging.INFO, logger="hvd_spark"):
+        out = hvd_spark.run(_allreduce, args=(1.0,), spark=connect, store=store, backend=backend)
+    assert out == [[3.0], [3.0]]  # num_proc defaults to the slots of local[2]
+    for rank in (0, 1):
+        assert f"[rank {rank}] rank {rank} of 2 says hello" in caplog.text
+    if live:
+        assert (tmp_path / "s").exists() and not (tmp_path / "s" / "jobs").exists()
+
+
+def test_rank_error_and_timeout_through_connect(connect, tmp_path):
+    import time
+
+    import hvd_spark
+    from hvd_spark.errors import JobTimeoutError, RankFailedError
+
+    marker = tmp_path / "rank0-finished"
+    with pytest.raises(RankFailedError) as err:
+        hvd_spark.run(_fails_on_rank_1, args=(str(marker),), num_proc=2, spark=connect)
+    assert err.value.rank == 1 and "KeyError" in str(err.value) and "no such shard on rank 1" in str(err.value)
+    assert "_fails_on_rank_1" in str(err.value)  # the remote traceback
+    assert isinstance(err.value.__cause__, KeyError)
+    assert not marker.exists()  # rank 0 was stopped, not waited for
+
+    with pytest.raises(JobTimeoutError, match=r"did not finish within timeout=8s; ranks \[0, 1\]") as err:
+        hvd_spark.run(time.sleep, args=(300,), num_proc=2, spark=connect, timeout=8)
+    assert "Where each unfinished rank was" in str(err.value)
+
+
+class _KillRank1Once:
+    """A Keras callback (built lazily: keras is imported by the ranks) that SIGKILLs rank 1 at the end
+    of epoch 2, the first time only."""
+
+    def __new__(cls, marker):
+        import keras
+
+        class KillRank1Once(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                import signal
+
+                if epoch == 1 and os.environ.get("HVD_SPARK_RANK") == "1" and not os.path.exists(marker):
+                    open(marker, "w").close()
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        return KillRank1Once()
+
+
+def test_killed_rank_restarts_from_checkpoint_through_connect(connect, classic, tmp_path):
+    from digits import digits_frames
+
+    est, _, _, _ = classic
+    train, _ = digits_frames(connect)
+    store = tmp_path / "store"
+    marker = str(tmp_path / "killed")
+    est = _estimator(est, store, run_id="crashy", epochs=4, max_restarts=1, callbacks=[_KillRank1Once(marker)])
+    model = est.fit(train)
+    assert os.path.exists(marker)  # the kill happened
+    assert model.getFitSummary().restarts == 1
+    assert len(model.getHistory()["loss"]) == 4  # every epoch exactly once
+    assert sorted(p.name for p in (store / "runs" / "crashy" / "checkpoints").glob("*.json")) == [
+        f"epoch-{e:04d}.json" for e in (1, 2, 3, 4)
+    ]

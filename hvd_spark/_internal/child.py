@@ -67,9 +67,11 @@ def main(workdir: str) -> int:
     return 0
 
 
-def _finalize_mpi(timeout: float = 20.0) -> None:
-    """Shuts Horovod (and with it MPI) down, so mpirun sees a rank that finished, not one that
-    vanished. Bounded: a peer that is stuck must not keep this finished rank alive."""
+def _finalize_horovod(timeout: float = 20.0) -> None:
+    """Shuts Horovod (and with it MPI) down: Horovod's shutdown is agreed by all ranks, so a rank
+    that finishes first does not cut its peers' connections under them (Gloo logs a "connection
+    reset" error then), and mpirun sees a rank that finished, not one that vanished. Bounded: a peer
+    that is stuck must not keep this finished rank alive."""
     import threading
 
     def shutdown():
@@ -96,8 +98,8 @@ if __name__ == "__main__":
             stream.reconfigure(line_buffering=True)
     # MPI ranks share one command line: each host's workdir comes from the environment instead.
     code = main(sys.argv[1] if len(sys.argv) > 1 else os.environ["HVD_SPARK_WORKDIR"])
-    if code == 0 and os.environ.get("OMPI_COMM_WORLD_RANK"):
-        _finalize_mpi()
+    if code == 0:
+        _finalize_horovod()
     sys.stdout.flush()
     sys.stderr.flush()
     # The outcome is on disk. Leave without interpreter finalization: some libraries' threads

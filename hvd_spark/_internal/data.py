@@ -400,7 +400,7 @@ def _write_attempt(
                     prepared.filter(cond)
                     .drop(VAL_COL)
                     .repartition(n)
-                    .write.mode("errorifexists")
+                    .write.mode("error")
                     .option("parquet.block.size", 256 * 1024 * 1024)
                     .option("compression", "snappy")
                     .parquet(store._url(split_path))

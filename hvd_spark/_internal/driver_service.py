@@ -114,11 +114,21 @@ class DriverService:
     Args:
         num_proc: number of tasks (and ranks) in the job.
         on_event: called as ``on_event(rank, payload)`` for each progress event a rank sends.
+        on_log: called as ``on_log(rank, line)`` for each output line of a rank (default: the
+            ``hvd_spark.rank`` logger).
         bind: address to listen on ('' for every interface).
     """
 
-    def __init__(self, num_proc: int, *, on_event: Callable[[int, dict], None] | None = None, bind: str = ""):
+    def __init__(
+        self,
+        num_proc: int,
+        *,
+        on_event: Callable[[int, dict], None] | None = None,
+        on_log: Callable[[int, str], None] | None = None,
+        bind: str = "",
+    ):
         self.num_proc = num_proc
+        self._on_log = on_log
         self.token = secrets.token_hex(16)
         self._on_event = on_event
         self._bind = bind
@@ -184,7 +194,10 @@ class DriverService:
         if kind == Kind.BEAT:
             return
         if kind == Kind.LOG:
-            rank_logger.info("[rank %s] %s", msg.get("rank"), msg.get("line", ""))
+            if self._on_log is not None:
+                self._on_log(int(msg.get("rank", -1)), str(msg.get("line", "")))
+            else:
+                rank_logger.info("[rank %s] %s", msg.get("rank"), msg.get("line", ""))
         elif kind == Kind.RANK:
             with self._lock:
                 self.rank_of_partition[conn.partition] = msg["rank"]
@@ -271,5 +284,9 @@ class TaskClient:
             return
 
     def close(self) -> None:
+        # shutdown first: close() alone leaves the connection open while a reader thread holds a
+        # makefile() of it, and the other end would not learn that this task is done.
         with contextlib.suppress(OSError):  # already closed by the driver
+            self.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
             self.sock.close()

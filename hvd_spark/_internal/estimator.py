@@ -17,7 +17,6 @@ from hvd_spark._internal.contracts import DataSpec, FitSummary, RankSummary, Run
 from hvd_spark._internal.params import EstimatorParams
 from hvd_spark._internal.progress import BATCH_INTERVAL, FitProgress, interactive
 from hvd_spark._internal.restarts import LOST_HOST_TYPES, RESTARTABLE, should_restart
-from hvd_spark._internal.sessions import require_classic
 from hvd_spark._internal.specs import (
     assign_files,
     match_columns,
@@ -290,7 +289,6 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         from hvd_spark._internal.serde import model_custom_objects
 
         p = self._check_params()
-        require_classic(dataset.sparkSession, "HorovodEstimator.fit")
         ensure_visible(p["verbose"])
         model = p["model"]
         inputs, outputs = model_specs(model)
@@ -346,7 +344,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                     f"validation column '{validation}' must be boolean or 0/1. Received an {vinfo.kind} column."
                 )
         options = resolve_launch_options(
-            dataset.sparkSession.sparkContext,
+            dataset.sparkSession,
             num_proc=p["num_proc"],
             backend=p["backend"],
             start_timeout=p["start_timeout"],
@@ -555,6 +553,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                         options=c.options,
                         on_event=progress,
                         description="HorovodEstimator.fit",
+                        channel=(store, f"{store.run_path(run_id)}/_live"),  # progress on Spark Connect
                     )
                 except JobTimeoutError as e:
                     if not lost_hosts:

@@ -7,8 +7,10 @@ knows nothing about Keras; the estimator builds on it.
 """
 
 import contextlib
-import dataclasses
+import json
 import logging
+import posixpath
+import re
 import threading
 import time
 import uuid
@@ -19,11 +21,11 @@ from typing import Any
 import cloudpickle
 
 from hvd_spark._internal import settings
-from hvd_spark._internal.driver_service import KIND, Kind
-from hvd_spark._internal.outcomes import ERROR, HOST_UNREACHABLE, OK, TASK_LOST, RankOutcome, TaskSpec, pick_failure
-from hvd_spark._internal.sessions import require_classic
+from hvd_spark._internal.outcomes import RankOutcome, TaskSpec
+from hvd_spark._internal.sessions import is_connect
+from hvd_spark._internal.supervisor import CANCEL_AFTER, GIVE_UP_AFTER, JobReport, Supervisor, conclude
 from hvd_spark._internal.topology import task_cpus, task_slots
-from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError
+from hvd_spark.errors import JobTimeoutError
 
 logger = logging.getLogger("hvd_spark")
 
@@ -71,10 +73,54 @@ class _SlotPool:
 _SLOTS = _SlotPool()
 
 
-def available_slots(sc) -> int:
-    """Task slots of the running Spark application, for barrier scheduling."""
-    conf = sc.getConf()
-    return task_slots(sc.master, default_parallelism=sc.defaultParallelism, task_cpus=task_cpus(conf))
+@dataclass(frozen=True)
+class Cluster:
+    """What a launch needs to know of the running application."""
+
+    app: str  # the application's id (the slot pool's key)
+    master: str  # the master URL
+    slots: int | None  # barrier task slots; None where a Connect session cannot tell
+    conf: Any  # the application's settings: anything with get(key, default)
+
+
+def cluster_of(spark) -> Cluster:
+    """The application behind ``spark``: from its SparkContext on a classic session; on Spark Connect
+    from its runtime conf and, where the master URL does not say, from the partitions of a small
+    ``range`` (Spark splits it into the application's default parallelism, its total cores)."""
+    if not is_connect(spark):
+        sc = spark.sparkContext
+        conf = sc.getConf()
+        slots = task_slots(sc.master, default_parallelism=sc.defaultParallelism, task_cpus=task_cpus(conf))
+        return Cluster(sc.applicationId, sc.master, slots, conf)
+    conf = spark.conf
+    master = conf.get("spark.master", None) or "?"
+    app = conf.get("spark.app.id", None) or f"connect-{spark.session_id}"
+    cpus = task_cpus(conf)
+    m = _LOCAL_N.match(master)
+    if m or master.startswith("local-cluster"):
+        return Cluster(app, master, task_slots(master, default_parallelism=0, task_cpus=cpus), conf)
+    parallelism = _default_parallelism(spark)
+    if parallelism is None:
+        return Cluster(app, master, None, conf)
+    slots = task_slots(master, default_parallelism=parallelism, task_cpus=cpus, cpu_count=parallelism)
+    return Cluster(app, master, slots, conf)
+
+
+_LOCAL_N = re.compile(r"^local(\[\d+(,\s*\d+)?\])?$")
+
+
+def _default_parallelism(spark) -> int | None:
+    """The application's default parallelism seen through Spark Connect, or None if it cannot be told."""
+    from pyspark.sql import functions as F
+
+    if spark.conf.get("spark.sql.leafNodeDefaultParallelism", None):
+        return None  # range() is split by that setting, not by the cores
+    try:
+        row = spark.range(0, 1 << 16).select(F.max(F.spark_partition_id()).alias("p")).collect()[0]
+        return int(row["p"]) + 1
+    except Exception as e:  # the server refused the query: the caller asks for num_proc
+        logger.debug("counting the default parallelism failed: %s", e)
+        return None
 
 
 def _driver_address(sc) -> str:
@@ -138,7 +184,7 @@ class LaunchOptions:
     work starts (:func:`resolve_launch_options`); ``fit`` resolves them before writing data."""
 
     num_proc: int
-    slots: int
+    slots: int  # the application's barrier task slots (num_proc where a Connect session cannot tell)
     backend: str
     num_threads: int
     start_timeout: float
@@ -147,10 +193,12 @@ class LaunchOptions:
     gloo_timeout: float
     env: dict[str, str] | None = None
     heartbeat_timeout: float = settings.DEFAULT_HEARTBEAT_TIMEOUT
+    master: str = "?"  # the master URL, for messages
+    app: str = ""  # the application's id
 
 
 def resolve_launch_options(
-    sc,
+    spark,
     *,
     num_proc: int | None,
     backend: str | None = None,
@@ -161,17 +209,25 @@ def resolve_launch_options(
     start_timeout: float | None = None,
     timeout: float | None = None,
 ) -> LaunchOptions:
-    """Checks a launch's options against the running application: the one place for the slot check."""
-    conf = sc.getConf()
-    slots = available_slots(sc)
+    """Checks a launch's options against the application behind ``spark`` (classic or Connect):
+    the one place for the slot check."""
+    cluster = cluster_of(spark)
+    conf, slots = cluster.conf, cluster.slots
     if num_proc is None:
+        if slots is None:
+            raise ValueError(
+                "num_proc is required on this Spark Connect session: hvd_spark could not tell how many task "
+                f"slots the application has (master={cluster.master}; spark.sql.leafNodeDefaultParallelism is "
+                "set, or the server refused the query that counts them). Pass num_proc (at most the cores of "
+                "the executors divided by spark.task.cpus)."
+            )
         num_proc = slots
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
         raise ValueError(f"num_proc must be a positive integer. Received: num_proc={num_proc!r}.")
-    if num_proc > slots:
+    if slots is not None and num_proc > slots:
         raise ValueError(
             f"num_proc must be at most the number of task slots ({slots}) for a barrier stage. Received: "
-            f"num_proc={num_proc}. Lower num_proc or add executors / cores (master={sc.master}, "
+            f"num_proc={num_proc}. Lower num_proc or add executors / cores (master={cluster.master}, "
             f"spark.task.cpus={task_cpus(conf)})."
         )
     if env is not None and (
@@ -184,7 +240,9 @@ def resolve_launch_options(
         raise ValueError(f"num_threads must be a positive integer. Received: num_threads={num_threads!r}.")
     return LaunchOptions(
         num_proc=num_proc,
-        slots=slots,
+        slots=slots if slots is not None else num_proc,
+        master=cluster.master,
+        app=cluster.app,
         backend=resolve_backend(backend, use_gloo, use_mpi),
         num_threads=num_threads if num_threads is not None else task_cpus(conf),
         start_timeout=settings.seconds_setting(
@@ -221,81 +279,6 @@ def pickled_payload(fn: Callable, args=(), kwargs=None) -> bytes:
         raise TypeError(f"fn and its arguments must be picklable with cloudpickle: {e}") from e
 
 
-def _lost_ranks(service, timeout: float) -> list[RankOutcome]:
-    """Failures for the tasks that sent nothing (not even a heartbeat) for ``timeout`` seconds."""
-    out = []
-    for _partition, rank, host, quiet in service.silent_tasks(timeout):
-        out.append(
-            RankOutcome(
-                rank=rank if rank is not None else -1,
-                status=ERROR,
-                type=HOST_UNREACHABLE,
-                message=(
-                    f"its task sent nothing for {quiet:.0f} s (tasks send a heartbeat every "
-                    f"{settings.HEARTBEAT_INTERVAL:g} s; {settings.ENV_HEARTBEAT_TIMEOUT}={timeout:g}): the host "
-                    "stopped answering (network down or dropped, machine frozen or lost)"
-                ),
-                time=time.time(),
-                host=host,
-            )
-        )
-    return out
-
-
-def _vanished_ranks(service, known: set[int]) -> list[RankOutcome]:
-    """Failures for the ranks whose task's connection closed before they finished, unless something
-    better is known about them (their own record or failure report)."""
-    out = []
-    for partition, when in service.vanished.items():
-        rank = service.rank_of_partition.get(partition)
-        if rank is None or rank in known:
-            continue
-        out.append(
-            RankOutcome(
-                rank=rank,
-                status=ERROR,
-                type=TASK_LOST,
-                message=(
-                    "its Spark task ended without a result and without reporting an error: the executor "
-                    "or its host went away (killed, out of memory, lost)"
-                ),
-                time=when,
-                host=service.host_of.get(partition, ""),
-            )
-        )
-    return out
-
-
-def _raise_failure(rec: RankOutcome) -> None:
-    err = RankFailedError(rec.rank, rec.type or "?", rec.message, rec.traceback, host=rec.host)
-    cause = None
-    if rec.pickled:
-        try:
-            cause = cloudpickle.loads(rec.pickled)
-        except Exception:  # the exception's class may not exist on the driver
-            cause = None
-    if isinstance(cause, BaseException):
-        raise err from cause
-    raise err
-
-
-def _where_ranks_were(records: list[RankOutcome], ranks: list[int]) -> str:
-    """The innermost Python frames of each listed rank, from the stacks they printed on abort."""
-    out = []
-    for rec in sorted(records, key=lambda r: r.rank):
-        if rec.rank not in ranks or not rec.tail:
-            continue
-        tail = rec.tail
-        starts = [
-            i for i, line in enumerate(tail) if line.startswith(("Stack (most recent call first)", "Current thread"))
-        ]
-        if not starts:
-            continue
-        frames = [line.strip() for line in tail[starts[-1] + 1 :] if line.strip().startswith("File ")]
-        out.append(f"  rank {rec.rank}: " + " <- ".join(frames[:6]))
-    return "\n".join(out)
-
-
 def launch(
     fn: Callable,
     args=(),
@@ -313,21 +296,22 @@ def launch(
     on_event: Callable[[int, dict], None] | None = None,
     description: str = "hvd_spark job",
     options: LaunchOptions | None = None,
+    channel=None,
 ) -> list[Any]:
     """Runs ``fn`` on Horovod ranks; see :func:`hvd_spark.run` for the arguments.
 
     ``options``, resolved earlier with :func:`resolve_launch_options`, replaces the option
-    arguments (the estimator resolves them before it writes any data).
+    arguments (the estimator resolves them before it writes any data). ``channel``, a
+    ``(Store, folder)`` pair, is where a job launched through Spark Connect writes the ranks'
+    output and progress while it runs; without it they reach the client when the job ends.
     """
     from pyspark.sql import SparkSession
 
     payload = pickled_payload(fn, args, kwargs)
     spark = spark or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
-    require_classic(spark, description)
-    sc = spark.sparkContext
     if options is None:
         options = resolve_launch_options(
-            sc,
+            spark,
             num_proc=num_proc,
             backend=backend,
             use_gloo=use_gloo,
@@ -337,146 +321,201 @@ def launch(
             start_timeout=start_timeout,
             timeout=timeout,
         )
-    with _SLOTS.claim(sc.applicationId, options.num_proc, options.slots, description):
-        return _launch_claimed(sc, payload, options, on_event=on_event, description=description)
+    with _SLOTS.claim(options.app, options.num_proc, options.slots, description):
+        logger.info("starting %d ranks (%s) on %s", options.num_proc, options.backend, options.master)
+        if is_connect(spark):
+            return _launch_connect(spark, payload, options, on_event=on_event, description=description, channel=channel)
+        return _launch_classic(spark.sparkContext, payload, options, on_event=on_event, description=description)
 
 
-def _launch_claimed(sc, payload: bytes, options: LaunchOptions, *, on_event, description: str) -> list[Any]:
-    """Submits the barrier stage and watches it (the slots are claimed)."""
-    from pyspark import InheritableThread
-
-    from hvd_spark._internal.driver_service import DriverService
+def _task_spec(options: LaunchOptions, payload: bytes, driver_addr: str, token: str) -> TaskSpec:
     from hvd_spark._internal.logs import rank_env_defaults
 
-    num_proc, start_timeout, timeout = options.num_proc, options.start_timeout, options.timeout
-    abort_grace = options.abort_grace
-    service = DriverService(num_proc, on_event=on_event)
-    port = service.start()
-    spec = TaskSpec(
-        driver_addr=f"{_driver_address(sc)}:{port}",
-        token=service.token,
+    return TaskSpec(
+        driver_addr=driver_addr,
+        token=token,
         payload=payload,
         backend=options.backend,
         env=rank_env_defaults(options.env),
         num_threads=int(options.num_threads),
         gloo_timeout=options.gloo_timeout,
-        abort_grace=abort_grace,
+        abort_grace=options.abort_grace,
         heartbeat_timeout=options.heartbeat_timeout,
     )
+
+
+class _Stage:
+    """The barrier stage's blocking call, in a background thread; its rows or its error."""
+
+    def __init__(self, call: Callable[[], list], name: str, inheritable: bool):
+        from pyspark import InheritableThread
+
+        self.rows: list | None = None
+        self.error: BaseException | None = None
+
+        def run():
+            try:
+                self.rows = call()
+            except BaseException as e:  # noqa: BLE001 - the launcher reports it with what it knows
+                self.error = e
+
+        self.thread = (InheritableThread if inheritable else threading.Thread)(target=run, name=name)
+        self.thread.daemon = True
+        self.thread.start()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+
+def _launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, description: str) -> list[Any]:
+    """A classic session: the driver service and its supervisor run here, on the Spark driver."""
+    from hvd_spark._internal.driver_service import DriverService
+
+    num_proc = options.num_proc
+    service = DriverService(num_proc, on_event=on_event)
+    port = service.start()
+    spec = _task_spec(options, payload, f"{_driver_address(sc)}:{port}", service.token)
     group = f"hvd_spark-{uuid.uuid4().hex[:12]}"
-    box: dict[str, Any] = {}
 
     def task_fn(_):
         from hvd_spark._internal.task import run_task
 
         return run_task(spec)
 
-    def submit():
+    def stage():
         sc.setJobGroup(group, f"{description}: {num_proc} Horovod ranks", interruptOnCancel=True)
-        try:
-            box["records"] = sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(task_fn).collect()
-        except BaseException as e:  # noqa: BLE001 - re-raised below, with what the driver knows
-            box["error"] = e
+        return sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(task_fn).collect()
 
-    logger.info("starting %d ranks (%s) on %s", num_proc, options.backend, sc.master)
     t0 = time.monotonic()
-    thread = InheritableThread(target=submit, name=f"{group}-submit")
-    thread.daemon = True
-    thread.start()
-    problem: BaseException | None = None
-    lost: list[RankOutcome] = []  # ranks whose task stopped answering (found by the driver)
-    aborted_at: float | None = None
+    supervisor = Supervisor(service, options, where=sc.master)
+    job = _Stage(stage, f"{group}-submit", inheritable=True)
     cancelled = False
-    all_done_sent = False
-    next_beat = time.monotonic() + settings.HEARTBEAT_INTERVAL
     try:
-        while thread.is_alive():
+        while job.alive():
             service.wait(0.2)
-            now = time.monotonic()
-            if now >= next_beat:
-                service.broadcast({KIND: Kind.BEAT})
-                next_beat = now + settings.HEARTBEAT_INTERVAL
-            if not lost and aborted_at is None:
-                lost = _lost_ranks(service, options.heartbeat_timeout)
-                if lost:
-                    what = f"rank {lost[0].rank} on host {lost[0].host}: {lost[0].message}"
-                    logger.error("%s; stopping the other ranks", what)
-                    service.broadcast({KIND: Kind.ABORT, "reason": what})
-                    aborted_at = now
-            started, rank_of, done, failures, _ = service.snapshot()
-            if failures and aborted_at is None:
-                first = failures[0]
-                logger.error("rank %s failed (%s); stopping the other ranks", first["rank"], first["type"])
-                service.broadcast({KIND: Kind.ABORT, "reason": f"rank {first['rank']} failed"})
-                aborted_at = now
-            if len(done) == num_proc and not all_done_sent:
-                service.broadcast({KIND: Kind.ALL_DONE})
-                all_done_sent = True
-            if problem is None and len(started) < num_proc and now - t0 > start_timeout:
-                missing = sorted(set(range(num_proc)) - set(started))
-                problem = JobTimeoutError(
-                    f"{len(missing)} of {num_proc} barrier tasks did not start within start_timeout="
-                    f"{start_timeout:g}s (tasks/partitions {missing}). Spark could not schedule them all at once: "
-                    f"check that {num_proc} task slots are free (master={sc.master}) or raise start_timeout "
-                    f"({settings.ENV_START_TIMEOUT}).",
-                    ranks=missing,
-                )
-            if problem is None and timeout is not None and now - t0 > timeout:
-                missing = sorted(set(range(num_proc)) - set(done))
-                problem = JobTimeoutError(
-                    f"the job did not finish within timeout={timeout:g}s; ranks {missing} had not finished.",
-                    ranks=missing,
-                )
-            if problem is not None and aborted_at is None:
-                service.broadcast({KIND: Kind.ABORT, "reason": str(problem), "dump": True})
-                aborted_at = now
-            if aborted_at is not None and not cancelled and now - aborted_at > abort_grace + 10:
+            supervisor.step()
+            if supervisor.should_cancel() and not cancelled:
                 # Tasks that do not react to the abort are cancelled through Spark.
                 logger.warning("cancelling Spark job group %s", group)
                 sc.cancelJobGroup(group)
                 cancelled = True
-            if cancelled and aborted_at is not None and now - aborted_at > abort_grace + 70:
+            if cancelled and supervisor.should_give_up():
                 logger.error("Spark job group %s did not stop after cancellation", group)
                 break
     except KeyboardInterrupt:
-        service.broadcast({KIND: Kind.ABORT, "reason": "interrupted on the driver"})
+        supervisor.interrupt("interrupted on the driver")
         sc.cancelJobGroup(group)
         raise
     finally:
         service.stop()
-    elapsed = time.monotonic() - t0
-    _, _, _, failures, _ = service.snapshot()
+    records = [cloudpickle.loads(r) for r in job.rows or []]
+    return conclude(
+        records,
+        supervisor.report(),
+        num_proc=num_proc,
+        description=description,
+        elapsed=time.monotonic() - t0,
+        stage_error=job.error,
+    )
 
-    hosts = {service.rank_of_partition.get(p): h for p, h in service.host_of.items()}
-    records: list[RankOutcome] = [
-        dataclasses.replace(r, host=hosts.get(r.rank, "")) for r in map(cloudpickle.loads, box.get("records") or [])
-    ]
-    errors = [r for r in records if r.status == ERROR] + lost
-    # Failures reported, whose task's record did not come back (the job was cancelled), and ranks
-    # whose task vanished without a word (its executor or host died).
-    returned = {r.rank for r in records}
-    errors += [
-        dataclasses.replace(RankOutcome.from_message(f), host=hosts.get(int(f["rank"]), ""))
-        for f in failures
-        if int(f["rank"]) not in returned
-    ]
-    errors += _vanished_ranks(service, returned | {r.rank for r in errors})
-    if errors:
-        _raise_failure(pick_failure(errors))
+
+def _launch_connect(spark, payload: bytes, options: LaunchOptions, *, on_event, description: str, channel):
+    """Spark Connect: the driver service and supervisor run in the first barrier task
+    (``coordinator.py``); this client submits the stage under a tag (to interrupt it), shows the
+    channel's records and decides the result from the stage's rows."""
+    import pandas as pd
+
+    from hvd_spark._internal.channel import ChannelReader, show
+    from hvd_spark._internal.coordinator import OUTCOME, RECORDS, REPORT, ConnectJob, run_connect_task
+
+    num_proc = options.num_proc
+    tag = f"hvd_spark-{uuid.uuid4().hex[:12]}"
+    reader = live = None
+    if channel is not None:
+        store, folder = channel
+        path = posixpath.join(folder, tag)
+        reader, live = ChannelReader(store, path), (store.to_config(), path)
+    job_spec = ConnectJob(_task_spec(options, payload, "", ""), options, options.master, live)
+
+    def task_fn(batches):
+        for _ in batches:  # one row per task: only the task matters
+            pass
+        rows = run_connect_task(job_spec)
+        if rows:  # an MPI task that only held its slot has none (an empty binary column does not convert)
+            yield pd.DataFrame({"kind": [k for k, _ in rows], "data": [d for _, d in rows]})
+
+    def stage():
+        spark.addTag(tag)  # tags are per thread: this one marks the stage's query only
+        try:
+            df = spark.range(0, num_proc, 1, num_proc)
+            return df.mapInPandas(task_fn, "kind string, data binary", barrier=True).collect()
+        finally:
+            spark.removeTag(tag)
+
+    t0 = time.monotonic()
+    job = _Stage(stage, f"{tag}-submit", inheritable=False)
+    started = False
+    problem: JobTimeoutError | None = None
+    aborted_at = cancelled_at = None
+
+    def interrupt(why: str) -> None:
+        nonlocal cancelled_at
+        if cancelled_at is None:
+            logger.warning("interrupting the Spark Connect operations tagged %s: %s", tag, why)
+            spark.interruptTag(tag)
+            cancelled_at = time.monotonic()
+
+    try:
+        while job.alive():
+            job.thread.join(1.0)
+            now = time.monotonic()
+            if reader is not None:
+                news = reader.poll()
+                show(news, on_event)
+                started = started or any(r.get("k") == "start" for r in news)
+                if aborted_at is None and any(r.get("k") == "abort" for r in news):
+                    aborted_at = now
+                if not started and problem is None and now - t0 > options.start_timeout:
+                    problem = JobTimeoutError(
+                        f"the {num_proc} barrier tasks did not all start within start_timeout="
+                        f"{options.start_timeout:g}s. Spark could not schedule them all at once: check that "
+                        f"{num_proc} task slots are free (master={options.master}) or raise start_timeout "
+                        f"({settings.ENV_START_TIMEOUT}).",
+                        ranks=list(range(num_proc)),
+                    )
+                    interrupt("its tasks did not start in time")
+            if aborted_at is not None and now - aborted_at > options.abort_grace + CANCEL_AFTER:
+                interrupt("its tasks did not stop after an abort")
+            if options.timeout is not None and now - t0 > options.timeout + options.abort_grace + 2 * CANCEL_AFTER:
+                interrupt("it outlived its timeout and its coordinator did not stop it")
+            if cancelled_at is not None and now - cancelled_at > GIVE_UP_AFTER:
+                logger.error("the Spark Connect operations tagged %s did not stop after the interruption", tag)
+                break
+    except KeyboardInterrupt:
+        interrupt("interrupted on the client")
+        raise
+    finally:
+        if reader is not None:
+            show(reader.poll(), on_event)
+            reader.remove()
+    records: list[RankOutcome] = []
+    report, kept = JobReport(), []
+    for row in job.rows or []:
+        kind, data = row["kind"], bytes(row["data"])
+        if kind == OUTCOME:
+            records.append(cloudpickle.loads(data))
+        elif kind == REPORT:
+            report = cloudpickle.loads(data)
+        elif kind == RECORDS:
+            kept = json.loads(data)
+    show(kept, on_event)
     if problem is not None:
-        if isinstance(problem, JobTimeoutError) and records:
-            where = _where_ranks_were(records, problem.ranks)
-            if where:
-                problem = JobTimeoutError(f"{problem}\nWhere each unfinished rank was:\n{where}", ranks=problem.ranks)
         raise problem
-    if "error" in box:
-        raise LaunchError(f"the Spark barrier stage of {description} failed: {box['error']}") from box["error"]
-    by_rank = {r.rank: r for r in records}
-    missing = sorted(set(range(num_proc)) - set(by_rank))
-    if missing:
-        raise LaunchError(f"ranks {missing} returned no result (job ended after {elapsed:.1f}s).")
-    not_ok = [r for r in by_rank.values() if r.status != OK or r.result is None]
-    if not_ok:
-        raise LaunchError(f"ranks {sorted(r.rank for r in not_ok)} were aborted without a reported failure.")
-    logger.info("%d ranks finished in %.1fs", num_proc, elapsed)
-    return [cloudpickle.loads(by_rank[r].result) for r in range(num_proc)]
+    return conclude(
+        records,
+        report,
+        num_proc=num_proc,
+        description=description,
+        elapsed=time.monotonic() - t0,
+        stage_error=job.error,
+    )

@@ -15,14 +15,3 @@ def session_conf(spark) -> Any:
     if is_connect(spark):
         return spark.conf
     return spark.sparkContext.getConf()
-
-
-def require_classic(spark, what: str) -> None:
-    """Raises NotImplementedError, before any work, for what cannot run through Spark Connect yet."""
-    if is_connect(spark):
-        raise NotImplementedError(
-            f"{what} does not run through Spark Connect yet: its launcher submits a barrier RDD and runs a "
-            "service on the driver that the Spark tasks connect back to, and a Connect client has neither a "
-            "SparkContext nor a reachable address. Use a classic SparkSession (SparkSession.builder.master(...)) "
-            "for training; TFTransformer.transform, save and load work on Connect."
-        )

@@ -13,6 +13,7 @@ Layout under the prefix::
     runs/<run_id>/checkpoints/         epoch-NNNN.keras + epoch-NNNN.json (the JSON marks it complete)
     runs/<run_id>/logs/                TensorBoard event files
     runs/<run_id>/model.keras          the final model
+    runs/<run_id>/_live/<job>/         a training job's progress for a Spark Connect client, while it runs
 """
 
 import contextlib

@@ -1,0 +1,286 @@
+"""Watching one Horovod job through its :class:`DriverService`, wherever that service runs.
+
+On a classic session the service and its :class:`Supervisor` run on the Spark driver. On Spark
+Connect the client cannot be reached from the cluster, so they run in the first barrier task
+(``coordinator.py``) and the client reads what they saw from the job's output rows. Both ends
+then decide the job's result with the same :func:`conclude`.
+
+The supervisor sends heartbeats, notices ranks that fail (and aborts the others), tasks that go
+silent or vanish, tasks that do not start in time and a job that outlives its ``timeout``; the
+caller decides how to cancel what does not react to an abort.
+"""
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from hvd_spark._internal import settings
+from hvd_spark._internal.driver_service import KIND, Kind
+from hvd_spark._internal.outcomes import ERROR, HOST_UNREACHABLE, OK, TASK_LOST, RankOutcome, pick_failure
+from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError
+
+logger = logging.getLogger("hvd_spark")
+
+CANCEL_AFTER = 10.0  # seconds past abort_grace after which tasks that ignore an abort are cancelled
+GIVE_UP_AFTER = 70.0  # seconds past abort_grace after which a job that ignores its cancellation is left
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A reason the job was stopped that is not a rank's failure (a timeout)."""
+
+    message: str
+    ranks: list[int]
+
+    def error(self) -> JobTimeoutError:
+        return JobTimeoutError(self.message, ranks=self.ranks)
+
+
+@dataclass
+class JobReport:
+    """What the supervisor knows at the end of a job, beyond the records the tasks return."""
+
+    failures: list[dict] = field(default_factory=list)  # fail messages, in the order they arrived
+    lost: list[RankOutcome] = field(default_factory=list)  # ranks whose task went silent
+    vanished: list[RankOutcome] = field(default_factory=list)  # ranks whose task's connection closed early
+    hosts: dict[int, str] = field(default_factory=dict)  # rank -> the address its task connected from
+    problem: Problem | None = None
+
+
+def _say(level: int, message: str) -> None:
+    logger.log(level, "%s", message)
+
+
+class Supervisor:
+    """Watches a job through ``service``; call :meth:`step` about every 0.2 s until the job ends.
+
+    Args:
+        service: the job's started DriverService.
+        options: the job's LaunchOptions (timeouts, abort grace, heartbeat timeout).
+        where: the master URL (or what stands for it), for messages.
+        say: ``say(level, message)`` for what the supervisor has to tell the user.
+        on_abort: called with the reason when the supervisor tells the tasks to stop.
+    """
+
+    def __init__(
+        self,
+        service,
+        options,
+        *,
+        where: str,
+        say: Callable[[int, str], None] = _say,
+        on_abort: Callable[[str], None] | None = None,
+    ):
+        self.service = service
+        self.on_abort = on_abort
+        self.options = options
+        self.where = where
+        self.say = say
+        self.t0 = time.monotonic()
+        self.problem: Problem | None = None
+        self.lost: list[RankOutcome] = []
+        self.aborted_at: float | None = None
+        self.all_done_sent = False
+        self._next_beat = self.t0 + settings.HEARTBEAT_INTERVAL
+
+    def _abort(self, reason: str, dump: bool = False) -> None:
+        self.service.broadcast({KIND: Kind.ABORT, "reason": reason, "dump": dump})
+        self.aborted_at = time.monotonic()
+        if self.on_abort is not None:
+            self.on_abort(reason)
+
+    def interrupt(self, reason: str) -> None:
+        """Tells every task to stop now (the user interrupted the job)."""
+        self._abort(reason)
+
+    def step(self) -> None:
+        service, opts, num_proc = self.service, self.options, self.service.num_proc
+        now = time.monotonic()
+        if now >= self._next_beat:
+            service.broadcast({KIND: Kind.BEAT})
+            self._next_beat = now + settings.HEARTBEAT_INTERVAL
+        if not self.lost and self.aborted_at is None:
+            self.lost = _lost_ranks(service, opts.heartbeat_timeout)
+            if self.lost:
+                what = f"rank {self.lost[0].rank} on host {self.lost[0].host}: {self.lost[0].message}"
+                self.say(logging.ERROR, f"{what}; stopping the other ranks")
+                self._abort(what)
+        started, _, done, failures, _ = service.snapshot()
+        if failures and self.aborted_at is None:
+            first = failures[0]
+            self.say(logging.ERROR, f"rank {first['rank']} failed ({first['type']}); stopping the other ranks")
+            self._abort(f"rank {first['rank']} failed")
+        if len(done) == num_proc and not self.all_done_sent:
+            service.broadcast({KIND: Kind.ALL_DONE})
+            self.all_done_sent = True
+        if self.problem is None and len(started) < num_proc and now - self.t0 > opts.start_timeout:
+            missing = sorted(set(range(num_proc)) - set(started))
+            self.problem = Problem(
+                f"{len(missing)} of {num_proc} barrier tasks did not start within start_timeout="
+                f"{opts.start_timeout:g}s (tasks/partitions {missing}). Spark could not schedule them all at once: "
+                f"check that {num_proc} task slots are free (master={self.where}) or raise start_timeout "
+                f"({settings.ENV_START_TIMEOUT}).",
+                missing,
+            )
+        if self.problem is None and opts.timeout is not None and now - self.t0 > opts.timeout:
+            missing = sorted(set(range(num_proc)) - set(done))
+            self.problem = Problem(
+                f"the job did not finish within timeout={opts.timeout:g}s; ranks {missing} had not finished.",
+                missing,
+            )
+        if self.problem is not None and self.aborted_at is None:
+            self._abort(self.problem.message, dump=True)
+
+    def should_cancel(self) -> bool:
+        """True once the tasks had ``abort_grace`` + 10 s to react to an abort and the job goes on."""
+        return (
+            self.aborted_at is not None and time.monotonic() - self.aborted_at > self.options.abort_grace + CANCEL_AFTER
+        )
+
+    def should_give_up(self) -> bool:
+        """True when the job still runs long after its cancellation: stop waiting for it."""
+        return (
+            self.aborted_at is not None
+            and time.monotonic() - self.aborted_at > self.options.abort_grace + GIVE_UP_AFTER
+        )
+
+    def settled(self) -> bool:
+        """Every task that started has closed its connection, after all of them started or the job
+        was stopped: nothing more will be heard (the coordinator's end on Spark Connect)."""
+        started, _, _, _, open_tasks = self.service.snapshot()
+        return not open_tasks and (len(started) == self.service.num_proc or self.aborted_at is not None)
+
+    def report(self) -> JobReport:
+        service = self.service
+        _, rank_of, _, failures, _ = service.snapshot()
+        hosts = {rank_of.get(p): h for p, h in service.host_of.items() if rank_of.get(p) is not None}
+        return JobReport(
+            failures=failures,
+            lost=list(self.lost),
+            vanished=_vanished_ranks(service),
+            hosts=hosts,
+            problem=self.problem,
+        )
+
+
+def _lost_ranks(service, timeout: float) -> list[RankOutcome]:
+    """Failures for the tasks that sent nothing (not even a heartbeat) for ``timeout`` seconds."""
+    out = []
+    for _partition, rank, host, quiet in service.silent_tasks(timeout):
+        out.append(
+            RankOutcome(
+                rank=rank if rank is not None else -1,
+                status=ERROR,
+                type=HOST_UNREACHABLE,
+                message=(
+                    f"its task sent nothing for {quiet:.0f} s (tasks send a heartbeat every "
+                    f"{settings.HEARTBEAT_INTERVAL:g} s; {settings.ENV_HEARTBEAT_TIMEOUT}={timeout:g}): the host "
+                    "stopped answering (network down or dropped, machine frozen or lost)"
+                ),
+                time=time.time(),
+                host=host,
+            )
+        )
+    return out
+
+
+def _vanished_ranks(service) -> list[RankOutcome]:
+    """Failures for the ranks whose task's connection closed before they finished."""
+    out = []
+    for partition, when in service.vanished.items():
+        rank = service.rank_of_partition.get(partition)
+        if rank is None:
+            continue
+        out.append(
+            RankOutcome(
+                rank=rank,
+                status=ERROR,
+                type=TASK_LOST,
+                message=(
+                    "its Spark task ended without a result and without reporting an error: the executor "
+                    "or its host went away (killed, out of memory, lost)"
+                ),
+                time=when,
+                host=service.host_of.get(partition, ""),
+            )
+        )
+    return out
+
+
+def _raise_failure(rec: RankOutcome) -> None:
+    err = RankFailedError(rec.rank, rec.type or "?", rec.message, rec.traceback, host=rec.host)
+    cause = None
+    if rec.pickled:
+        try:
+            cause = cloudpickle.loads(rec.pickled)
+        except Exception:  # the exception's class may not exist on the driver
+            cause = None
+    if isinstance(cause, BaseException):
+        raise err from cause
+    raise err
+
+
+def _where_ranks_were(records: list[RankOutcome], ranks: list[int]) -> str:
+    """The innermost Python frames of each listed rank, from the stacks they printed on abort."""
+    out = []
+    for rec in sorted(records, key=lambda r: r.rank):
+        if rec.rank not in ranks or not rec.tail:
+            continue
+        tail = rec.tail
+        starts = [
+            i for i, line in enumerate(tail) if line.startswith(("Stack (most recent call first)", "Current thread"))
+        ]
+        if not starts:
+            continue
+        frames = [line.strip() for line in tail[starts[-1] + 1 :] if line.strip().startswith("File ")]
+        out.append(f"  rank {rec.rank}: " + " <- ".join(frames[:6]))
+    return "\n".join(out)
+
+
+def conclude(
+    records: list[RankOutcome],
+    report: JobReport,
+    *,
+    num_proc: int,
+    description: str,
+    elapsed: float,
+    stage_error: BaseException | None = None,
+) -> list[Any]:
+    """The job's return values by rank, or the error that explains why there are none: a rank's
+    failure first (the cause, not its consequences), then a timeout, then the stage's own error."""
+    records = [dataclasses.replace(r, host=report.hosts.get(r.rank, r.host)) for r in records]
+    errors = [r for r in records if r.status == ERROR] + list(report.lost)
+    # Failures reported, whose task's record did not come back (the job was cancelled), and ranks
+    # whose task vanished without a word (its executor or host died).
+    returned = {r.rank for r in records}
+    errors += [
+        dataclasses.replace(RankOutcome.from_message(f), host=report.hosts.get(int(f["rank"]), ""))
+        for f in report.failures
+        if int(f["rank"]) not in returned
+    ]
+    known = returned | {r.rank for r in errors}
+    errors += [v for v in report.vanished if v.rank not in known]
+    if errors:
+        _raise_failure(pick_failure(errors))
+    if report.problem is not None:
+        problem = report.problem.error()
+        where = _where_ranks_were(records, problem.ranks) if records else ""
+        if where:
+            problem = JobTimeoutError(f"{problem}\nWhere each unfinished rank was:\n{where}", ranks=problem.ranks)
+        raise problem
+    if stage_error is not None:
+        raise LaunchError(f"the Spark barrier stage of {description} failed: {stage_error}") from stage_error
+    by_rank = {r.rank: r for r in records}
+    missing = sorted(set(range(num_proc)) - set(by_rank))
+    if missing:
+        raise LaunchError(f"ranks {missing} returned no result (job ended after {elapsed:.1f}s).")
+    not_ok = [r for r in by_rank.values() if r.status != OK or r.result is None]
+    if not_ok:
+        raise LaunchError(f"ranks {sorted(r.rank for r in not_ok)} were aborted without a reported failure.")
+    logger.info("%d ranks finished in %.1fs", num_proc, elapsed)
+    return [cloudpickle.loads(by_rank[r].result) for r in range(num_proc)]
