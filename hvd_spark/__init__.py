@@ -7,7 +7,7 @@ Public API:
     run: run any Horovod function on Spark barrier tasks.
     local_session: a SparkSession for one machine, set up for barrier jobs.
     FitSummary, RankSummary: what ``TFTransformer.getFitSummary()`` reports about the fit.
-    HvdSparkError, RankFailedError, JobTimeoutError, LaunchError: run-time errors.
+    HvdSparkError, RankFailedError, JobTimeoutError, LaunchError, RunInUseError: run-time errors.
 
     hvd_spark.keras (imported on its own): Keras 3 gradient averaging and callbacks for functions
     run with ``run``.
@@ -17,7 +17,7 @@ from hvd_spark._internal.contracts import FitSummary, RankSummary
 from hvd_spark._internal.store import Checkpoint, Store
 from hvd_spark._run import run
 from hvd_spark._session import local_session
-from hvd_spark.errors import HvdSparkError, JobTimeoutError, LaunchError, RankFailedError
+from hvd_spark.errors import HvdSparkError, JobTimeoutError, LaunchError, RankFailedError, RunInUseError
 
 _LAZY = {
     "HorovodEstimator": "hvd_spark._internal.estimator",
@@ -49,4 +49,5 @@ __all__ = [
     "RankFailedError",
     "JobTimeoutError",
     "LaunchError",
+    "RunInUseError",
 ]

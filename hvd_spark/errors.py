@@ -51,3 +51,21 @@ class JobTimeoutError(HvdSparkError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.ranks))
+
+
+class RunInUseError(HvdSparkError):
+    """Another fit is training the same ``run_id`` in the same store right now.
+
+    Attributes:
+        run_id: the run.
+        holder: what the other fit's lease says: ``host``, ``pid``, ``started`` and ``heartbeat``
+            (epoch seconds).
+    """
+
+    def __init__(self, message: str, run_id: str = "", holder: dict | None = None):
+        self.run_id = run_id
+        self.holder = dict(holder or {})
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.run_id, self.holder))

@@ -247,3 +247,48 @@ def test_cross_validator_with_parallelism_two(spark, tmp_path):
     assert len(os.listdir(os.path.join(store, "runs"))) == 5
     attempts, leftovers = _attempts(store)
     assert len(attempts) == 3 and all(len(a) == 1 for a in attempts.values()) and leftovers == []
+
+
+def test_one_writer_per_run_and_a_dead_fits_lease_expires(spark, tmp_path):
+    """Two fits of one run_id at once: the second is refused before any work, naming the run and the
+    holder, and the first trains every epoch. A lease left by a fit that died (its heartbeat stopped)
+    does not block the run: the next fit takes it over and resumes."""
+    import socket
+
+    from hvd_spark import RunInUseError
+
+    df = _regression_frame(spark).cache()
+    store = str(tmp_path / "store")
+    lease = os.path.join(store, "runs", "shared", "_writer.json")
+    first, errors = {}, []
+
+    def fit_first():
+        try:
+            first["model"] = _linear_estimator(store, num_proc=2, epochs=4, run_id="shared").fit(df)
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    thread = threading.Thread(target=fit_first)
+    thread.start()
+    for _ in range(600):
+        if os.path.exists(lease) or not thread.is_alive():
+            break
+        time.sleep(0.1)
+    assert os.path.exists(lease), errors
+    with pytest.raises(RunInUseError, match=r"run_id 'shared' .* is being trained by another fit right now") as err:
+        _linear_estimator(store, num_proc=2, epochs=6, run_id="shared").fit(df)
+    assert err.value.run_id == "shared"
+    assert err.value.holder["pid"] == os.getpid() and err.value.holder["host"] == socket.gethostname()
+    assert f"pid {os.getpid()}" in str(err.value)
+    thread.join(600)
+    assert not errors, errors
+    assert len(first["model"].getHistory()["loss"]) == 4  # undisturbed: every epoch
+    assert not os.path.exists(lease)  # released at the end
+
+    # A driver killed mid-fit leaves its lease; once its heartbeat is older than the expiry, the run resumes.
+    old = time.time() - settings.LEASE_STALE - 5
+    with open(lease, "w") as f:
+        json.dump({"host": "gone-host", "pid": 1, "started": old, "heartbeat": old, "token": "dead"}, f)
+    resumed = _linear_estimator(store, num_proc=2, epochs=5, run_id="shared").fit(df)
+    assert len(resumed.getHistory()["loss"]) == 5  # epochs 1-4 from the checkpoints, 5 trained now
+    assert not os.path.exists(lease)

@@ -1,5 +1,6 @@
 """``HorovodEstimator``: fit a Keras 3 model on a Spark DataFrame with Horovod ring-allreduce."""
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -13,6 +14,7 @@ from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 
 from hvd_spark._internal import data as data_mod
+from hvd_spark._internal import settings
 from hvd_spark._internal.contracts import DataSpec, FitSummary, RankSummary, RunConfig
 from hvd_spark._internal.params import EstimatorParams
 from hvd_spark._internal.progress import BATCH_INTERVAL, FitProgress, interactive
@@ -27,7 +29,7 @@ from hvd_spark._internal.specs import (
 )
 from hvd_spark._internal.store import Checkpoint, Store, validate_run_id
 from hvd_spark._internal.transformer import TFTransformer
-from hvd_spark.errors import HvdSparkError, JobTimeoutError, RankFailedError
+from hvd_spark.errors import HvdSparkError, JobTimeoutError, RankFailedError, RunInUseError
 
 logger = logging.getLogger("hvd_spark")
 
@@ -217,7 +219,47 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     def _fit(self, dataset):
         t_start = time.time()
         checked = self._check(dataset)
-        plan = self._plan_resume(checked)
+        run_id = checked.p["run_id"] or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        with self._run_writer(checked, run_id):
+            return self._fit_run(dataset, checked, run_id, t_start)
+
+    @contextlib.contextmanager
+    def _run_writer(self, c: "_Checked", run_id: str):
+        """Step 1b: this fit becomes the run's only writer (a lease in the store, refreshed every
+        10 s) until it returns; another fit of the same run meanwhile gets RunInUseError before any
+        work. A lease whose fit died (no heartbeat for 60 s) is taken over, so the run resumes."""
+        from hvd_spark._internal.store import LeaseHeldError
+
+        store, folder = c.store, c.store.run_path(run_id)
+        path, stale = f"{folder}/_writer.json", settings.run_lease_stale()
+        with contextlib.ExitStack() as stack:
+            if not store._exists(folder):
+
+                def remove_if_empty() -> None:  # after the lease is gone: no empty folder left by a failed fit
+                    if not store._listdir(folder):
+                        store._rm(folder)
+
+                stack.callback(remove_if_empty)
+            try:
+                stack.enter_context(
+                    store._exclusive_lease(path, heartbeat=settings.LEASE_HEARTBEAT, stale=stale, run_id=run_id)
+                )
+            except LeaseHeldError as e:
+                h = e.holder
+                started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(h.get("started", 0) or 0)))
+                raise RunInUseError(
+                    f"run_id '{run_id}' in {store.prefix} is being trained by another fit right now (host "
+                    f"{h.get('host', '?')}, pid {h.get('pid', '?')}, started {started}, last heartbeat "
+                    f"{time.time() - float(h.get('heartbeat', 0) or 0):.0f}s ago). Wait for it to finish, or use "
+                    f"another run_id. A fit that died leaves its lease ({path}); it expires {stale:g}s after its "
+                    f"last heartbeat ({settings.ENV_RUN_LEASE_STALE}).",
+                    run_id=run_id,
+                    holder={k: v for k, v in h.items() if k != "token"},
+                ) from None
+            yield
+
+    def _fit_run(self, dataset, checked: "_Checked", run_id: str, t_start: float):
+        plan = self._plan_resume(checked, run_id)
         tracker = self._open_tracking(checked, plan)
         try:
             if plan.resume is not None and plan.resume.epoch >= checked.p["epochs"]:
@@ -365,13 +407,12 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             p, model, inputs, outputs, f_infos, l_infos, w_info, validation, options, custom_objects, store, prediction
         )
 
-    def _plan_resume(self, c: "_Checked") -> "_ResumePlan":
+    def _plan_resume(self, c: "_Checked", run_id: str) -> "_ResumePlan":
         """Step 2: the run id, and the checkpoint to continue from (a run with checkpoints continues
         only with the same architecture and columns)."""
         from hvd_spark._internal.model_info import model_fingerprint
 
         p, store = c.p, c.store
-        run_id = p["run_id"] or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         fingerprint = model_fingerprint(c.model)
         run_json = f"{store.run_path(run_id)}/run.json"
         resume = None

@@ -9,6 +9,7 @@ ENV_ABORT_GRACE = "HVD_SPARK_ABORT_GRACE"  # seconds ranks get to stop after an 
 ENV_MATERIALIZE_WAIT = "HVD_SPARK_MATERIALIZE_WAIT"  # seconds a fit waits for another fit writing the same data
 ENV_PROGRESS = "HVD_SPARK_PROGRESS"  # 1 / 0: the fit's live progress bar on / off (default: on a TTY or notebook)
 ENV_HEARTBEAT_TIMEOUT = "HVD_SPARK_HEARTBEAT_TIMEOUT"  # seconds of silence after which a task (or the driver) is lost
+ENV_RUN_LEASE_STALE = "HVD_SPARK_RUN_LEASE_STALE"  # seconds after which a dead fit's lease on its run expires
 
 # Set by the launcher in each rank's process (read by hvd_spark's worker side).
 ENV_DRIVER_ADDR = "HVD_SPARK_DRIVER_ADDR"
@@ -62,3 +63,8 @@ def seconds_setting(explicit, env_name: str, conf_value, default: float, param: 
     if conf_value:
         return parse_seconds(param, conf_value)
     return default
+
+
+def run_lease_stale() -> float:
+    """Seconds after its last heartbeat that a fit's lease on its run expires (a fit that died)."""
+    return max(2 * LEASE_HEARTBEAT, seconds_setting(None, ENV_RUN_LEASE_STALE, None, LEASE_STALE, "run_lease_stale"))

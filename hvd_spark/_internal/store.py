@@ -13,6 +13,7 @@ Layout under the prefix::
     runs/<run_id>/checkpoints/         epoch-NNNN.keras + epoch-NNNN.json (the JSON marks it complete)
     runs/<run_id>/logs/                TensorBoard event files
     runs/<run_id>/model.keras          the final model
+    runs/<run_id>/_writer.json         the lease of the fit training the run (one at a time)
     runs/<run_id>/_live/<job>/         a training job's progress for a Spark Connect client, while it runs
 """
 
@@ -31,6 +32,14 @@ from typing import Any
 
 _CKPT = re.compile(r"^epoch-(\d{4,})\.json$")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class LeaseHeldError(Exception):
+    """The lease at ``path`` is held by a live process, described by ``holder`` (its lease file)."""
+
+    def __init__(self, path: str, holder: dict[str, Any]):
+        self.path, self.holder = path, holder
+        super().__init__(f"{path} is held by {holder.get('host', '?')} (pid {holder.get('pid', '?')})")
 
 
 @dataclass(frozen=True, order=True)
@@ -214,6 +223,55 @@ class Store:
             stop.set()
             thread.join(timeout=heartbeat + 5)
             self._rm(path)
+
+    @contextlib.contextmanager
+    def _exclusive_lease(self, path: str, heartbeat: float, stale: float, **info):
+        """Holds the only lease at ``path`` while the block runs, or raises :class:`LeaseHeldError`
+        with the holder's lease when another process holds it (its heartbeat younger than ``stale``
+        seconds). A lease whose holder stopped beating (its process or host died) is taken over.
+
+        The lease carries a random token; the heartbeat thread rewrites it only while it still holds
+        that token, and the end removes it only then, so a holder that lost its lease (it was taken
+        over after a long stall) never removes its successor's.
+        """
+        token = uuid.uuid4().hex
+        doc = dict(info, host=socket.gethostname(), pid=os.getpid(), started=time.time(), token=token)
+
+        def current() -> dict[str, Any] | None:
+            try:
+                return self._read_json(path)
+            except (FileNotFoundError, ValueError):  # released meanwhile / being replaced
+                return None
+
+        if not self._create_exclusive_json(path, dict(doc, heartbeat=time.time())):
+            held = current()
+            if held is not None and time.time() - float(held.get("heartbeat", 0)) < stale:
+                raise LeaseHeldError(path, held)
+            self._write_json(path, dict(doc, heartbeat=time.time()))  # stale: its holder is gone
+            time.sleep(0.2)
+            mine = current()
+            if mine is None or mine.get("token") != token:  # another process took it over at the same time
+                raise LeaseHeldError(path, mine or {})
+        stop = threading.Event()
+
+        def beat():
+            while not stop.wait(heartbeat):
+                held = current()
+                if held is not None and held.get("token") != token:
+                    return  # taken over: this holder stalled for longer than ``stale``
+                with contextlib.suppress(Exception):  # a missed heartbeat is retried at the next one
+                    self._write_json(path, dict(doc, heartbeat=time.time()))
+
+        thread = threading.Thread(target=beat, name=f"hvd_spark-lease-{posixpath.basename(path)}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=heartbeat + 5)
+            held = current()
+            if held is not None and held.get("token") == token:
+                self._rm(path)
 
     def _live_leases(self, folder: str, prefix: str, stale: float) -> list[dict[str, Any]]:
         """The leases ``folder/<prefix>*.json`` whose heartbeat is younger than ``stale`` seconds."""

@@ -100,3 +100,27 @@ def test_lease_is_live_while_held_and_gone_after(tmp_path):
 def test_run_id_is_checked(bad):
     with pytest.raises(ValueError, match="run_id must be"):
         validate_run_id(bad)
+
+
+def test_exclusive_lease_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
+    from hvd_spark._internal.store import LeaseHeldError
+
+    store = Store(str(tmp_path / "store"))
+    path = store._path("runs", "r", "_writer.json")
+    with store._exclusive_lease(path, heartbeat=0.1, stale=5, run_id="r"):
+        held = store._read_json(path)
+        assert held["run_id"] == "r" and held["pid"] == os.getpid()
+        with pytest.raises(LeaseHeldError) as err:
+            with store._exclusive_lease(path, heartbeat=0.1, stale=5):
+                pass
+        assert err.value.holder["token"] == held["token"]
+        time.sleep(0.35)
+        assert store._read_json(path)["heartbeat"] > held["heartbeat"]  # it beats
+    assert not store._exists(path)  # released
+
+    store._write_json(path, {"host": "h", "pid": 1, "heartbeat": time.time() - 60, "token": "dead"})
+    with store._exclusive_lease(path, heartbeat=0.1, stale=5):  # stale: taken over
+        assert store._read_json(path)["token"] != "dead"
+        store._write_json(path, {"host": "h2", "pid": 2, "heartbeat": time.time(), "token": "thief"})
+        time.sleep(0.3)
+    assert store._read_json(path)["token"] == "thief"  # a lease it lost is neither rewritten nor removed
