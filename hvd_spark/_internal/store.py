@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,24 +206,37 @@ class Store:
         (whose heartbeat stops).
         """
         doc = dict(info, host=socket.gethostname(), pid=os.getpid(), started=time.time())
+
+        def beat() -> bool:
+            with contextlib.suppress(Exception):  # a missed heartbeat is retried at the next one
+                self._write_json(path, dict(doc, heartbeat=time.time()))
+            return True
+
+        beat()
+        try:
+            with self._beating(path, heartbeat, beat):
+                yield
+        finally:
+            self._rm(path)
+
+    @contextlib.contextmanager
+    def _beating(self, path: str, heartbeat: float, beat: Callable[[], bool]):
+        """Calls ``beat()`` every ``heartbeat`` seconds from a daemon thread while the block runs, until
+        it returns False (the lease at ``path`` was lost)."""
         stop = threading.Event()
 
-        def beat():
-            while True:
-                with contextlib.suppress(Exception):  # a missed heartbeat is retried at the next one
-                    self._write_json(path, dict(doc, heartbeat=time.time()))
-                if stop.wait(heartbeat):
+        def run():
+            while not stop.wait(heartbeat):
+                if not beat():
                     return
 
-        self._write_json(path, dict(doc, heartbeat=time.time()))
-        thread = threading.Thread(target=beat, name=f"hvd_spark-lease-{posixpath.basename(path)}", daemon=True)
+        thread = threading.Thread(target=run, name=f"hvd_spark-lease-{posixpath.basename(path)}", daemon=True)
         thread.start()
         try:
             yield
         finally:
             stop.set()
             thread.join(timeout=heartbeat + 5)
-            self._rm(path)
 
     @contextlib.contextmanager
     def _exclusive_lease(self, path: str, heartbeat: float, stale: float, **info):
@@ -252,23 +266,19 @@ class Store:
             mine = current()
             if mine is None or mine.get("token") != token:  # another process took it over at the same time
                 raise LeaseHeldError(path, mine or {})
-        stop = threading.Event()
 
-        def beat():
-            while not stop.wait(heartbeat):
-                held = current()
-                if held is not None and held.get("token") != token:
-                    return  # taken over: this holder stalled for longer than ``stale``
-                with contextlib.suppress(Exception):  # a missed heartbeat is retried at the next one
-                    self._write_json(path, dict(doc, heartbeat=time.time()))
+        def beat() -> bool:
+            held = current()
+            if held is not None and held.get("token") != token:
+                return False  # taken over: this holder stalled for longer than ``stale``
+            with contextlib.suppress(Exception):  # a missed heartbeat is retried at the next one
+                self._write_json(path, dict(doc, heartbeat=time.time()))
+            return True
 
-        thread = threading.Thread(target=beat, name=f"hvd_spark-lease-{posixpath.basename(path)}", daemon=True)
-        thread.start()
         try:
-            yield
+            with self._beating(path, heartbeat, beat):
+                yield
         finally:
-            stop.set()
-            thread.join(timeout=heartbeat + 5)
             held = current()
             if held is not None and held.get("token") == token:
                 self._rm(path)
