@@ -22,6 +22,7 @@ def run(
     timeout: float | None = None,
     verbose: int = 1,
     store=None,
+    warm: bool | None = None,
 ) -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` on ``num_proc`` Horovod ranks as one Spark barrier stage.
 
@@ -55,6 +56,10 @@ def run(
             cluster can both reach, or a :class:`hvd_spark.Store`) where the ranks' output is written
             while the job runs, so that it shows as it comes; without it, it shows when the job ends.
             Ignored on a classic session, whose driver receives the output directly.
+        warm: start each rank from the host's warm server, a process that has already imported
+            TensorFlow, Keras and Horovod and forks a fresh rank for every job (Gloo only; the first
+            job of an application starts the server). Default: on, unless ``HVD_SPARK_WARM=0``.
+            See ``docs/launcher.md``.
 
     Returns:
         The return values of ``fn``, ordered by rank.
@@ -98,4 +103,5 @@ def run(
         timeout=timeout,
         description="hvd_spark.run",
         channel=channel,
+        warm=warm,
     )

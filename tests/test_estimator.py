@@ -417,3 +417,64 @@ def test_killed_worker_then_training_finishes(spark, tmp_path):
         RankFailedError, match="rank 1 on host 127.0.0.1 failed with ProcessDied: process killed by signal 9"
     ):
         _xor_estimator(store, epochs=4, run_id="crashy-2", callbacks=[KillRankOnce(str(tmp_path / "killed"))]).fit(df)
+
+
+def accumulation_job():
+    """Gradient accumulation against the large batch it stands for, on two ranks with different data."""
+    import horovod.tensorflow as hvd
+    import keras
+    import numpy as np
+
+    from hvd_spark.keras import make_distributed
+
+    hvd.init()
+    rng = np.random.default_rng(hvd.rank())
+    x, y = rng.normal(size=(32, 4)).astype("float32"), rng.normal(size=(32, 1)).astype("float32")
+
+    def trained(batch_size, passes, rows):
+        keras.utils.set_random_seed(3)  # the same initial weights everywhere
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+        initial = [w.tolist() for w in model.get_weights()]
+        opt = make_distributed(keras.optimizers.SGD(0.1), backward_passes_per_step=passes)
+        model.compile(optimizer=opt, loss="mse")
+        model.fit(x[:rows], y[:rows], batch_size=batch_size, epochs=1, verbose=0, shuffle=False)
+        return initial, [w.tolist() for w in model.get_weights()], int(opt.iterations.numpy())
+
+    return {
+        "big": trained(16, 1, 16),  # one update from 16 rows per rank
+        "accumulated": trained(8, 2, 16),  # two batches of 8, one update
+        "pending": trained(8, 2, 8),  # one batch of 8 of the 2 an update needs
+    }
+
+
+def test_backward_passes_per_step_is_the_larger_batch_it_stands_for(spark):
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    r0, r1 = hvd_spark.run(accumulation_job, num_proc=2, spark=spark, verbose=0)
+    initial, big, big_steps = r0["big"]
+    _, acc, acc_steps = r0["accumulated"]
+    _, pending, pending_steps = r0["pending"]
+    assert big_steps == acc_steps == 1 and pending_steps == 0
+    assert not np.allclose(np.concatenate([np.ravel(w) for w in big]), np.concatenate([np.ravel(w) for w in initial]))
+    for a, b in zip(acc, big):  # averaged over 2 batches and 2 ranks = averaged over the 4 batches at once
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-5, atol=1e-6)
+    assert pending == initial  # a batch that only accumulates changes no weight
+    assert r1["accumulated"][1] == acc  # and the ranks agree exactly
+
+
+def test_estimator_backward_passes_per_step_and_compression(spark, tmp_path):
+    df = _xor_frame(spark, 256)
+    est = _xor_estimator(tmp_path / "store", backward_passes_per_step=2, gradient_compression="fp16", epochs=2)
+    model = est.fit(df)
+    summary = model.getFitSummary()
+    steps = summary.steps_per_epoch
+    assert [r.iterations for r in summary.ranks] == [2 * steps // 2] * 2  # one update per 2 batches
+    assert len({r.weights_digest for r in summary.ranks}) == 1
+    for bad, match in (
+        (dict(backward_passes_per_step=0), "backward_passes_per_step must be at least 1"),
+        (dict(gradient_compression="int8"), "gradient_compression must be 'none' or 'fp16'"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            _xor_estimator(tmp_path / "store2", **bad).fit(df)
+    assert not os.path.exists(tmp_path / "store2" / "runs")

@@ -77,9 +77,10 @@ def test_output_reaches_driver_log_with_rank_prefix(spark, caplog):
 
 
 def test_the_users_tf_log_level_wins(spark, caplog):
-    """TF_CPP_MIN_LOG_LEVEL=0 asks for TF's INFO lines: then its notices reach the driver's log."""
+    """TF_CPP_MIN_LOG_LEVEL=0 asks for TF's INFO lines: then its notices reach the driver's log.
+    (A fresh rank: a warm one never imports TF, its server did, and that server's log has them.)"""
     with caplog.at_level(logging.INFO, logger="hvd_spark.rank"):
-        hvd_spark.run(rank_output, num_proc=1, spark=spark, verbose=0, env={"TF_CPP_MIN_LOG_LEVEL": "0"})
+        hvd_spark.run(rank_output, num_proc=1, spark=spark, verbose=0, env={"TF_CPP_MIN_LOG_LEVEL": "0"}, warm=False)
     lines = [r.getMessage().split("] ", 1)[1] for r in caplog.records if r.name == "hvd_spark.rank"]
     assert any(is_tf_notice(line) for line in lines), lines
 

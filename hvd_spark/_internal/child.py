@@ -86,7 +86,9 @@ def _finalize_horovod(timeout: float = 20.0) -> None:
     t.join(timeout)
 
 
-if __name__ == "__main__":
+def entry(workdir: str) -> int:
+    """Runs the payload in ``workdir`` as this process's one job and returns its exit code: what a
+    fresh rank process does, and what a rank forked by a warm server does."""
     import faulthandler
     import signal
 
@@ -96,12 +98,17 @@ if __name__ == "__main__":
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(line_buffering=True)
-    # MPI ranks share one command line: each host's workdir comes from the environment instead.
-    code = main(sys.argv[1] if len(sys.argv) > 1 else os.environ["HVD_SPARK_WORKDIR"])
+    code = main(workdir)
     if code == 0:
         _finalize_horovod()
     sys.stdout.flush()
     sys.stderr.flush()
+    return code
+
+
+if __name__ == "__main__":
+    # MPI ranks share one command line: each host's workdir comes from the environment instead.
+    code = entry(sys.argv[1] if len(sys.argv) > 1 else os.environ["HVD_SPARK_WORKDIR"])
     # The outcome is on disk. Leave without interpreter finalization: some libraries' threads
     # (gRPC servers, data loaders) keep a finished process alive at exit.
     os._exit(code)

@@ -98,6 +98,8 @@ class RunConfig:
     progress_interval: float  # seconds between rank 0's in-epoch progress events; 0: none
     reader: str  # "arrow" or "petastorm"
     num_threads: int
+    backward_passes_per_step: int = 1  # batches accumulated per allreduce (Keras gradient accumulation)
+    compression: str = "none"  # "none" or "fp16" gradients in the allreduce
     # --- per attempt ---
     initial_epoch: int = 0
     resume_ckpt: str | None = None  # checkpoint model path in the store, when resuming

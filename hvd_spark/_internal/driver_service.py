@@ -26,7 +26,8 @@ KIND = "t"  # the field of every message that says its kind
 
 class Kind(StrEnum):
     """Message kinds. Tasks and ranks send the first six to the driver; the driver sends the next two;
-    both send heartbeats."""
+    both send heartbeats; tasks exchange what they know of themselves through the last two (an
+    all-gather through the driver: Spark's barrier ``allGather`` costs about a second a round)."""
 
     HELLO = "hello"  # the first message of every connection: {"token", "role", "partition" or "rank"}
     RANK = "rank"  # a task's rank, once assigned: {"rank"}
@@ -37,6 +38,12 @@ class Kind(StrEnum):
     ABORT = "abort"  # to every task: stop now: {"reason", "dump"}
     ALL_DONE = "all_done"  # to every task: every rank finished, exit
     BEAT = "beat"  # a heartbeat, every settings.HEARTBEAT_INTERVAL seconds each way: {}
+    GATHER = "gather"  # a task's contribution to an all-gather: {"round", "info"}
+    GATHERED = "gathered"  # to every task once all have contributed: {"round", "infos"} (partition order)
+
+
+class JobAborted(Exception):
+    """The driver aborted the job while a task waited on it."""
 
 
 def send_line(sock: socket.socket, message: dict, lock: "threading.Lock | None" = None) -> None:
@@ -143,6 +150,7 @@ class DriverService:
         self.last_heard: dict[int, float] = {}  # partition -> monotonic time of its task's last message
         self.vanished: dict[int, float] = {}  # partition -> when its connection closed before its rank was done
         self.failures: list[dict] = []  # in the order they reached the driver
+        self._gathers: dict[str, dict[int, tuple]] = {}  # round -> partition -> (conn, info)
 
     @property
     def port(self) -> int:
@@ -181,6 +189,9 @@ class DriverService:
         with self._lock:
             if self.tasks.get(conn.partition) is conn:
                 del self.tasks[conn.partition]
+            for got in self._gathers.values():
+                if got.get(conn.partition, (None,))[0] is conn:
+                    del got[conn.partition]
             rank = self.rank_of_partition.get(conn.partition)
             if rank is None or rank not in self.done:
                 # Gone before its rank finished: the task's process (its executor, its host) died.
@@ -218,6 +229,24 @@ class DriverService:
             with self._lock:
                 self.done[int(msg["rank"])] = msg
                 self._lock.notify_all()
+        elif kind == Kind.GATHER:
+            self._gather(conn, msg)
+
+    def _gather(self, conn: _Conn, msg: dict) -> None:
+        """Collects one contribution per partition of a round; the last one sends them all out. A
+        task whose connection closes takes its contribution back (see ``_task_disconnected``), so
+        the tasks of a retried stage never meet a dead task's."""
+        key = str(msg.get("round", ""))
+        with self._lock:
+            got = self._gathers.setdefault(key, {})
+            got[conn.partition] = (conn, msg.get("info"))
+            if len(got) < self.num_proc:
+                return
+            del self._gathers[key]
+        infos = [got[p][1] for p in sorted(got)]
+        reply = {KIND: Kind.GATHERED, "round": key, "infos": infos}
+        for p in sorted(got):
+            got[p][0].send(reply)
 
     # --- called from the driver's main thread ---
     def wait(self, timeout: float) -> None:
@@ -263,6 +292,7 @@ class TaskClient:
         self.sock = socket.create_connection((host, int(port)), timeout=timeout)
         self.sock.settimeout(None)
         self._lock = threading.Lock()
+        self._messages = None
         self.send({**hello, KIND: Kind.HELLO, "token": token})
 
     @property
@@ -278,10 +308,30 @@ class TaskClient:
             return False
 
     def messages(self):
+        """The driver's messages, one iterator per connection (a later caller goes on from where
+        an earlier one stopped)."""
+        if self._messages is None:
+            self._messages = self._read()
+        return self._messages
+
+    def _read(self):
         try:
             yield from read_lines(self.sock)
         except OSError:
             return
+
+    def gather(self, round_name: str, info) -> list:
+        """Every task's ``info`` for this round, in partition order, once all have sent theirs. Raises
+        ``JobAborted`` if the driver aborts the job meanwhile (it does when tasks fail to start in
+        time) and ``ConnectionError`` if it goes away."""
+        self.send({KIND: Kind.GATHER, "round": round_name, "info": info})
+        for msg in self.messages():
+            kind = msg.get(KIND)
+            if kind == Kind.GATHERED and msg.get("round") == round_name:
+                return list(msg.get("infos") or [])
+            if kind == Kind.ABORT:
+                raise JobAborted(str(msg.get("reason", "")))
+        raise ConnectionError(f"the driver closed the connection while this task waited for the others ({round_name})")
 
     def close(self) -> None:
         # shutdown first: close() alone leaves the connection open while a reader thread holds a

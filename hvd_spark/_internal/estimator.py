@@ -75,6 +75,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         start_timeout: seconds for all ranks to start (default 600).
         max_restarts: how many times a failed training job (a rank raising or dying, a lost
             executor) is started again from the latest checkpoint (default 0).
+        backward_passes_per_step: batches each rank accumulates before one allreduce and update
+            (default 1; Keras' ``gradient_accumulation_steps``): like a batch that many times
+            larger, with that many fewer allreduces.
+        gradient_compression: ``"none"`` (default) or ``"fp16"`` (gradients sent as float16).
         reader: how ranks read the Parquet files: ``"arrow"`` (default, pyarrow-native) or
             ``"petastorm"`` (needs Petastorm 0.13.1 and pyarrow 12).
         task: ``"auto"`` (default: a single-output model trained with a cross-entropy loss is a
@@ -123,6 +127,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         output_cols: list[str] | None = None,
         start_timeout: float | None = None,
         max_restarts: int = 0,
+        backward_passes_per_step: int = 1,
+        gradient_compression: str = "none",
         reader: str = "arrow",
         task: str = "auto",
         mlflow: str | bool = "auto",
@@ -157,6 +163,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             output_cols=None,
             start_timeout=None,
             max_restarts=0,
+            backward_passes_per_step=1,
+            gradient_compression="none",
             reader="arrow",
             task="auto",
             mlflow="auto",
@@ -189,7 +197,12 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             raise ValueError("label_cols must name at least one column. Received: label_cols=None.")
         if p["max_restarts"] < 0:
             raise ValueError(f"max_restarts must be 0 or more. Received: max_restarts={p['max_restarts']}.")
-        for name in ("batch_size", "epochs", "shuffle_buffer_size"):
+        if p["gradient_compression"] not in ("none", "fp16"):
+            raise ValueError(
+                "gradient_compression must be 'none' or 'fp16'. "
+                f"Received: gradient_compression={p['gradient_compression']!r}."
+            )
+        for name in ("batch_size", "epochs", "shuffle_buffer_size", "backward_passes_per_step"):
             if p[name] < 1:
                 raise ValueError(f"{name} must be at least 1. Received: {name}={p[name]}.")
         for name in ("val_batch_size", "train_steps_per_epoch", "validation_steps_per_epoch", "num_proc"):
@@ -325,13 +338,23 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     def _check(self, dataset) -> "_Checked":
         """Step 1: params, the model against the columns, launch options. Nothing is written before
         this returns, so every mistake found here leaves the store as it was."""
-        from hvd_spark._internal.launcher import resolve_launch_options
+        from hvd_spark._internal.launcher import prewarm, resolve_launch_options
         from hvd_spark._internal.logs import TF_LOG_LEVEL, ensure_visible
         from hvd_spark._internal.model_info import is_compiled, model_specs, prediction_task
         from hvd_spark._internal.serde import model_custom_objects
 
         p = self._check_params()
         ensure_visible(p["verbose"])
+        options = resolve_launch_options(
+            dataset.sparkSession,
+            num_proc=p["num_proc"],
+            backend=p["backend"],
+            start_timeout=p["start_timeout"],
+            # verbose=2 shows everything, TF's C++ notices included, unless the driver's env says otherwise
+            env={TF_LOG_LEVEL: os.environ.get(TF_LOG_LEVEL, "0")} if p["verbose"] == 2 else None,
+        )
+        # The hosts' warm servers start importing TF now, while the checks and the data's writing run.
+        prewarm(dataset.sparkSession, options, background=True)
         model = p["model"]
         inputs, outputs = model_specs(model)
         # Columns in the model's order (matched by name where they are named after its tensors).
@@ -385,14 +408,6 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 raise TypeError(
                     f"validation column '{validation}' must be boolean or 0/1. Received an {vinfo.kind} column."
                 )
-        options = resolve_launch_options(
-            dataset.sparkSession,
-            num_proc=p["num_proc"],
-            backend=p["backend"],
-            start_timeout=p["start_timeout"],
-            # verbose=2 shows everything, TF's C++ notices included, unless the driver's env says otherwise
-            env={TF_LOG_LEVEL: os.environ.get(TF_LOG_LEVEL, "0")} if p["verbose"] == 2 else None,
-        )
         custom_objects = model_custom_objects(model, p["custom_objects"]) or None
         for name, value in (("callbacks", p["callbacks"]), ("custom_objects", custom_objects)):
             try:
@@ -549,6 +564,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             progress_interval=BATCH_INTERVAL if p["verbose"] and interactive() else 0.0,
             reader=p["reader"],
             num_threads=c.options.num_threads,
+            backward_passes_per_step=int(p["backward_passes_per_step"]),
+            compression=p["gradient_compression"],
         )
 
     def _train_with_restarts(self, spark, c: "_Checked", cfg: RunConfig, listeners=()) -> tuple[list[dict], int, float]:

@@ -195,6 +195,7 @@ class LaunchOptions:
     heartbeat_timeout: float = settings.DEFAULT_HEARTBEAT_TIMEOUT
     master: str = "?"  # the master URL, for messages
     app: str = ""  # the application's id
+    warm: bool = True  # ranks forked by warm servers (see warm.py) where they can serve
 
 
 def resolve_launch_options(
@@ -208,6 +209,7 @@ def resolve_launch_options(
     num_threads: int | None = None,
     start_timeout: float | None = None,
     timeout: float | None = None,
+    warm: bool | None = None,
 ) -> LaunchOptions:
     """Checks a launch's options against the application behind ``spark`` (classic or Connect):
     the one place for the slot check."""
@@ -266,6 +268,7 @@ def resolve_launch_options(
             ),
         ),
         env=dict(env) if env is not None else None,
+        warm=warm if warm is not None else settings.warm_default(),
     )
 
 
@@ -297,6 +300,7 @@ def launch(
     description: str = "hvd_spark job",
     options: LaunchOptions | None = None,
     channel=None,
+    warm: bool | None = None,
 ) -> list[Any]:
     """Runs ``fn`` on Horovod ranks; see :func:`hvd_spark.run` for the arguments.
 
@@ -320,12 +324,59 @@ def launch(
             num_threads=num_threads,
             start_timeout=start_timeout,
             timeout=timeout,
+            warm=warm,
         )
     with _SLOTS.claim(options.app, options.num_proc, options.slots, description):
         logger.info("starting %d ranks (%s) on %s", options.num_proc, options.backend, options.master)
         if is_connect(spark):
             return _launch_connect(spark, payload, options, on_event=on_event, description=description, channel=channel)
         return _launch_classic(spark.sparkContext, payload, options, on_event=on_event, description=description)
+
+
+def prewarm(spark, options: LaunchOptions, background: bool = False) -> threading.Thread | None:
+    """Has the executors start their warm servers now (a short Spark job of ``num_proc`` tasks),
+    so that they import TensorFlow while the driver does other work (``fit`` checks and
+    materializes its data meanwhile). Best effort: a failure only means the job starts its ranks
+    cold. With ``background``, the job runs in a thread of its own (returned)."""
+    if not (options.warm and options.backend == "gloo"):
+        return None
+    if background:
+        t = threading.Thread(target=prewarm, args=(spark, options), name="hvd_spark-prewarm", daemon=True)
+        t.start()
+        return t
+    from hvd_spark._internal.logs import rank_env_defaults
+
+    extra, threads, app, n = rank_env_defaults(options.env), int(options.num_threads), options.app, options.num_proc
+
+    def start(_):
+        from hvd_spark._internal.task import prewarm as task_prewarm
+
+        try:
+            yield task_prewarm(extra, threads, app)
+        except Exception as e:  # noqa: BLE001 - reported on the driver, the launch goes on cold
+            yield f"failed: {e}"
+
+    t0 = time.monotonic()
+    try:
+        if is_connect(spark):
+            import pandas as pd
+
+            def start_batches(batches):
+                for _ in batches:
+                    pass
+                yield pd.DataFrame({"fp": list(start(None))})
+
+            rows = [r.fp for r in spark.range(0, n, 1, n).mapInPandas(start_batches, "fp string").collect()]
+        else:
+            rows = spark.sparkContext.parallelize(range(n), n).mapPartitions(start).collect()
+    except Exception as e:  # noqa: BLE001
+        logger.info("could not start warm servers ahead of the job (%s); ranks start cold", e)
+        return None
+    failed = [r for r in rows if r.startswith("failed")]
+    logger.debug("warm servers %s asked for in %.2f s", sorted(set(rows)), time.monotonic() - t0)
+    if failed:
+        logger.info("could not start warm servers ahead of the job (%s); ranks start cold", failed[0])
+    return None
 
 
 def _task_spec(options: LaunchOptions, payload: bytes, driver_addr: str, token: str) -> TaskSpec:
@@ -341,6 +392,9 @@ def _task_spec(options: LaunchOptions, payload: bytes, driver_addr: str, token: 
         gloo_timeout=options.gloo_timeout,
         abort_grace=options.abort_grace,
         heartbeat_timeout=options.heartbeat_timeout,
+        warm=options.warm and options.backend == "gloo",
+        app=options.app,
+        start_timeout=options.start_timeout,
     )
 
 

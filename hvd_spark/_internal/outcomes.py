@@ -97,3 +97,6 @@ class TaskSpec:
     gloo_timeout: float
     abort_grace: float
     heartbeat_timeout: float = 30.0  # a task that hears nothing from the driver this long stops its rank
+    warm: bool = False  # ask the host's warm server (warm.py) for the rank, if it can serve
+    app: str = ""  # the Spark application's id: warm servers are not shared across applications
+    start_timeout: float = 600.0  # how long a task waits for a warm server to be ready

@@ -244,6 +244,18 @@ class EstimatorParams(ColumnParams):
         "Times a failed training job is started again from the latest checkpoint (default 0).",
         TypeConverters.toInt,
     )
+    backward_passes_per_step = _param(
+        "backward_passes_per_step",
+        "Batches whose gradients each rank accumulates before one allreduce and update (Keras' "
+        "gradient_accumulation_steps; like a batch this many times larger, with as many fewer "
+        "allreduces). Default 1.",
+        TypeConverters.toInt,
+    )
+    gradient_compression = _param(
+        "gradient_compression",
+        "'none' (default) or 'fp16': gradients travel as float16 in the allreduce (half the bytes).",
+        TypeConverters.toString,
+    )
     start_timeout = _param("start_timeout", "Seconds for all ranks to start (default 600).", _identity)
     mlflow = _param(
         "mlflow",

@@ -22,8 +22,9 @@ def signal_name(rc: int) -> str:
         return str(-rc)
 
 
-def kill_tree(proc: subprocess.Popen, grace: float) -> None:
-    """Stops a rank process and everything it started (its own process group)."""
+def kill_tree(proc, grace: float) -> None:
+    """Stops a rank process and everything it started (its own process group). ``proc`` is a
+    ``subprocess.Popen`` or a :class:`~hvd_spark._internal.warm.WarmProcess`."""
     if proc.poll() is not None:
         return
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):

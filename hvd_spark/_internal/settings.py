@@ -10,6 +10,8 @@ ENV_MATERIALIZE_WAIT = "HVD_SPARK_MATERIALIZE_WAIT"  # seconds a fit waits for a
 ENV_PROGRESS = "HVD_SPARK_PROGRESS"  # 1 / 0: the fit's live progress bar on / off (default: on a TTY or notebook)
 ENV_HEARTBEAT_TIMEOUT = "HVD_SPARK_HEARTBEAT_TIMEOUT"  # seconds of silence after which a task (or the driver) is lost
 ENV_RUN_LEASE_STALE = "HVD_SPARK_RUN_LEASE_STALE"  # seconds after which a dead fit's lease on its run expires
+ENV_WARM = "HVD_SPARK_WARM"  # 1 / 0: ranks forked by warm servers (default) / fresh processes
+ENV_WARM_IDLE = "HVD_SPARK_WARM_IDLE"  # seconds an idle warm server lives (default 600)
 
 # Set by the launcher in each rank's process (read by hvd_spark's worker side).
 ENV_DRIVER_ADDR = "HVD_SPARK_DRIVER_ADDR"
@@ -68,3 +70,9 @@ def seconds_setting(explicit, env_name: str, conf_value, default: float, param: 
 def run_lease_stale() -> float:
     """Seconds after its last heartbeat that a fit's lease on its run expires (a fit that died)."""
     return max(2 * LEASE_HEARTBEAT, seconds_setting(None, ENV_RUN_LEASE_STALE, None, LEASE_STALE, "run_lease_stale"))
+
+
+def warm_default() -> bool:
+    """Whether launches use warm servers unless told otherwise (``HVD_SPARK_WARM``, default on)."""
+    value = os.environ.get(ENV_WARM, "")
+    return parse_bool(ENV_WARM, value) if value else True

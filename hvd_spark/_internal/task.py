@@ -19,7 +19,7 @@ import time
 
 import cloudpickle
 
-from hvd_spark._internal import logs, mpi_agent, netcheck, settings
+from hvd_spark._internal import logs, mpi_agent, netcheck, settings, warm
 from hvd_spark._internal.driver_service import KIND, Kind, TaskClient
 from hvd_spark._internal.outcomes import ABORTED, ERROR, OK, PROCESS_DIED, RankOutcome, TaskSpec
 from hvd_spark._internal.procs import die_with_parent, kill_tree, signal_name
@@ -189,7 +189,7 @@ def _report(client: TaskClient, outcome: RankOutcome) -> None:
 def _check_hosts(
     client: TaskClient, me: RankInfo, ranks: list[RankInfo], infos: list[dict], partition: int
 ) -> RankOutcome | None:
-    """Every task sees every host's answer (from the allGather), so all of them stop together when
+    """Every task sees every host's answer (from the exchange of host infos), so all of them stop together when
     one host cannot be reached: that task reports the error, the others end as aborted."""
     version = netcheck.horovod_version()
     hosts = [i["host"] for i in infos]
@@ -233,7 +233,12 @@ def run_task(spec: TaskSpec) -> list[bytes]:
         mine = {"host": ip, "iface": iface_for_ip(ip), "hostname": hostname}
         if spec.backend == "gloo":
             mine["bind"] = netcheck.hostname_bind_address(hostname) or ""
-        infos = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
+            # Every task serves a rendezvous before the one exchange (a second round would cost a
+            # round trip); the task that gets rank 0 keeps its server, the others stop theirs.
+            server = _Rendezvous()
+            mine["rendezvous_port"] = server.port
+        # Through the driver service, not Spark's allGather (about a second a round).
+        infos = client.gather("hosts", mine)
         ranks = assign_ranks([i["host"] for i in infos])
         me = ranks[partition]
         client.send({KIND: Kind.RANK, "rank": me.rank})
@@ -244,17 +249,14 @@ def run_task(spec: TaskSpec) -> list[bytes]:
         if spec.backend == "mpi":
             return _run_mpi(spec, ctx, client, me, ranks, workdir)
 
+        first = next(t for t, r in enumerate(ranks) if r.rank == 0)
+        rendezvous = {"addr": infos[first]["host"], "port": infos[first]["rendezvous_port"]}
+        assert server is not None  # a Gloo job: started above
         if me.rank == 0:
-            from horovod.runner.http.http_server import RendezvousServer
-
-            # The server keeps its socket bound from start(): no bind-then-close race.
-            server = RendezvousServer()
-            port = server.start()
-            server.init(_plan(ranks))
-            published = json.dumps({"addr": ip, "port": port})
+            server.plan(_plan(ranks))
         else:
-            published = ""
-        rendezvous = next(json.loads(m) for m in ctx.allGather(published) if m)
+            server.stop()
+            server = None
 
         env = dict(os.environ)
         env.update(
@@ -267,14 +269,13 @@ def run_task(spec: TaskSpec) -> list[bytes]:
                 num_threads=spec.num_threads,
             )
         )
-        env.update(spec.env)  # the caller's settings win over the defaults above
+        env.update(base_env(spec.env, spec.num_threads))
         env.update(
             {
                 settings.ENV_RANK: str(me.rank),
                 settings.ENV_HOST: me.host,
                 settings.ENV_DRIVER_ADDR: spec.driver_addr,
                 settings.ENV_JOB_TOKEN: spec.token,
-                "PYTHONUNBUFFERED": "1",
             }
         )
         outcome, watch = _run_child(spec, client, me.rank, env, workdir)
@@ -289,6 +290,44 @@ def run_task(spec: TaskSpec) -> list[bytes]:
             server.stop()
         client.close()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def base_env(extra: dict[str, str], num_threads: int) -> dict[str, str]:
+    """What a rank's environment adds to its task's, apart from Horovod's per-job variables and the
+    rank's identity: the thread caps, then the caller's settings (they win), unbuffered output. A
+    warm server is keyed by the task's environment with this on top (see :func:`prewarm`)."""
+    env = threads_env(num_threads)
+    env.update(extra)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def prewarm(extra: dict[str, str], num_threads: int, app: str) -> str:
+    """Starts this host's warm server for the ranks a later job will start here (without waiting)."""
+    env = dict(os.environ)
+    env.update(base_env(extra, num_threads))
+    return warm.ensure_server(env, app)
+
+
+class _Rendezvous:
+    """Horovod's Gloo rendezvous (an HTTP key-value store) for one job, serving from creation."""
+
+    def __init__(self):
+        from horovod.runner.http.http_server import RendezvousServer
+
+        self._server = RendezvousServer()
+        self.port = self._server.start()  # bound from here on: no bind-then-close race
+
+    def plan(self, slots) -> None:
+        """Declares each scope's size (Horovod clears a scope once all its members have left it).
+        Horovod's ``init`` would also empty the store, and a rank may have written to it already:
+        its task can learn the rendezvous address before this one."""
+        self._server._httpd._extract_scope_size(slots)
+
+    def stop(self) -> None:
+        """Stops serving without waiting (the server notices within its 0.5 s poll)."""
+        httpd = self._server._httpd
+        threading.Thread(target=lambda: (httpd.shutdown(), httpd.server_close()), daemon=True).start()
 
 
 def _beat(client: TaskClient, stop: threading.Event) -> None:
@@ -328,10 +367,11 @@ def _supervise(proc: subprocess.Popen, watch: _Watch, grace: float) -> bool:
     return False
 
 
-def _run_watched(cmd: list[str], env: dict, workdir: str, watch: _Watch, grace: float):
+def _run_watched(cmd: list[str], env: dict, workdir: str, watch: _Watch, grace: float, warm_proc=None):
     """Starts ``cmd`` in its own process group (killed if this task dies), forwards its output and
-    waits for it, stopping it on an abort. Returns (exit code, whether it was aborted)."""
-    proc = subprocess.Popen(
+    waits for it, stopping it on an abort. ``warm_proc``, a rank a warm server forked, replaces the
+    fresh process. Returns (exit code, whether it was aborted)."""
+    proc = warm_proc or subprocess.Popen(
         cmd,
         env=env,
         stdout=subprocess.PIPE,
@@ -353,8 +393,9 @@ def _run_watched(cmd: list[str], env: dict, workdir: str, watch: _Watch, grace: 
 def _run_child(spec: TaskSpec, client: TaskClient, rank: int, env: dict, workdir: str) -> tuple[RankOutcome, "_Watch"]:
     _write_payload(spec, workdir)
     watch = _Watch(client, rank, silence_limit=spec.heartbeat_timeout, quiet_tf=logs.tf_quiet(spec.env))
+    warm_proc = warm.spawn(env, workdir, spec.app, spec.start_timeout) if spec.warm else None
     rc, aborted = _run_watched(
-        [sys.executable, "-m", "hvd_spark._internal.child", workdir], env, workdir, watch, spec.abort_grace
+        [sys.executable, "-m", "hvd_spark._internal.child", workdir], env, workdir, watch, spec.abort_grace, warm_proc
     )
     return _outcome(workdir, rank, rc, aborted, list(watch.tails[rank])), watch
 
@@ -430,13 +471,6 @@ def _run_mpi(spec: TaskSpec, ctx, client: TaskClient, me: RankInfo, ranks: list[
     by_rank = sorted(ranks, key=lambda r: r.rank)
     first_host = by_rank[0].host
     several_hosts = len({r.host for r in ranks}) > 1
-    watch = _Watch(
-        client,
-        me.rank,
-        parse_tag=me.rank == 0,
-        silence_limit=spec.heartbeat_timeout,
-        quiet_tf=logs.tf_quiet(spec.env),
-    )
     env = _mpi_env(spec, workdir, me.host)
     server = None
     if several_hosts and me.local_rank == 0 and me.host != first_host:
@@ -445,8 +479,17 @@ def _run_mpi(spec: TaskSpec, ctx, client: TaskClient, me: RankInfo, ranks: list[
         published = json.dumps({"host": me.host, "addr": server.addr})
     else:
         published = ""
-    servers = {d["host"]: d["addr"] for d in (json.loads(m) for m in ctx.allGather(published) if m)}
     try:
+        gathered = client.gather("mpi-agents", published)
+        servers = {d["host"]: d["addr"] for d in (json.loads(m) for m in gathered if m)}
+        # After the exchange: the watch reads the driver's messages from here on.
+        watch = _Watch(
+            client,
+            me.rank,
+            parse_tag=me.rank == 0,
+            silence_limit=spec.heartbeat_timeout,
+            quiet_tf=logs.tf_quiet(spec.env),
+        )
         if me.rank == 0:
             _write_payload(spec, workdir)
             env[mpi_agent.ENV_HOSTS] = json.dumps(servers)

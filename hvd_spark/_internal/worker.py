@@ -99,7 +99,9 @@ def train(cfg: RunConfig) -> dict:
     model = _build_model(cfg, custom_objects)
     if cfg.compile.get("learning_rate") is not None:
         model.optimizer.learning_rate = float(cfg.compile["learning_rate"])  # the fit's own, also after a resume
-    make_distributed(model.optimizer)
+    make_distributed(
+        model.optimizer, compression=cfg.compression, backward_passes_per_step=cfg.backward_passes_per_step
+    )
     synced = synchronize_batch_norm(model)
     if synced and rank == 0:
         logger.info("%d BatchNormalization layer(s) use statistics over the global batch (synchronized=True)", synced)

@@ -1,0 +1,192 @@
+"""Warm ranks (hvd_spark/_internal/warm.py): real Spark, real fork servers, real Horovod over Gloo.
+
+What must hold: a later job's ranks come from the server the first job started (TF already
+imported), each job still runs in processes of its own (nothing of the previous job is left in
+them), results are the same as in fresh processes, and no server outlives its application."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import psutil
+import pytest
+
+import hvd_spark
+from hvd_spark import HorovodEstimator
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+from digits import digits_frames, digits_model  # noqa: E402
+
+SERVER = "hvd_spark._internal.warm"
+
+
+def _servers() -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if len(cmd) > 2 and cmd[1:3] == ["-m", SERVER]:
+            found.append(p)
+    return found
+
+
+def probe(marker: str):
+    """What a rank can tell about its process: who started it, what was imported before its job,
+    and whether a previous job's state is still there."""
+    import builtins
+
+    preloaded = "tensorflow" in sys.modules and "horovod.tensorflow" in sys.modules
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    leftover = getattr(builtins, "_hvd_spark_test_marker", None)
+    builtins._hvd_spark_test_marker = marker  # a later job in the same process would see it
+    total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum).numpy().tolist()
+    return {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "preloaded": preloaded,
+        "leftover": leftover,
+        "sum": total,
+        "random": float(np.random.random()),
+    }
+
+
+@pytest.fixture(autouse=True)
+def _by_value():
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def test_later_jobs_fork_from_one_warm_server_into_fresh_processes(spark):
+    first = hvd_spark.run(probe, args=("first",), num_proc=2, spark=spark, verbose=0, warm=True)
+    second = hvd_spark.run(probe, args=("second",), num_proc=2, spark=spark, verbose=0, warm=True)
+    for r in first + second:
+        assert r["sum"] == [3.0]
+        assert r["leftover"] is None  # a process of its own: nothing of the first job
+    # Both jobs' ranks are children of one server, which had imported TF and Horovod before them.
+    parents = {r["ppid"] for r in first + second}
+    assert len(parents) == 1
+    server = psutil.Process(parents.pop())
+    assert server.cmdline()[1:3] == ["-m", SERVER]
+    assert all(r["preloaded"] for r in second)
+    assert len({r["pid"] for r in first + second}) == 4
+    # Forked ranks draw their own NumPy random state, as fresh processes do.
+    assert len({r["random"] for r in first + second}) == 4
+
+    cold = hvd_spark.run(probe, args=("cold",), num_proc=2, spark=spark, verbose=0, warm=False)
+    assert all(not r["preloaded"] and r["ppid"] != server.pid for r in cold)
+    assert [r["sum"] for r in cold] == [[3.0], [3.0]]
+
+
+def failing_probe():
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        os._exit(7)  # dies without a result
+    raise_at = os.environ.get("HVD_SPARK_RANK")
+    raise RuntimeError(f"rank {raise_at} raised on purpose")
+
+
+def test_a_warm_rank_that_dies_or_raises_is_reported_as_a_fresh_one_would_be(spark):
+    hvd_spark.run(probe, args=("x",), num_proc=2, spark=spark, verbose=0, warm=True)
+    with pytest.raises(hvd_spark.RankFailedError) as info:
+        hvd_spark.run(failing_probe, num_proc=2, spark=spark, verbose=0, warm=True)
+    text = str(info.value)
+    assert "rank 0 raised on purpose" in text or "exited with code 7" in text
+    # The server is still serving: the next job is warm again.
+    after = hvd_spark.run(probe, args=("after",), num_proc=2, spark=spark, verbose=0, warm=True)
+    assert all(r["preloaded"] and r["sum"] == [3.0] for r in after)
+
+
+def _digits_fit(train, store, seed, model_fn, warm: bool, monkeypatch):
+    monkeypatch.setenv("HVD_SPARK_WARM", "1" if warm else "0")
+    keras.utils.set_random_seed(seed)
+    est = HorovodEstimator(
+        num_proc=2,
+        store=store,
+        model=model_fn(),
+        optimizer=keras.optimizers.Adam(0.01),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+        feature_cols=["features"],
+        label_cols=["label"],
+        batch_size=32,
+        epochs=3,
+        random_seed=seed,
+        verbose=0,
+    )
+    return est.fit(train)
+
+
+def _mlp():
+    inputs = keras.Input(shape=(64,), name="pixels")
+    h = keras.layers.Dense(32, activation="relu")(inputs)
+    h = keras.layers.Dropout(0.2)(h)  # uses the random state: a leak would change the weights
+    return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(h))
+
+
+def test_consecutive_fits_of_different_models_match_fresh_processes(spark, tmp_path, monkeypatch):
+    train, _ = digits_frames(spark)
+    train = train.cache()
+    store = str(tmp_path / "store")
+    # Warm: a CNN first (its graphs, Keras names and seeds would leak into the next fit if the
+    # process were reused), then an MLP with Dropout.
+    _digits_fit(train, store, 3, digits_model, True, monkeypatch)
+    warm = _digits_fit(train, store, 5, _mlp, True, monkeypatch)
+    fresh = _digits_fit(train, store, 5, _mlp, False, monkeypatch)
+    w_warm, w_fresh = warm.getModel().get_weights(), fresh.getModel().get_weights()
+    assert [w.shape for w in w_warm] == [w.shape for w in w_fresh]
+    assert all(np.array_equal(a, b) for a, b in zip(w_warm, w_fresh)), "a warm fit trained differently"
+    assert warm.getHistory()["loss"] == fresh.getHistory()["loss"]
+    assert warm.getHistory()["accuracy"][-1] > 0.8
+
+
+def test_servers_end_when_idle_and_with_the_application(tmp_path):
+    """A separate application (its own driver process): an idle server ends after
+    HVD_SPARK_WARM_IDLE seconds; a busy one ends when the application stops."""
+    script = tmp_path / "app.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, sys, time, json
+            sys.path.insert(0, {os.path.dirname(__file__)!r})
+            import hvd_spark
+            from test_warm import probe, _servers
+            import cloudpickle, test_warm
+            cloudpickle.register_pickle_by_value(test_warm)
+            spark = hvd_spark.local_session("local[2]")
+            mine = lambda: [p.pid for p in _servers() if p.environ().get("HVD_SPARK_TEST_APP") == "{tmp_path.name}"]
+            hvd_spark.run(probe, args=("a",), num_proc=2, verbose=0, env={{"HVD_SPARK_WARM_IDLE": "2"}})
+            assert len(mine()) == 1, mine()
+            deadline = time.time() + 30
+            while mine() and time.time() < deadline:
+                time.sleep(0.5)
+            idle_gone = not mine()
+            hvd_spark.run(probe, args=("b",), num_proc=2, verbose=0)
+            busy = mine()
+            spark.stop()
+            deadline = time.time() + 30
+            while mine() and time.time() < deadline:
+                time.sleep(0.5)
+            print(json.dumps({{"idle_gone": idle_gone, "busy": busy, "left": mine()}}))
+            """
+        )
+    )
+    env = dict(os.environ, HVD_SPARK_TEST_APP=tmp_path.name, HVD_SPARK_WARM="1")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["idle_gone"], "an idle warm server outlived HVD_SPARK_WARM_IDLE"
+    assert len(result["busy"]) == 1
+    assert result["left"] == [], "a warm server outlived its application"
+    assert not psutil.pid_exists(result["busy"][0]) or psutil.Process(result["busy"][0]).status() == "zombie"
