@@ -15,7 +15,7 @@ import time
 
 from benchmarks.common import RESULTS, mib
 
-ORDER = ["comm", "ps", "scaling", "e2e", "data", "inference", "connect"]
+ORDER = ["comm", "ps", "scaling", "e2e", "data", "inference", "connect", "speed"]
 ROOT_ONLY = ["multihost"]  # needs root (network namespaces): run with --only multihost
 MODULES = {
     "multihost": "bench_multihost",
@@ -26,6 +26,7 @@ MODULES = {
     "data": "bench_data",
     "inference": "bench_inference",
     "connect": "bench_connect",
+    "speed": "bench_speed",
 }
 FILES = {
     "multihost": "multihost",
@@ -36,6 +37,7 @@ FILES = {
     "data": "data_path",
     "inference": "inference",
     "connect": "connect",
+    "speed": "speed",
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -253,6 +255,9 @@ def report() -> str:
     connect = _load("connect")
     if connect:
         _connect_section(lines, connect)
+    speed = _load("speed")
+    if speed:
+        _speed_section(lines, speed, inf)
     multihost = _load("multihost")
     if multihost:
         _multihost_section(lines, multihost)
@@ -272,6 +277,76 @@ def _connect_section(lines, d) -> None:
     lines.append(
         f"- {d['what']}. Connect / classic: fit {d['ratio_fit_connect_over_classic']:.2f}, transform "
         f"{d['ratio_transform_connect_over_classic']:.2f}."
+    )
+    lines.append("")
+
+
+def _speed_section(lines, d, inf) -> None:
+    """The fixed cost of a fit, warm ranks and cheap steps (bench_speed, issue 13)."""
+
+    def cell(x) -> str:
+        return f"{x['median']:.1f} ({x['min']:.1f}-{x['max']:.1f})"
+
+    g, big, tvs = d["digits"], d["million_rows"], d["train_validation_split"]
+    _table(lines, "### Speed: the fixed cost of a fit, warm ranks, cheap steps", ["run", "seconds", "ratio"], d)
+    plain = g["plain_fresh_process_s"]["median"]
+    rows = [
+        ("digits: plain Keras, fresh process (start + import + fit)", g["plain_fresh_process_s"], 1.0),
+        ("digits: cold fit (no warm server)", g["cold_fit_s"], g["ratio_cold_over_plain"]),
+        ("digits: second fit, warm ranks", g["warm_second_fit_s"], g["ratio_warm_second_over_plain"]),
+        ("digits: second fit, warm ranks off", g["fresh_second_fit_s"], g["fresh_second_fit_s"]["median"] / plain),
+    ]
+    bplain = big["plain_fresh_process_s"]["median"]
+    rows += [
+        ("1M rows: plain Keras, fresh process (1 thread)", big["plain_fresh_process_s"], 1.0),
+        ("1M rows: 1 worker, cold", big["cold_1w_s"], big["ratio_cold_1w_over_plain"]),
+        ("1M rows: 1 worker, warm", big["warm_1w_s"], big["ratio_warm_1w_over_plain"]),
+        ("1M rows: 2 workers, warm", big["warm_2w_s"], big["warm_2w_s"]["median"] / bplain),
+        (
+            "1M rows: 2 workers, warm, backward_passes_per_step=8",
+            big["warm_2w_acc8_s"],
+            big["warm_2w_acc8_s"]["median"] / bplain,
+        ),
+    ]
+    for name, x, ratio in rows:
+        lines.append(f"| {name} | {cell(x)} | {ratio:.2f} |")
+    for label in ("cold", "warm"):
+        t = tvs[label]
+        state = "off" if label == "cold" else "on"
+        lines.append(f"| TrainValidationSplit, {t['fits']} fits, warm ranks {state} | {t['wall_s']:.1f} | |")
+    lines.append("")
+    lines.append(f"- {d['what']}. Ratios: against the plain Keras row of the same block.")
+    targets = [
+        ("cold digits fit <= 1.3 x plain Keras", g["ratio_cold_over_plain"], g["ratio_cold_over_plain"] <= 1.3),
+        ("warm second fit <= 3 s", g["warm_second_fit_s"]["median"], g["warm_second_fit_s"]["median"] <= 3.0),
+        (
+            "1M-row 1-worker fit <= 1.3 x plain Keras (cold)",
+            big["ratio_cold_1w_over_plain"],
+            big["ratio_cold_1w_over_plain"] <= 1.3,
+        ),
+        (
+            "2 workers no slower than 1 with accumulation",
+            big["ratio_2w_acc8_over_1w"],
+            big["ratio_2w_acc8_over_1w"] <= 1.0,
+        ),
+    ]
+    if inf and inf.get("ratio_transform_over_single_predict") is not None:
+        r = inf["ratio_transform_over_single_predict"]
+        targets.append(("transform >= 1.0 x single-process predict (inference section)", r, r >= 1.0))
+    for text, value, ok in targets:
+        lines.append(f"- Target {text}: {value:.2f}, {'met' if ok else '**missed**'}.")
+    lines.append(
+        f"- 2 workers / 1 worker without accumulation: {big['ratio_2w_over_1w']:.2f}; TrainValidationSplit "
+        f"warm ranks off / on: {tvs['ratio_cold_over_warm']:.2f} (best validation accuracy "
+        f"{tvs['cold']['best_accuracy']:.3f} / {tvs['warm']['best_accuracy']:.3f})."
+    )
+    cyc = ", ".join(
+        f"{r['cycle_time_ms']}: {r['ms_per_allreduce']:.2f} / {r['ms_per_train_step']:.2f}"
+        for r in d["allreduce_vs_cycle_time"]
+    )
+    lines.append(
+        f"- HOROVOD_CYCLE_TIME (ms) against ms per 9.6 KB grouped allreduce / ms per training step of a "
+        f"9 KB-gradient MLP, 2 ranks: {cyc}."
     )
     lines.append("")
 

@@ -20,6 +20,7 @@ class RankSummary:
     train_seconds: float | None = None  # time inside model.fit on this rank
     state_reconciled: int | None = None  # layer-state variables averaged across ranks (BatchNormalization ...)
     host: str | None = None  # the address of the host the rank ran on
+    startup: dict[str, float] | None = None  # seconds per start phase (worker._Startup); "warm": 1.0 if forked
 
     @classmethod
     def from_result(cls, result: dict[str, Any]) -> "RankSummary":
@@ -30,6 +31,7 @@ class RankSummary:
             train_seconds=result.get("train_seconds"),
             state_reconciled=result.get("state_reconciled"),
             host=result.get("host"),
+            startup=result.get("startup"),
         )
 
 

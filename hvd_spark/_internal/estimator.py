@@ -650,6 +650,13 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 "gradient averaging did not hold. Please report this with your model."
             )
         epoch_logs = results[0]["epoch_logs"]
+        start = results[0].get("startup") or {}
+        if start:
+            logger.info(
+                "rank 0 started %s: process %.2fs, horovod init %.2fs, model %.2fs, data %.2fs; first epoch %.2fs",
+                "warm (forked)" if start.get("warm") else "cold (fresh process)",
+                *(start.get(k, 0.0) for k in ("process", "horovod_init", "model", "data", "first_epoch")),
+            )
         logger.info(
             "fit of run '%s' took %.1fs (materialize %.1fs, training job %.1fs)",
             cfg.run_id,

@@ -393,6 +393,7 @@ def _run_watched(cmd: list[str], env: dict, workdir: str, watch: _Watch, grace: 
 def _run_child(spec: TaskSpec, client: TaskClient, rank: int, env: dict, workdir: str) -> tuple[RankOutcome, "_Watch"]:
     _write_payload(spec, workdir)
     watch = _Watch(client, rank, silence_limit=spec.heartbeat_timeout, quiet_tf=logs.tf_quiet(spec.env))
+    env["HVD_SPARK_RANK_STARTED"] = repr(time.time())  # the rank's start-up profile counts from here
     warm_proc = warm.spawn(env, workdir, spec.app, spec.start_timeout) if spec.warm else None
     rc, aborted = _run_watched(
         [sys.executable, "-m", "hvd_spark._internal.child", workdir], env, workdir, watch, spec.abort_grace, warm_proc

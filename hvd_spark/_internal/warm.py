@@ -65,6 +65,7 @@ PER_JOB = (
     settings.ENV_DRIVER_ADDR,
     settings.ENV_JOB_TOKEN,
     "HVD_SPARK_WORKDIR",
+    "HVD_SPARK_RANK_STARTED",
 )
 _MAX_MESSAGE = 1 << 20
 
@@ -382,6 +383,7 @@ class _Server:
             os.close(devnull)
             os.environ.clear()
             os.environ.update(request["env"])
+            os.environ["HVD_SPARK_WARM_RANK"] = "1"
             os.chdir(request["workdir"])
             _reseed()
             from hvd_spark._internal import child

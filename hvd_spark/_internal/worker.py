@@ -73,12 +73,15 @@ def train(cfg: RunConfig) -> dict:
     """Trains on this rank's files; returns the final weights' digest (and, on rank 0, the history)."""
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
+    t_entry = time.time()
     import cloudpickle
     import horovod.tensorflow as hvd
 
     from hvd_spark._internal.keras_hvd import set_threads
 
+    startup = _Startup(t_entry)
     hvd.init()
+    startup.mark("horovod_init")
     set_threads(cfg.num_threads)
 
     from hvd_spark._internal.events import send_event
@@ -106,11 +109,12 @@ def train(cfg: RunConfig) -> dict:
     if synced and rank == 0:
         logger.info("%d BatchNormalization layer(s) use statistics over the global batch (synchronized=True)", synced)
 
+    startup.mark("model")
     data_kw = dict(cfg.data.reader_kwargs(), reader=cfg.reader, storage_options=cfg.store.get("storage_options"))
 
     user_callbacks = cloudpickle.loads(cfg.callbacks) if cfg.callbacks else []
     state_cb = StateAgreementCallback()
-    callbacks: list = [BroadcastStateCallback(), state_cb, MetricAverageCallback(), *user_callbacks]
+    callbacks: list = [startup, BroadcastStateCallback(), state_cb, MetricAverageCallback(), *user_callbacks]
     tmp = tempfile.mkdtemp(prefix="hvd_spark-rank-")
     store = Store.from_config(cfg.store)
     if rank == 0:
@@ -129,6 +133,7 @@ def train(cfg: RunConfig) -> dict:
             ) as train_ds,
             _maybe_val(cfg, rank, data_kw) as val_ds,
         ):
+            startup.mark("data")
             send_event({"kind": "start", "rank": rank, "initial_epoch": cfg.initial_epoch}) if rank == 0 else None
             t0 = time.time()
             model.fit(
@@ -151,6 +156,7 @@ def train(cfg: RunConfig) -> dict:
             "train_seconds": train_seconds,
             "host": os.environ.get(settings.ENV_HOST) or os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),
             "state_reconciled": state_cb.reconciled,
+            "startup": startup.phases,
         }
         if rank == 0:
             from hvd_spark._internal.serde import save_model_file
@@ -163,6 +169,30 @@ def train(cfg: RunConfig) -> dict:
         return result
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _Startup(keras.callbacks.Callback):
+    """Where a rank's start went, in seconds per phase: ``process`` (from the task asking for the
+    rank's process to ``train``: Python's start and imports for a fresh rank, the wait for its warm
+    server and the fork for a warm one; 0 under MPI),
+    ``horovod_init``, ``model`` (built or loaded, compiled), ``data`` (readers opened) and
+    ``first_epoch`` (its steps, with Keras' tracing of the train step); ``warm`` says how it started."""
+
+    def __init__(self, t_entry: float):
+        super().__init__()
+        created = float(os.environ.get("HVD_SPARK_RANK_STARTED") or t_entry)  # set by the task (not under MPI)
+        self.phases: dict[str, float] = {"process": max(0.0, t_entry - created)}
+        self.phases["warm"] = 1.0 if os.environ.get("HVD_SPARK_WARM_RANK") == "1" else 0.0
+        self._last = t_entry
+
+    def mark(self, phase: str) -> None:
+        now = time.time()
+        self.phases[phase] = now - self._last
+        self._last = now
+
+    def on_epoch_end(self, epoch, logs=None):
+        if "first_epoch" not in self.phases:
+            self.mark("first_epoch")
 
 
 class _NullContext:
