@@ -23,6 +23,7 @@ import time
 import cloudpickle
 import numpy as np
 
+from benchmarks.bench_e2e import WIDTH, _data, _model
 from benchmarks.common import cli, session, stats, write
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -31,7 +32,7 @@ EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
 sys.path.insert(0, EXAMPLES)
 
 DIGITS_EPOCHS = 10
-BIG_ROWS, BIG_BATCH, WIDTH = 1_000_000, 256, 32
+BIG_ROWS, BIG_BATCH = 1_000_000, 256
 
 PLAIN_DIGITS = textwrap.dedent(
     f"""
@@ -53,13 +54,12 @@ PLAIN_DIGITS = textwrap.dedent(
 
 PLAIN_BIG = textwrap.dedent(
     f"""
-    import numpy as np, keras
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=({BIG_ROWS}, {WIDTH})).astype("float32")
-    y = (x[:, :4].sum(axis=1) > 0).astype("int64")
-    keras.utils.set_random_seed(0)
-    m = keras.Sequential([keras.Input(({WIDTH},)), keras.layers.Dense(64, activation="relu"),
-                          keras.layers.Dense(1, activation="sigmoid")])
+    import sys
+    sys.path.insert(0, {os.path.dirname(HERE)!r})
+    import keras
+    from benchmarks.bench_e2e import _data, _model
+    x, y = _data({BIG_ROWS})
+    m = _model()
     m.compile(optimizer=keras.optimizers.SGD(0.05), loss="binary_crossentropy")
     m.fit(x, y, batch_size={BIG_BATCH}, epochs=1, verbose=0)
     """
@@ -155,26 +155,21 @@ def digits_section(spark, repeats: int) -> dict:
 def _big_frame(spark):
     import pandas as pd
 
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(BIG_ROWS, WIDTH)).astype("float32")
-    y = (x[:, :4].sum(axis=1) > 0).astype("int64")
+    x, y = _data(BIG_ROWS)
     df = spark.createDataFrame(pd.DataFrame({"x": list(x), "y": y}), "x array<float>, y long").repartition(4)
     return df.cache()
 
 
 def _big_estimator(store, n: int, passes: int):
+    """bench_e2e's model and data, 1 epoch; ``passes``: backward_passes_per_step."""
     import keras
 
     from hvd_spark import HorovodEstimator
 
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [keras.Input((WIDTH,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(1, activation="sigmoid")]
-    )
     return HorovodEstimator(
         num_proc=n,
         store=store,
-        model=model,
+        model=_model(),
         optimizer=keras.optimizers.SGD(0.05),
         loss="binary_crossentropy",
         metrics=["accuracy"],

@@ -334,16 +334,22 @@ def test_host_lost_for_good_fails_the_restart_naming_the_host(cluster, tmp_path)
 
 
 def _rank_processes(ns, marker="hvd_spark._internal.child"):
-    """Processes in namespace ``ns`` whose command line holds ``marker`` (default: hvd_spark's ranks)."""
+    """Processes in namespace ``ns`` whose command line holds ``marker`` (default: hvd_spark's ranks:
+    fresh ones by their command line, those forked by a warm server by their name)."""
+    from hvd_spark._internal.warm import RANK_NAME
+
     pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
     found = []
     for pid in pids:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    found.append(int(pid))
+                cmdline = f.read()
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
         except OSError:
             continue  # exited meanwhile
+        if marker.encode() in cmdline or (marker == "hvd_spark._internal.child" and comm == RANK_NAME):
+            found.append(int(pid))
     return found
 
 

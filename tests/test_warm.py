@@ -52,6 +52,7 @@ def probe(marker: str):
         "leftover": leftover,
         "sum": total,
         "random": float(np.random.random()),
+        "name": open("/proc/self/comm").read().strip(),
     }
 
 
@@ -76,6 +77,7 @@ def test_later_jobs_fork_from_one_warm_server_into_fresh_processes(spark):
     server = psutil.Process(parents.pop())
     assert server.cmdline()[1:3] == ["-m", SERVER]
     assert all(r["preloaded"] for r in second)
+    assert {r["name"] for r in first + second} == {"hvd_spark-rank"}  # told apart from their server by name
     assert len({r["pid"] for r in first + second}) == 4
     # Forked ranks draw their own NumPy random state, as fresh processes do.
     assert len({r["random"] for r in first + second}) == 4

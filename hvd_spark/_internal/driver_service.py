@@ -320,18 +320,27 @@ class TaskClient:
         except OSError:
             return
 
-    def gather(self, round_name: str, info) -> list:
+    def gather(self, round_name: str, info, silence_limit: float = 30.0) -> list:
         """Every task's ``info`` for this round, in partition order, once all have sent theirs. Raises
         ``JobAborted`` if the driver aborts the job meanwhile (it does when tasks fail to start in
-        time) and ``ConnectionError`` if it goes away."""
+        time), ``ConnectionError`` if it goes away or says nothing (not even its heartbeat, every
+        few seconds) for ``silence_limit`` seconds."""
         self.send({KIND: Kind.GATHER, "round": round_name, "info": info})
-        for msg in self.messages():
-            kind = msg.get(KIND)
-            if kind == Kind.GATHERED and msg.get("round") == round_name:
-                return list(msg.get("infos") or [])
-            if kind == Kind.ABORT:
-                raise JobAborted(str(msg.get("reason", "")))
-        raise ConnectionError(f"the driver closed the connection while this task waited for the others ({round_name})")
+        self.sock.settimeout(silence_limit)
+        try:
+            for msg in self.messages():
+                kind = msg.get(KIND)
+                if kind == Kind.GATHERED and msg.get("round") == round_name:
+                    return list(msg.get("infos") or [])
+                if kind == Kind.ABORT:
+                    raise JobAborted(str(msg.get("reason", "")))
+        finally:
+            with contextlib.suppress(OSError):
+                self.sock.settimeout(None)
+        raise ConnectionError(
+            f"the driver went away or was silent for {silence_limit:g} s while this task waited for the "
+            f"other tasks ({round_name})"
+        )
 
     def close(self) -> None:
         # shutdown first: close() alone leaves the connection open while a reader thread holds a

@@ -238,7 +238,7 @@ def run_task(spec: TaskSpec) -> list[bytes]:
             server = _Rendezvous()
             mine["rendezvous_port"] = server.port
         # Through the driver service, not Spark's allGather (about a second a round).
-        infos = client.gather("hosts", mine)
+        infos = client.gather("hosts", mine, spec.heartbeat_timeout)
         ranks = assign_ranks([i["host"] for i in infos])
         me = ranks[partition]
         client.send({KIND: Kind.RANK, "rank": me.rank})
@@ -481,7 +481,7 @@ def _run_mpi(spec: TaskSpec, ctx, client: TaskClient, me: RankInfo, ranks: list[
     else:
         published = ""
     try:
-        gathered = client.gather("mpi-agents", published)
+        gathered = client.gather("mpi-agents", published, spec.heartbeat_timeout)
         servers = {d["host"]: d["addr"] for d in (json.loads(m) for m in gathered if m)}
         # After the exchange: the watch reads the driver's messages from here on.
         watch = _Watch(

@@ -373,6 +373,7 @@ class _Server:
             from hvd_spark._internal.procs import die_with_parent
 
             die_with_parent()  # the server's end (it is killed, or its Spark worker is gone) ends its ranks
+            _set_name(RANK_NAME)  # its command line is the server's: ps and /proc/<pid>/comm tell them apart
             for sig in (signal.SIGTERM, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             devnull = os.open(os.devnull, os.O_RDONLY)
@@ -423,6 +424,16 @@ class _Server:
                 with contextlib.suppress(OSError):
                     os.killpg(pid, signal.SIGKILL)
                 self.kill_at[pid] = now + 5.0
+
+
+RANK_NAME = "hvd_spark-rank"  # a forked rank's process name (/proc/<pid>/comm)
+
+
+def _set_name(name: str) -> None:
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
 
 
 def _reseed() -> None:

@@ -144,3 +144,56 @@ def test_tf_notices_written_to_fd_2_during_an_import_are_dropped(monkeypatch, ca
     with logs.tf_notices_dropped():
         os.write(2, notice)
     assert capfd.readouterr().err == notice.decode()
+
+
+def _gather_in_thread(client, round_name, info, results, silence=30.0):
+    import threading
+
+    def run():
+        try:
+            results[info] = client.gather(round_name, info, silence)
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            results[info] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_gather_returns_every_task_s_info_in_partition_order(service):
+    from hvd_spark._internal.driver_service import JobAborted
+
+    addr = f"127.0.0.1:{service.port}"
+    first = TaskClient(addr, service.token, {"role": "task", "partition": 1})
+    results: dict = {}
+    t1 = _gather_in_thread(first, "hosts", "from-1", results)
+    time.sleep(0.2)
+    assert "from-1" not in results  # waits for the other task
+    # A task that contributes and then dies takes its contribution back: its replacement's counts.
+    dead = TaskClient(addr, service.token, {"role": "task", "partition": 0})
+    dead.send({KIND: Kind.GATHER, "round": "other", "info": "stale"})
+    _until(lambda: service._gathers.get("other"))
+    dead.close()
+    _until(lambda: not service._gathers.get("other"))
+    second = TaskClient(addr, service.token, {"role": "task", "partition": 0})
+    t0 = _gather_in_thread(second, "hosts", "from-0", results)
+    t0.join(10)
+    t1.join(10)
+    assert results == {"from-0": ["from-0", "from-1"], "from-1": ["from-0", "from-1"]}
+    # The connection goes on after a gather: the next messages still arrive.
+    service.broadcast({KIND: Kind.ALL_DONE})
+    assert next(first.messages())[KIND] == Kind.ALL_DONE
+    # An abort while waiting raises; so does a driver that says nothing for the silence limit.
+    second.close()
+    _until(lambda: service.snapshot()[4] == {1})
+    t = _gather_in_thread(first, "late", "a", results)
+    time.sleep(0.2)
+    service.broadcast({KIND: Kind.ABORT, "reason": "tasks did not start"})
+    t.join(10)
+    assert isinstance(results["a"], JobAborted) and "did not start" in str(results["a"])
+    third = TaskClient(addr, service.token, {"role": "task", "partition": 0})
+    t = _gather_in_thread(third, "later", "b", results, silence=0.5)
+    t.join(10)
+    assert isinstance(results["b"], ConnectionError) and "silent for 0.5 s" in str(results["b"])
+    first.close()
+    third.close()
