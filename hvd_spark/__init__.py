@@ -7,17 +7,27 @@ Public API:
     run: run any Horovod function on Spark barrier tasks.
     local_session: a SparkSession for one machine, set up for barrier jobs.
     FitSummary, RankSummary: what ``TFTransformer.getFitSummary()`` reports about the fit.
-    HvdSparkError, RankFailedError, JobTimeoutError, LaunchError, RunInUseError: run-time errors.
+    HvdSparkError, RankFailedError, JobTimeoutError, RankStalledError, LaunchError, RunInUseError:
+        run-time errors.
+    mark_progress: for functions run with ``run``: tells the stall watchdog this rank progresses.
 
     hvd_spark.keras (imported on its own): Keras 3 gradient averaging and callbacks for functions
     run with ``run``.
 """
 
 from hvd_spark._internal.contracts import FitSummary, RankSummary
+from hvd_spark._internal.events import mark_progress
 from hvd_spark._internal.store import Checkpoint, Store
 from hvd_spark._run import run
 from hvd_spark._session import local_session
-from hvd_spark.errors import HvdSparkError, JobTimeoutError, LaunchError, RankFailedError, RunInUseError
+from hvd_spark.errors import (
+    HvdSparkError,
+    JobTimeoutError,
+    LaunchError,
+    RankFailedError,
+    RankStalledError,
+    RunInUseError,
+)
 
 _LAZY = {
     "HorovodEstimator": "hvd_spark._internal.estimator",
@@ -48,6 +58,8 @@ __all__ = [
     "HvdSparkError",
     "RankFailedError",
     "JobTimeoutError",
+    "RankStalledError",
+    "mark_progress",
     "LaunchError",
     "RunInUseError",
 ]

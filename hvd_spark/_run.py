@@ -23,6 +23,7 @@ def run(
     verbose: int = 1,
     store=None,
     warm: bool | None = None,
+    stall_timeout: float | None = None,
 ) -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` on ``num_proc`` Horovod ranks as one Spark barrier stage.
 
@@ -60,6 +61,11 @@ def run(
             TensorFlow, Keras and Horovod and forks a fresh rank for every job (Gloo only; the first
             job of an application starts the server). Default: on, unless ``HVD_SPARK_WARM=0``.
             See ``docs/launcher.md``.
+        stall_timeout: seconds a rank may go without calling :func:`hvd_spark.mark_progress`
+            before the job is stopped as stalled (a hung rank, a collective that one rank never
+            joins): every rank prints its stack and :class:`hvd_spark.RankStalledError` names the
+            stalled ranks, their hosts and where each was. Default: no watchdog (a function that
+            does not call ``mark_progress`` would look stalled), unless ``HVD_SPARK_STALL_TIMEOUT``.
 
     Returns:
         The return values of ``fn``, ordered by rank.
@@ -68,6 +74,7 @@ def run(
         ValueError: ``num_proc`` < 1 or larger than the task slots; MPI asked for but not built.
         RankFailedError: a rank raised or died; the other ranks were stopped.
         JobTimeoutError: tasks did not start, or the job did not finish, in time.
+        RankStalledError: (a JobTimeoutError) a rank made no progress for ``stall_timeout`` seconds.
         LaunchError: the Spark stage failed for another reason.
 
     Example:
@@ -104,4 +111,5 @@ def run(
         description="hvd_spark.run",
         channel=channel,
         warm=warm,
+        stall_timeout=stall_timeout,
     )

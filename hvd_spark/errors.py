@@ -53,6 +53,23 @@ class JobTimeoutError(HvdSparkError):
         return (type(self), (str(self), self.ranks))
 
 
+class RankStalledError(JobTimeoutError):
+    """Ranks made no progress for the job's ``stall_timeout`` (a hang, a stopped process, a collective
+    that one rank never joins); the job was stopped, each rank having printed its stack.
+
+    Attributes:
+        ranks: the ranks without progress, the one silent longest first.
+        hosts: rank -> the address of its host.
+    """
+
+    def __init__(self, message: str, ranks=(), hosts: dict | None = None):
+        self.hosts = {int(k): v for k, v in (hosts or {}).items()}
+        super().__init__(message, ranks)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.ranks, self.hosts))
+
+
 class RunInUseError(HvdSparkError):
     """Another fit is training the same ``run_id`` in the same store right now.
 

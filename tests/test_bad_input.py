@@ -68,6 +68,8 @@ CASES = [
     ),
     (dict(start_timeout=0), ValueError, r"start_timeout must be greater than 0"),
     (dict(start_timeout="soon"), ValueError, r"start_timeout must be a number of seconds\. Received: 'soon'"),
+    (dict(stall_timeout=2), ValueError, r"stall_timeout must be 0 \(no stall watchdog\) or at least 5 seconds"),
+    (dict(stall_timeout="never"), ValueError, r"stall_timeout must be a number of seconds \(0: no stall watchdog\)"),
     (dict(callbacks="unpicklable"), TypeError, r"callbacks must be picklable with cloudpickle: every rank receives"),
     (dict(batch_size=0), ValueError, r"batch_size must be at least 1\. Received: batch_size=0"),
     (dict(epochs=0), ValueError, r"epochs must be at least 1"),

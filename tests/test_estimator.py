@@ -13,6 +13,7 @@ import hvd_spark
 from hvd_spark import HorovodEstimator, Store, TFTransformer
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+from _helpers import small_model, xor_estimator, xor_frame  # noqa: E402
 from digits import digits_frames, digits_model  # noqa: E402
 
 
@@ -188,43 +189,10 @@ def test_streaming_transform(fitted, digits, spark, tmp_path):
     assert key(streamed) == key(batch)
 
 
-def _xor_frame(spark, n, partitions=2, seed=0):
-    import pandas as pd
-
-    rng = np.random.default_rng(seed)
-    x = rng.uniform(-1, 1, size=(n, 2)).astype("float32")
-    y = ((x[:, 0] * x[:, 1]) > 0).astype("int64")
-    pdf = pd.DataFrame({"x": list(x), "y": y, "x0": x[:, 0].astype("float64"), "w": np.ones(n)})
-    return spark.createDataFrame(pdf).repartition(partitions)
-
-
-def _small_model():
-    inputs = keras.Input(shape=(2,))
-    h = keras.layers.Dense(8, activation="tanh")(inputs)
-    return keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(h))
-
-
-def _xor_estimator(store, **params):
-    """A 2-rank estimator of `_small_model` on the xor frame; ``params`` override the defaults."""
-    defaults = dict(
-        num_proc=2,
-        store=str(store),
-        optimizer="sgd",
-        loss="binary_crossentropy",
-        feature_cols=["x"],
-        label_cols=["y"],
-        batch_size=16,
-        epochs=2,
-    )
-    params = {**defaults, **params}
-    params.setdefault("model", _small_model())
-    return HorovodEstimator(**params)
-
-
 def test_resume_counts_epochs_exactly(spark, tmp_path):
-    df = _xor_frame(spark, 256)
+    df = xor_frame(spark, 256)
     store = str(tmp_path / "store")
-    model = _small_model()
+    model = small_model()
     kw = dict(
         num_proc=2,
         store=store,
@@ -271,9 +239,9 @@ def test_both_readers_train_to_identical_weights_across_ranks(spark, tmp_path, r
 
     if reader == "petastorm" and not petastorm_available():
         pytest.skip("Petastorm needs pyarrow 12 (the Spark 3.5 line)")
-    df = _xor_frame(spark, 512, seed=4)
+    df = xor_frame(spark, 512, seed=4)
     keras.utils.set_random_seed(4)
-    est = _xor_estimator(
+    est = xor_estimator(
         tmp_path, optimizer=keras.optimizers.Adam(0.05), metrics=["accuracy"], batch_size=32, epochs=8, reader=reader
     )
     model = est.fit(df)
@@ -283,8 +251,8 @@ def test_both_readers_train_to_identical_weights_across_ranks(spark, tmp_path, r
 
 @pytest.mark.parametrize("rows,partitions", [(7, 1), (7, 2), (1, 1)])
 def test_uneven_and_tiny_data_finish(spark, tmp_path, rows, partitions):
-    df = _xor_frame(spark, rows, partitions=partitions, seed=rows)
-    est = _xor_estimator(tmp_path, batch_size=4)
+    df = xor_frame(spark, rows, partitions=partitions, seed=rows)
+    est = xor_estimator(tmp_path, batch_size=4)
     model = est.fit(df)
     assert len(model.getHistory()["loss"]) == 2
     assert len({r.weights_digest for r in model.getFitSummary().ranks}) == 1
@@ -293,7 +261,7 @@ def test_uneven_and_tiny_data_finish(spark, tmp_path, rows, partitions):
 
 
 def test_multi_input_multi_output_with_sample_weights(spark, tmp_path):
-    df = _xor_frame(spark, 128)
+    df = xor_frame(spark, 128)
     a = keras.Input(shape=(2,), name="a")
     b = keras.Input(shape=(1,), name="b")
     h = keras.layers.Dense(8, activation="tanh")(keras.layers.Concatenate()([a, b]))
@@ -327,8 +295,8 @@ def test_pipeline_with_vector_assembler_save_load(spark, tmp_path):
     from pyspark.ml import Pipeline, PipelineModel
     from pyspark.ml.feature import VectorAssembler
 
-    df = _xor_frame(spark, 128).selectExpr("x[0] as a", "x[1] as b", "y")
-    est = _xor_estimator(tmp_path / "store", optimizer=keras.optimizers.Adam(0.01), feature_cols=["features"])
+    df = xor_frame(spark, 128).selectExpr("x[0] as a", "x[1] as b", "y")
+    est = xor_estimator(tmp_path / "store", optimizer=keras.optimizers.Adam(0.01), feature_cols=["features"])
     pipeline = Pipeline(stages=[VectorAssembler(inputCols=["a", "b"], outputCol="features"), est])
     fitted = pipeline.fit(df)
     before = fitted.transform(df).select("y__output").toPandas()["y__output"].to_numpy()
@@ -396,9 +364,9 @@ def test_killed_worker_then_training_finishes(spark, tmp_path):
     import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    df = _xor_frame(spark, 128)
+    df = xor_frame(spark, 128)
     store = str(tmp_path / "store")
-    est = _xor_estimator(
+    est = xor_estimator(
         store, epochs=4, run_id="crashy", callbacks=[KillRankOnce(str(tmp_path / "killed"))], max_restarts=1
     )
     model = est.fit(df)
@@ -416,7 +384,7 @@ def test_killed_worker_then_training_finishes(spark, tmp_path):
     with pytest.raises(
         RankFailedError, match="rank 1 on host 127.0.0.1 failed with ProcessDied: process killed by signal 9"
     ):
-        _xor_estimator(store, epochs=4, run_id="crashy-2", callbacks=[KillRankOnce(str(tmp_path / "killed"))]).fit(df)
+        xor_estimator(store, epochs=4, run_id="crashy-2", callbacks=[KillRankOnce(str(tmp_path / "killed"))]).fit(df)
 
 
 def accumulation_job():
@@ -464,8 +432,8 @@ def test_backward_passes_per_step_is_the_larger_batch_it_stands_for(spark):
 
 
 def test_estimator_backward_passes_per_step_and_compression(spark, tmp_path):
-    df = _xor_frame(spark, 256)
-    est = _xor_estimator(tmp_path / "store", backward_passes_per_step=2, gradient_compression="fp16", epochs=2)
+    df = xor_frame(spark, 256)
+    est = xor_estimator(tmp_path / "store", backward_passes_per_step=2, gradient_compression="fp16", epochs=2)
     model = est.fit(df)
     summary = model.getFitSummary()
     steps = summary.steps_per_epoch
@@ -476,5 +444,5 @@ def test_estimator_backward_passes_per_step_and_compression(spark, tmp_path):
         (dict(gradient_compression="int8"), "gradient_compression must be 'none' or 'fp16'"),
     ):
         with pytest.raises(ValueError, match=match):
-            _xor_estimator(tmp_path / "store2", **bad).fit(df)
+            xor_estimator(tmp_path / "store2", **bad).fit(df)
     assert not os.path.exists(tmp_path / "store2" / "runs")

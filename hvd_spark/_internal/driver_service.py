@@ -26,8 +26,9 @@ KIND = "t"  # the field of every message that says its kind
 
 class Kind(StrEnum):
     """Message kinds. Tasks and ranks send the first six to the driver; the driver sends the next two;
-    both send heartbeats; tasks exchange what they know of themselves through the last two (an
-    all-gather through the driver: Spark's barrier ``allGather`` costs about a second a round)."""
+    both send heartbeats; tasks exchange what they know of themselves through the next two (an
+    all-gather through the driver: Spark's barrier ``allGather`` costs about a second a round);
+    ranks report their progress for the stall watchdog with the last."""
 
     HELLO = "hello"  # the first message of every connection: {"token", "role", "partition" or "rank"}
     RANK = "rank"  # a task's rank, once assigned: {"rank"}
@@ -40,6 +41,7 @@ class Kind(StrEnum):
     BEAT = "beat"  # a heartbeat, every settings.HEARTBEAT_INTERVAL seconds each way: {}
     GATHER = "gather"  # a task's contribution to an all-gather: {"round", "info"}
     GATHERED = "gathered"  # to every task once all have contributed: {"round", "infos"} (partition order)
+    PROGRESS = "progress"  # a rank's progress count, when it moved: {"rank", "count", "where"}
 
 
 class JobAborted(Exception):
@@ -151,6 +153,8 @@ class DriverService:
         self.vanished: dict[int, float] = {}  # partition -> when its connection closed before its rank was done
         self.failures: list[dict] = []  # in the order they reached the driver
         self._gathers: dict[str, dict[int, tuple]] = {}  # round -> partition -> (conn, info)
+        # rank -> (monotonic time its count last moved, count, where): from its task's rank message on
+        self.progress: dict[int, tuple[float, int, str]] = {}
 
     @property
     def port(self) -> int:
@@ -213,6 +217,7 @@ class DriverService:
             with self._lock:
                 self.rank_of_partition[conn.partition] = msg["rank"]
                 conn.rank = msg["rank"]
+                self.progress.setdefault(int(msg["rank"]), (time.monotonic(), 0, "starting"))
                 self._lock.notify_all()
         elif kind == Kind.EVENT:
             if self._on_event is not None:
@@ -231,6 +236,11 @@ class DriverService:
                 self._lock.notify_all()
         elif kind == Kind.GATHER:
             self._gather(conn, msg)
+        elif kind == Kind.PROGRESS:
+            rank, count = int(msg.get("rank", -1)), int(msg.get("count", 0))
+            with self._lock:
+                if count != self.progress.get(rank, (0.0, -1, ""))[1]:
+                    self.progress[rank] = (time.monotonic(), count, str(msg.get("where") or ""))
 
     def _gather(self, conn: _Conn, msg: dict) -> None:
         """Collects one contribution per partition of a round; the last one sends them all out. A
@@ -272,6 +282,22 @@ class DriverService:
                 if quiet > timeout and (rank is None or rank not in self.done):
                     out.append((partition, rank, self.host_of.get(partition, "?"), quiet))
             return out
+
+    def stalled_ranks(self, timeout: float) -> list[tuple[int, float, int, str]]:
+        """The unfinished ranks, when none of them moved its progress count for ``timeout`` seconds
+        (counted from its task's rank message), else []: ``(rank, seconds, count, where)`` each,
+        the longest still first. One rank that hangs stops the others at their next collective; a
+        rank that is slow but moving (rank 0 saving a checkpoint) keeps the job alive."""
+        now = time.monotonic()
+        with self._lock:
+            out = [
+                (rank, now - moved, count, where)
+                for rank, (moved, count, where) in self.progress.items()
+                if rank not in self.done
+            ]
+        if not out or any(quiet <= timeout for _, quiet, _, _ in out):
+            return []
+        return sorted(out, key=lambda r: -r[1])
 
     def snapshot(self):
         with self._lock:

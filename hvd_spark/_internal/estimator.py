@@ -29,7 +29,7 @@ from hvd_spark._internal.specs import (
 )
 from hvd_spark._internal.store import Checkpoint, Store, validate_run_id
 from hvd_spark._internal.transformer import TFTransformer
-from hvd_spark.errors import HvdSparkError, JobTimeoutError, RankFailedError, RunInUseError
+from hvd_spark.errors import HvdSparkError, JobTimeoutError, RankFailedError, RankStalledError, RunInUseError
 
 logger = logging.getLogger("hvd_spark")
 
@@ -73,8 +73,12 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         backend: "gloo" (default) or "mpi".
         output_cols: prediction columns; default "<label>__output".
         start_timeout: seconds for all ranks to start (default 600).
+        stall_timeout: seconds without progress (a step, a validation step, an epoch boundary) of
+            any rank after which the training job is stopped as stalled and, like a failure,
+            restarted (``max_restarts``) or failed with ``RankStalledError`` naming the ranks, their
+            hosts and where each was (default 300, also ``HVD_SPARK_STALL_TIMEOUT``; 0: off).
         max_restarts: how many times a failed training job (a rank raising or dying, a lost
-            executor) is started again from the latest checkpoint (default 0).
+            executor, a stall) is started again from the latest checkpoint (default 0).
         backward_passes_per_step: batches each rank accumulates before one allreduce and update
             (default 1; Keras' ``gradient_accumulation_steps``): like a batch that many times
             larger, with that many fewer allreduces.
@@ -126,6 +130,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         backend: str = "gloo",
         output_cols: list[str] | None = None,
         start_timeout: float | None = None,
+        stall_timeout: float | None = None,
         max_restarts: int = 0,
         backward_passes_per_step: int = 1,
         gradient_compression: str = "none",
@@ -162,6 +167,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             backend="gloo",
             output_cols=None,
             start_timeout=None,
+            stall_timeout=None,
             max_restarts=0,
             backward_passes_per_step=1,
             gradient_compression="none",
@@ -350,6 +356,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             num_proc=p["num_proc"],
             backend=p["backend"],
             start_timeout=p["start_timeout"],
+            stall_timeout=p["stall_timeout"],
+            stall_default=settings.DEFAULT_FIT_STALL_TIMEOUT,
             # verbose=2 shows everything, TF's C++ notices included, unless the driver's env says otherwise
             env={TF_LOG_LEVEL: os.environ.get(TF_LOG_LEVEL, "0")} if p["verbose"] == 2 else None,
         )
@@ -614,7 +622,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                         channel=(store, f"{store.run_path(run_id)}/_live"),  # progress on Spark Connect
                     )
                 except JobTimeoutError as e:
-                    if not lost_hosts:
+                    if not lost_hosts or isinstance(e, RankStalledError):
                         raise
                     raise JobTimeoutError(
                         f"{e} The previous training attempt lost host(s) {sorted(lost_hosts)}; the application "
@@ -633,7 +641,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                     "training attempt %d of run '%s' failed (%s); restarting (%d of max_restarts=%d) from %s",
                     restarts,
                     run_id,
-                    str(e).splitlines()[0],
+                    # a timeout's or stall's whole report (where each rank was); a failure's first line
+                    str(e) if isinstance(e, JobTimeoutError) else str(e).splitlines()[0],
                     restarts,
                     max_restarts,
                     f"the checkpoint of epoch {latest.epoch}" if latest else "the start",

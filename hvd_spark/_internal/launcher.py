@@ -196,6 +196,7 @@ class LaunchOptions:
     master: str = "?"  # the master URL, for messages
     app: str = ""  # the application's id
     warm: bool = True  # ranks forked by warm servers (see warm.py) where they can serve
+    stall_timeout: float | None = None  # seconds a rank may go without progress (None: no watchdog)
 
 
 def resolve_launch_options(
@@ -210,9 +211,12 @@ def resolve_launch_options(
     start_timeout: float | None = None,
     timeout: float | None = None,
     warm: bool | None = None,
+    stall_timeout: float | None = None,
+    stall_default: float | None = None,
 ) -> LaunchOptions:
     """Checks a launch's options against the application behind ``spark`` (classic or Connect):
-    the one place for the slot check."""
+    the one place for the slot check. ``stall_default`` is the stall watchdog's timeout when neither
+    ``stall_timeout`` nor ``HVD_SPARK_STALL_TIMEOUT`` sets one (the estimator's 300 s; None for run)."""
     cluster = cluster_of(spark)
     conf, slots = cluster.conf, cluster.slots
     if num_proc is None:
@@ -269,6 +273,7 @@ def resolve_launch_options(
         ),
         env=dict(env) if env is not None else None,
         warm=warm if warm is not None else settings.warm_default(),
+        stall_timeout=settings.stall_timeout_setting(stall_timeout, stall_default),
     )
 
 
@@ -301,6 +306,7 @@ def launch(
     options: LaunchOptions | None = None,
     channel=None,
     warm: bool | None = None,
+    stall_timeout: float | None = None,
 ) -> list[Any]:
     """Runs ``fn`` on Horovod ranks; see :func:`hvd_spark.run` for the arguments.
 
@@ -325,6 +331,7 @@ def launch(
             start_timeout=start_timeout,
             timeout=timeout,
             warm=warm,
+            stall_timeout=stall_timeout,
         )
     with _SLOTS.claim(options.app, options.num_proc, options.slots, description):
         logger.info("starting %d ranks (%s) on %s", options.num_proc, options.backend, options.master)

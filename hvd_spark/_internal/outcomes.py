@@ -16,6 +16,7 @@ OK, ERROR, ABORTED = "ok", "error", "aborted"
 PROCESS_DIED = "ProcessDied"  # the type of a rank whose process ended without reporting
 HOST_UNREACHABLE = "HostUnreachable"  # the type of a rank whose task stopped answering the driver
 TASK_LOST = "TaskLost"  # the type of a rank whose task's connection closed before it finished
+STATE_PREFIX = "[hvd_spark] rank process state: "  # a line its task adds before asking for the stack
 
 # Failures that follow from another rank's failure (its peer went away), not causes of their own.
 _SECONDARY_TYPES = ("HorovodInternalError", "HorovodShutdown")

@@ -257,6 +257,12 @@ class EstimatorParams(ColumnParams):
         TypeConverters.toString,
     )
     start_timeout = _param("start_timeout", "Seconds for all ranks to start (default 600).", _identity)
+    stall_timeout = _param(
+        "stall_timeout",
+        "Seconds without progress of any rank (a step, an epoch boundary) after which training is "
+        "stopped as stalled, then restarted (max_restarts) or failed (default 300; 0: off).",
+        _identity,
+    )
     mlflow = _param(
         "mlflow",
         "MLflow tracking of the fit (extra 'mlflow'): 'auto' (default: when an MLflow run is active on "

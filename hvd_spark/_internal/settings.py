@@ -12,6 +12,7 @@ ENV_HEARTBEAT_TIMEOUT = "HVD_SPARK_HEARTBEAT_TIMEOUT"  # seconds of silence afte
 ENV_RUN_LEASE_STALE = "HVD_SPARK_RUN_LEASE_STALE"  # seconds after which a dead fit's lease on its run expires
 ENV_WARM = "HVD_SPARK_WARM"  # 1 / 0: ranks forked by warm servers (default) / fresh processes
 ENV_WARM_IDLE = "HVD_SPARK_WARM_IDLE"  # seconds an idle warm server lives (default 600)
+ENV_STALL_TIMEOUT = "HVD_SPARK_STALL_TIMEOUT"  # seconds without a rank's progress before the job is stopped
 
 # Set by the launcher in each rank's process (read by hvd_spark's worker side).
 ENV_DRIVER_ADDR = "HVD_SPARK_DRIVER_ADDR"
@@ -28,6 +29,9 @@ DEFAULT_ABORT_GRACE = 10.0
 DEFAULT_MATERIALIZE_WAIT = 3600.0
 HEARTBEAT_INTERVAL = 5.0  # seconds between heartbeats, driver to tasks and tasks to driver
 DEFAULT_HEARTBEAT_TIMEOUT = 30.0
+DEFAULT_FIT_STALL_TIMEOUT = 300.0  # a fit's ranks tick on every step; run()'s functions tick when they choose
+PROGRESS_INTERVAL = 1.0  # seconds between a rank's progress messages (only when its count moved)
+MIN_STALL_TIMEOUT = 5.0
 LEASE_HEARTBEAT = 10.0  # seconds between a lease's heartbeats (a writer in progress on the store)
 LEASE_STALE = 60.0  # a lease whose heartbeat is older than this belongs to a writer that is gone
 
@@ -76,3 +80,24 @@ def warm_default() -> bool:
     """Whether launches use warm servers unless told otherwise (``HVD_SPARK_WARM``, default on)."""
     value = os.environ.get(ENV_WARM, "")
     return parse_bool(ENV_WARM, value) if value else True
+
+
+def stall_timeout_setting(explicit, default: float | None) -> float | None:
+    """A job's ``stall_timeout``: the explicit value (0 turns the watchdog off), else
+    ``HVD_SPARK_STALL_TIMEOUT`` (0: off), else ``default`` (None: off)."""
+    value = explicit if explicit is not None else os.environ.get(ENV_STALL_TIMEOUT) or None
+    if value is None:
+        return default
+    name = "stall_timeout" if explicit is not None else ENV_STALL_TIMEOUT
+    if not isinstance(value, str) and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise ValueError(f"{name} must be a number of seconds (0: no stall watchdog). Received: {value!r}.")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds (0: no stall watchdog). Received: {value!r}.") from None
+    if seconds != 0 and not seconds >= MIN_STALL_TIMEOUT:
+        raise ValueError(
+            f"{name} must be 0 (no stall watchdog) or at least {MIN_STALL_TIMEOUT:g} seconds (ranks report "
+            f"progress every {PROGRESS_INTERVAL:g} s). Received: {value!r}."
+        )
+    return seconds or None

@@ -21,8 +21,16 @@ import cloudpickle
 
 from hvd_spark._internal import settings
 from hvd_spark._internal.driver_service import KIND, Kind
-from hvd_spark._internal.outcomes import ERROR, HOST_UNREACHABLE, OK, TASK_LOST, RankOutcome, pick_failure
-from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError
+from hvd_spark._internal.outcomes import (
+    ERROR,
+    HOST_UNREACHABLE,
+    OK,
+    STATE_PREFIX,
+    TASK_LOST,
+    RankOutcome,
+    pick_failure,
+)
+from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError, RankStalledError
 
 logger = logging.getLogger("hvd_spark")
 
@@ -36,9 +44,12 @@ class Problem:
 
     message: str
     ranks: list[int]
+    stalled_hosts: dict[int, str] | None = None  # a stall (rank -> host), not a timeout
 
-    def error(self) -> JobTimeoutError:
-        return JobTimeoutError(self.message, ranks=self.ranks)
+    def error(self, message: str | None = None) -> JobTimeoutError:
+        if self.stalled_hosts is not None:
+            return RankStalledError(message or self.message, ranks=self.ranks, hosts=self.stalled_hosts)
+        return JobTimeoutError(message or self.message, ranks=self.ranks)
 
 
 @dataclass
@@ -133,8 +144,31 @@ class Supervisor:
                 f"the job did not finish within timeout={opts.timeout:g}s; ranks {missing} had not finished.",
                 missing,
             )
+        if self.problem is None and opts.stall_timeout is not None and self.aborted_at is None:
+            self.problem = self._stall(opts.stall_timeout)
+            if self.problem is not None:
+                self.say(logging.ERROR, f"{self.problem.message}; stopping the job")
         if self.problem is not None and self.aborted_at is None:
             self._abort(self.problem.message, dump=True)
+
+    def _stall(self, timeout: float) -> Problem | None:
+        """A Problem when ranks' progress stood still for ``timeout`` seconds (the stall watchdog)."""
+        stalled = self.service.stalled_ranks(timeout)
+        if not stalled:
+            return None
+        _, rank_of, _, _, _ = self.service.snapshot()
+        host_of = {rank_of[p]: h for p, h in self.service.host_of.items() if p in rank_of}
+        hosts = {rank: host_of.get(rank, "?") for rank, *_ in stalled}
+        parts = [
+            f"rank {rank} on host {hosts[rank]}: none for {quiet:.0f} s, last at {where or '?'} (count {count})"
+            for rank, quiet, count, where in stalled
+        ]
+        return Problem(
+            f"stalled: no rank made progress for stall_timeout={timeout:g}s, the one silent longest first: "
+            + "; ".join(parts),
+            [rank for rank, *_ in stalled],
+            stalled_hosts=hosts,
+        )
 
     def should_cancel(self) -> bool:
         """True once the tasks had ``abort_grace`` + 10 s to react to an abort and the job goes on."""
@@ -225,21 +259,49 @@ def _raise_failure(rec: RankOutcome) -> None:
     raise err
 
 
-def _where_ranks_were(records: list[RankOutcome], ranks: list[int]) -> str:
-    """The innermost Python frames of each listed rank, from the stacks they printed on abort."""
-    out = []
-    for rec in sorted(records, key=lambda r: r.rank):
-        if rec.rank not in ranks or not rec.tail:
+def _stacks(records: list[RankOutcome], ranks: list[int]) -> dict[int, tuple[str, list[str] | None]]:
+    """rank -> (its process's state or "", its Python frames innermost first, or None when it printed
+    no stack), for the listed ranks, from what their tasks kept of their output after an abort."""
+    out = {}
+    for rec in records:
+        if rec.rank not in ranks:
             continue
-        tail = rec.tail
+        tail = rec.tail or ()
+        states = [line[len(STATE_PREFIX) :] for line in tail if line.startswith(STATE_PREFIX)]
         starts = [
             i for i, line in enumerate(tail) if line.startswith(("Stack (most recent call first)", "Current thread"))
         ]
-        if not starts:
-            continue
-        frames = [line.strip() for line in tail[starts[-1] + 1 :] if line.strip().startswith("File ")]
-        out.append(f"  rank {rec.rank}: " + " <- ".join(frames[:6]))
+        frames = (
+            [line.strip() for line in tail[starts[-1] + 1 :] if line.strip().startswith("File ")] if starts else None
+        )
+        if frames is not None or states:
+            out[rec.rank] = (states[-1] if states else "", frames)
+    return out
+
+
+def _where_ranks_were(stacks: dict[int, tuple[str, list[str] | None]], ranks: list[int]) -> str:
+    """The innermost Python frames of each listed rank, with the state of its process (a stopped
+    process prints nothing)."""
+    out = []
+    for rank in [r for r in ranks if r in stacks]:
+        state, frames = stacks[rank]
+        label = f"  rank {rank}" + (f" (process {state})" if state else "")
+        if frames is None:
+            out.append(f"{label}: no stack: the process did not answer SIGUSR1")
+        else:
+            out.append(f"{label}: " + " <- ".join(frames[:6]))
     return "\n".join(out)
+
+
+def _stall_suspects(stacks: dict[int, tuple[str, list[str] | None]]) -> list[int]:
+    """The ranks that most likely stalled the others: stopped or silent processes, else the ranks
+    outside any Horovod collective while others wait in one (a collective they never joined)."""
+    silent = [r for r, (state, frames) in stacks.items() if frames is None or state in ("stopped", "tracing-stop")]
+    if silent:
+        return sorted(silent)
+    waiting = {r for r, (_, frames) in stacks.items() if frames and any("horovod" in f for f in frames)}
+    elsewhere = sorted(set(stacks) - waiting)
+    return elsewhere if waiting and elsewhere else []
 
 
 def conclude(
@@ -268,11 +330,20 @@ def conclude(
     if errors:
         _raise_failure(pick_failure(errors))
     if report.problem is not None:
-        problem = report.problem.error()
-        where = _where_ranks_were(records, problem.ranks) if records else ""
+        problem = report.problem
+        stacks = _stacks(records, problem.ranks)
+        message = problem.message
+        suspects = _stall_suspects(stacks) if problem.stalled_hosts is not None else []
+        if suspects:
+            message += (
+                f"\nMost likely stalled: rank(s) {suspects} (stopped or silent, or outside the Horovod collective "
+                "the others wait in)"
+            )
+            problem = dataclasses.replace(problem, ranks=suspects + [r for r in problem.ranks if r not in suspects])
+        where = _where_ranks_were(stacks, problem.ranks)
         if where:
-            problem = JobTimeoutError(f"{problem}\nWhere each unfinished rank was:\n{where}", ranks=problem.ranks)
-        raise problem
+            message += f"\nWhere each unfinished rank was:\n{where}"
+        raise problem.error(message)
     if stage_error is not None:
         raise LaunchError(f"the Spark barrier stage of {description} failed: {stage_error}") from stage_error
     by_rank = {r.rank: r for r in records}

@@ -21,7 +21,7 @@ import cloudpickle
 
 from hvd_spark._internal import logs, mpi_agent, netcheck, settings, warm
 from hvd_spark._internal.driver_service import KIND, Kind, TaskClient
-from hvd_spark._internal.outcomes import ABORTED, ERROR, OK, PROCESS_DIED, RankOutcome, TaskSpec
+from hvd_spark._internal.outcomes import ABORTED, ERROR, OK, PROCESS_DIED, STATE_PREFIX, RankOutcome, TaskSpec
 from hvd_spark._internal.procs import die_with_parent, kill_tree, signal_name
 from hvd_spark._internal.topology import RankInfo, assign_ranks, horovod_env, threads_env
 
@@ -127,6 +127,17 @@ class _Watch:
         t = threading.Thread(target=run, daemon=True, name="hvd_spark-task-output")
         t.start()
         return t
+
+    def note_state(self, pid: int) -> None:
+        """Adds the rank process's state (running, sleeping, stopped, disk-sleep...) to its output,
+        where the driver's report of a stall or timeout finds it."""
+        import psutil
+
+        try:
+            state = psutil.Process(pid).status()
+        except psutil.Error:
+            return
+        self._line(self.default_rank, f"{STATE_PREFIX}{state}")
 
     def _line(self, rank: int, line: str) -> None:
         self.tails[rank].append(line)
@@ -356,6 +367,8 @@ def _supervise(proc: subprocess.Popen, watch: _Watch, grace: float) -> bool:
                 # It ended on its own (often the very failure that caused the abort): report that.
                 return False
             if watch.dump_stacks:
+                if not watch.parse_tag:  # proc is the rank itself (not mpirun)
+                    watch.note_state(proc.pid)
                 # Have the rank print its Python stack (faulthandler) so the driver can say where it was.
                 try:
                     os.kill(proc.pid, signal.SIGUSR1)

@@ -77,9 +77,11 @@ def train(cfg: RunConfig) -> dict:
     import cloudpickle
     import horovod.tensorflow as hvd
 
+    from hvd_spark._internal.events import mark_progress
     from hvd_spark._internal.keras_hvd import set_threads
 
     startup = _Startup(t_entry)
+    mark_progress("hvd.init()")
     hvd.init()
     startup.mark("horovod_init")
     set_threads(cfg.num_threads)
@@ -114,7 +116,7 @@ def train(cfg: RunConfig) -> dict:
 
     user_callbacks = cloudpickle.loads(cfg.callbacks) if cfg.callbacks else []
     state_cb = StateAgreementCallback()
-    callbacks: list = [startup, BroadcastStateCallback(), state_cb, MetricAverageCallback(), *user_callbacks]
+    callbacks: list = [startup, _Ticks(), BroadcastStateCallback(), state_cb, MetricAverageCallback(), *user_callbacks]
     tmp = tempfile.mkdtemp(prefix="hvd_spark-rank-")
     store = Store.from_config(cfg.store)
     if rank == 0:
@@ -186,6 +188,9 @@ class _Startup(keras.callbacks.Callback):
         self._last = t_entry
 
     def mark(self, phase: str) -> None:
+        from hvd_spark._internal.events import mark_progress
+
+        mark_progress(f"start-up, after {phase}")
         now = time.time()
         self.phases[phase] = now - self._last
         self._last = now
@@ -193,6 +198,31 @@ class _Startup(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if "first_epoch" not in self.phases:
             self.mark("first_epoch")
+
+
+class _Ticks(keras.callbacks.Callback):
+    """Progress for the stall watchdog (``stall_timeout``): a tick per step, validation step and
+    epoch boundary, naming where the rank is."""
+
+    def __init__(self):
+        super().__init__()
+        from hvd_spark._internal.events import mark_progress
+
+        self._tick = mark_progress
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch + 1
+        self._tick(f"the start of epoch {self._epoch}")
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._tick(f"epoch {self._epoch} step {batch + 1}")
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._tick(f"epoch {self._epoch} validation step {batch + 1}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._tick(f"the end of epoch {epoch + 1}")
 
 
 class _NullContext:
@@ -249,9 +279,11 @@ class _CheckpointCallback(keras.callbacks.Callback):
         self.history: list[dict] = [dict(h) for h in history_so_far]
 
     def on_epoch_end(self, epoch, logs=None):
+        from hvd_spark._internal.events import mark_progress
         from hvd_spark._internal.serde import save_model_file
         from hvd_spark._internal.store import checkpoint_names
 
+        mark_progress(f"saving the checkpoint of epoch {epoch + 1}")
         logs = {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}
         self.history = self.history[:epoch] + [logs]
         model_name, meta_name = checkpoint_names(epoch + 1)

@@ -6,14 +6,17 @@ import pytest
 
 from hvd_spark._internal.contracts import FitSummary, RankSummary
 from hvd_spark._internal.restarts import should_restart
-from hvd_spark.errors import HvdSparkError, JobTimeoutError, LaunchError, RankFailedError
+from hvd_spark.errors import HvdSparkError, JobTimeoutError, LaunchError, RankFailedError, RankStalledError
 
 
 def _rank_failed():
     return RankFailedError(1, "ProcessDied", "killed by signal 9")
 
 
-@pytest.mark.parametrize("error", [_rank_failed(), LaunchError("tasks did not start"), JobTimeoutError("late")])
+@pytest.mark.parametrize(
+    "error",
+    [_rank_failed(), LaunchError("tasks did not start"), JobTimeoutError("late"), RankStalledError("stalled", [1])],
+)
 def test_job_failures_restart_until_the_limit(error):
     assert should_restart(error, 0, 2) and should_restart(error, 1, 2)
     assert not should_restart(error, 2, 2)
@@ -104,3 +107,39 @@ def test_outcome_travels_as_a_fail_message_and_back():
     assert (back.rank, back.status, back.type, back.time) == (2, "error", "ValueError", 7.0)
     aborted = rec.as_aborted()
     assert aborted.status == "aborted" and aborted.type == "" and aborted.pickled is None
+
+
+def _aborted(rank, *tail):
+    from hvd_spark._internal.outcomes import ABORTED, RankOutcome
+
+    return RankOutcome(rank, ABORTED, tail=tuple(tail))
+
+
+def test_a_stall_report_names_the_silent_rank_first_with_where_each_rank_was():
+    import pickle
+
+    from hvd_spark._internal.outcomes import STATE_PREFIX
+    from hvd_spark._internal.supervisor import JobReport, Problem, conclude
+
+    problem = Problem("stalled: no rank made progress", [0, 1], stalled_hosts={0: "10.0.0.1", 1: "10.0.0.2"})
+    records = [
+        _aborted(0, f"{STATE_PREFIX}sleeping", "Stack (most recent call first):", '  File "x.py", line 3 in fit'),
+        _aborted(1, f"{STATE_PREFIX}stopped"),  # a stopped process prints no stack
+    ]
+    with pytest.raises(RankStalledError) as caught:
+        conclude(records, JobReport(problem=problem), num_proc=2, description="job", elapsed=1.0)
+    err = pickle.loads(pickle.dumps(caught.value))
+    assert err.ranks == [1, 0] and err.hosts == {0: "10.0.0.1", 1: "10.0.0.2"}
+    assert "Most likely stalled: rank(s) [1]" in str(err)
+    assert "rank 1 (process stopped): no stack: the process did not answer SIGUSR1" in str(err)
+    assert 'rank 0 (process sleeping): File "x.py", line 3 in fit' in str(err)
+
+
+def test_a_stall_with_every_rank_in_user_code_names_no_suspect():
+    from hvd_spark._internal.supervisor import JobReport, Problem, conclude
+
+    problem = Problem("stalled", [0, 1], stalled_hosts={0: "h", 1: "h"})
+    records = [_aborted(r, "Stack (most recent call first):", '  File "x.py", line 3 in fit') for r in (0, 1)]
+    with pytest.raises(RankStalledError) as caught:
+        conclude(records, JobReport(problem=problem), num_proc=2, description="job", elapsed=1.0)
+    assert "Most likely" not in str(caught.value) and caught.value.ranks == [0, 1]

@@ -197,3 +197,30 @@ def test_gather_returns_every_task_s_info_in_partition_order(service):
     assert isinstance(results["b"], ConnectionError) and "silent for 0.5 s" in str(results["b"])
     first.close()
     third.close()
+
+
+def test_the_job_is_stalled_only_when_no_unfinished_rank_moves(service):
+    addr = f"127.0.0.1:{service.port}"
+    tasks = [TaskClient(addr, service.token, {"role": "task", "partition": p}) for p in (0, 1)]
+    ranks = [TaskClient(addr, service.token, {"role": "rank", "rank": r}) for r in (0, 1)]
+    for r, task in enumerate(tasks):
+        task.send({KIND: Kind.RANK, "rank": r})
+    _until(lambda: len(service.progress) == 2)
+    ranks[1].send({KIND: Kind.PROGRESS, "rank": 1, "count": 5, "where": "epoch 1 step 5"})
+    time.sleep(0.3)
+    ranks[0].send({KIND: Kind.PROGRESS, "rank": 0, "count": 7, "where": "epoch 1 step 7"})
+    _until(lambda: service.progress[0][1] == 7)
+    assert service.stalled_ranks(60) == []
+    time.sleep(0.2)
+    ranks[0].send({KIND: Kind.PROGRESS, "rank": 0, "count": 7, "where": "again"})  # the same count: no progress
+    stalled = service.stalled_ranks(0.1)
+    assert [(r, count, where) for r, _, count, where in stalled] == [(1, 5, "epoch 1 step 5"), (0, 7, "epoch 1 step 7")]
+    ranks[0].send({KIND: Kind.PROGRESS, "rank": 0, "count": 8, "where": "epoch 1 step 8"})
+    _until(lambda: service.progress[0][1] == 8)
+    assert service.stalled_ranks(0.1) == []  # rank 0 moves: the job is alive (rank 1 may be slow)
+    tasks[0].send({KIND: Kind.DONE, "rank": 0, "ok": True})
+    _until(lambda: 0 in service.snapshot()[2])
+    time.sleep(0.2)
+    assert [r for r, *_ in service.stalled_ranks(0.1)] == [1]  # the finished rank is out of it
+    for c in tasks + ranks:
+        c.close()
