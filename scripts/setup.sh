@@ -68,7 +68,7 @@ extras="test,bench"
 command -v mpicc >/dev/null 2>&1 && extras="$extras,mpi"
 [ "$SPARK_LINE" = "3.5" ] && extras="$extras,petastorm"
 [ "$SPARK_LINE" = "4.0" ] && extras="$extras,connect"
-[ "$SPARK_LINE" = "4.3" ] && extras="$extras,connect,lint,mlflow"
+[ "$SPARK_LINE" = "4.3" ] && extras="$extras,connect,lint,mlflow,s3,test-s3"
 want="$want-$extras"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   log "installing the Spark $SPARK_LINE stack into $VENV (extras: $extras)"

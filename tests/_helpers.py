@@ -32,11 +32,11 @@ def small_model():
 
 def xor_estimator(store, **params):
     """A 2-rank estimator of :func:`small_model` on :func:`xor_frame`; ``params`` override the defaults."""
-    from hvd_spark import HorovodEstimator
+    from hvd_spark import HorovodEstimator, Store
 
     defaults = dict(
         num_proc=2,
-        store=str(store),
+        store=store if isinstance(store, Store) else str(store),
         optimizer="sgd",
         loss="binary_crossentropy",
         feature_cols=["x"],

@@ -4,6 +4,7 @@ Everything here runs Spark jobs; nothing is collected to the driver but counts a
 per-column statistics, so data larger than the driver's memory works.
 """
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -259,6 +260,58 @@ def _num_files(rows: int, row_bytes: int, num_proc: int) -> int:
     return min(max(1, rows), math.ceil(n / num_proc) * num_proc)
 
 
+ROW_GROUP_BYTES = 64 * 1024 * 1024  # row groups of the Parquet that tasks write through the store
+
+
+def _write_through_store(df, store: Store, path: str, row_bytes: int) -> list[tuple[str, int]]:
+    """Writes each partition of ``df`` as one Parquet file under ``path`` from its Spark task,
+    through the store's own filesystem (fsspec, with its storage options): for stores that Spark's
+    Hadoop filesystems cannot reach (``s3://`` without the Hadoop AWS jars or credentials).
+
+    Each task attempt writes its own file name (an object appears whole when its upload closes);
+    the driver keeps the files of the attempts Spark returned and removes the others (a task
+    attempt that failed or lost a speculative race). Returns ``(url, rows)`` per file."""
+    config = store.to_config()
+    group_rows = max(1, ROW_GROUP_BYTES // max(row_bytes, 1))
+
+    def write(batches):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        assert ctx is not None  # a Spark task
+        task_store = Store.from_config(config)
+        name = f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:8]}.snappy.parquet"
+        target = posixpath.join(path, name)
+        pending: list = []
+        rows = 0
+        with contextlib.ExitStack() as stack:
+            writer = None
+            for batch in batches:
+                if batch.num_rows == 0:
+                    continue
+                if writer is None:
+                    f = stack.enter_context(task_store._fs.open(target, "wb"))
+                    writer = stack.enter_context(pq.ParquetWriter(f, batch.schema, compression="snappy"))
+                pending.append(batch)
+                rows += batch.num_rows
+                if sum(b.num_rows for b in pending) >= group_rows:
+                    writer.write_table(pa.Table.from_batches(pending), row_group_size=group_rows)
+                    pending = []
+            if pending and writer is not None:
+                writer.write_table(pa.Table.from_batches(pending), row_group_size=group_rows)
+        if rows:
+            yield pa.RecordBatch.from_pydict({"file": [target], "rows": [rows]})
+
+    written = [(r["file"], int(r["rows"])) for r in df.mapInArrow(write, "file string, rows long").collect()]
+    kept = {posixpath.basename(f) for f, _ in written}
+    for name in store._listdir(path):  # files of task attempts that Spark did not keep
+        if name not in kept:
+            store._rm(posixpath.join(path, name))
+    return sorted((store._url(f), rows) for f, rows in written)
+
+
 def _parquet_files(store: Store, path: str) -> list[tuple[str, int]]:
     import pyarrow.parquet as pq
 
@@ -337,8 +390,9 @@ def materialize(
         ):
             return _write_attempt(prepared, store, key, attempt, stats, row_bytes, num_proc, replace=meta is not None)
     except BaseException:
-        if not store._listdir(folder):  # nothing of this key is left: leave no empty folder either
-            store._rm(folder)
+        with contextlib.suppress(Exception):  # the store may be what failed: the original error matters
+            if not store._listdir(folder):  # nothing of this key is left: leave no empty folder either
+                store._rm(folder)
         raise
 
 
@@ -396,16 +450,17 @@ def _write_attempt(
             if rows:
                 n = _num_files(rows, row_bytes, num_proc)
                 split_path = posixpath.join(path, split)
-                (
-                    prepared.filter(cond)
-                    .drop(VAL_COL)
-                    .repartition(n)
-                    .write.mode("error")
-                    .option("parquet.block.size", 256 * 1024 * 1024)
-                    .option("compression", "snappy")
-                    .parquet(store._url(split_path))
-                )
-                files = _parquet_files(store, split_path)
+                part = prepared.filter(cond).drop(VAL_COL).repartition(n)
+                if store.spark_writes:
+                    (
+                        part.write.mode("error")
+                        .option("parquet.block.size", 256 * 1024 * 1024)
+                        .option("compression", "snappy")
+                        .parquet(store._url(split_path))
+                    )
+                    files = _parquet_files(store, split_path)
+                else:
+                    files = _write_through_store(part, store, split_path, row_bytes)
             meta[f"{split}_files"] = [[p, r] for p, r in files]
         store._write_bytes(posixpath.join(path, _COMPLETE), b"")
         if replace:  # the published data had too few files: replace it (its files stay for its readers)
@@ -423,7 +478,8 @@ def _write_attempt(
                 published = True
     except BaseException:
         if not published:
-            store._rm(path)
+            with contextlib.suppress(Exception):  # unreachable store: the next writer removes the attempt
+                store._rm(path)
         raise
     logger.info(
         "materialized %d train / %d val rows to %s in %.1fs", train_rows, val_rows, store._url(path), time.time() - t0

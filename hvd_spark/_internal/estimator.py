@@ -255,8 +255,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             if not store._exists(folder):
 
                 def remove_if_empty() -> None:  # after the lease is gone: no empty folder left by a failed fit
-                    if not store._listdir(folder):
-                        store._rm(folder)
+                    with contextlib.suppress(Exception):  # the store is unreachable: an empty folder is harmless
+                        if not store._listdir(folder):
+                            store._rm(folder)
 
                 stack.callback(remove_if_empty)
             try:

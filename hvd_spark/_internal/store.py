@@ -19,6 +19,7 @@ Layout under the prefix::
 
 import contextlib
 import json
+import logging
 import os
 import posixpath
 import re
@@ -31,8 +32,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+logger = logging.getLogger("hvd_spark")
+
 _CKPT = re.compile(r"^epoch-(\d{4,})\.json$")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_WRITERS = ("auto", "spark", "store")
+_SPARK_PROTOCOLS = ("file", "local", "hdfs", "viewfs")  # filesystems every Spark cluster's Hadoop serves
+
+
+_HELD_TOKENS: set[str] = set()  # the tokens of the exclusive leases this process holds right now
+
+
+def _left_lease(path: str, error: BaseException) -> None:
+    logger.warning(
+        "could not remove the lease %s (%s: %s); it expires once its heartbeat is old enough",
+        path,
+        type(error).__name__,
+        error,
+    )
 
 
 class LeaseHeldError(Exception):
@@ -57,18 +74,31 @@ class Store:
 
     Args:
         prefix: a local path or a URL (``file://``, ``hdfs://``, ``s3://``, ...).
-        storage_options: keyword arguments for the fsspec filesystem (e.g. an S3 endpoint).
+        storage_options: keyword arguments for the fsspec filesystem (e.g. an S3 endpoint and
+            keys: ``{"endpoint_url": ..., "key": ..., "secret": ...}`` for ``s3fs``). The driver,
+            the Spark tasks that write the data and the ranks all use them.
+        parquet_writer: who writes the materialized Parquet: ``"spark"`` (Spark's own writer,
+            through the cluster's Hadoop filesystems), ``"store"`` (each Spark task writes its
+            partition through this store's fsspec filesystem and storage options, so Spark needs
+            no filesystem or credentials for it) or ``"auto"`` (the default: ``"spark"`` for local
+            paths and ``hdfs://``, ``"store"`` for every other URL, such as ``s3://``).
 
     Example:
         >>> store = Store("/tmp/hvd_spark_store")   # doctest: +SKIP
         >>> est = HorovodEstimator(store=store, ...)  # doctest: +SKIP
+        >>> s3 = Store("s3://bucket/prefix", storage_options={"endpoint_url": "http://minio:9000"})  # doctest: +SKIP
     """
 
-    def __init__(self, prefix: str, *, storage_options: dict[str, Any] | None = None):
+    def __init__(self, prefix: str, *, storage_options: dict[str, Any] | None = None, parquet_writer: str = "auto"):
         if not isinstance(prefix, str) or not prefix.strip():
             raise ValueError(f"store must be a non-empty path or URL. Received: {prefix!r}.")
+        if parquet_writer not in _WRITERS:
+            raise ValueError(f"parquet_writer must be one of {list(_WRITERS)}. Received: {parquet_writer!r}.")
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise TypeError(f"storage_options must be a dict. Received: {type(storage_options).__name__}.")
         import fsspec
 
+        self.parquet_writer = parquet_writer
         self.storage_options = dict(storage_options or {})
         if "://" not in prefix:
             prefix = os.path.abspath(os.path.expanduser(prefix))
@@ -76,6 +106,13 @@ class Store:
         self._root = self._root.rstrip("/") or "/"
         self._protocol = self._fs.protocol if isinstance(self._fs.protocol, str) else self._fs.protocol[0]
         self.prefix = prefix
+
+    @property
+    def spark_writes(self) -> bool:
+        """Whether Spark's own Parquet writer writes the materialized data (see ``parquet_writer``)."""
+        if self.parquet_writer == "auto":
+            return self._protocol in _SPARK_PROTOCOLS
+        return self.parquet_writer == "spark"
 
     @classmethod
     def create(cls, store) -> "Store":
@@ -97,11 +134,15 @@ class Store:
 
     # --- plain-data form, for workers and persistence ---
     def to_config(self) -> dict[str, Any]:
-        return {"prefix": self.prefix, "storage_options": self.storage_options}
+        return {"prefix": self.prefix, "storage_options": self.storage_options, "parquet_writer": self.parquet_writer}
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "Store":
-        return cls(config["prefix"], storage_options=config.get("storage_options"))
+        return cls(
+            config["prefix"],
+            storage_options=config.get("storage_options"),
+            parquet_writer=config.get("parquet_writer", "auto"),
+        )
 
     # --- paths ---
     def _path(self, *parts: str) -> str:
@@ -128,7 +169,13 @@ class Store:
         return posixpath.join(self.run_path(run_id), "model.keras")
 
     # --- file operations ---
+    def _fresh(self, path: str) -> None:
+        """Forgets fsspec's cached listings of ``path``: object stores' filesystems (s3fs) cache each
+        listing for the life of the process, and other processes write here (ranks, other fits)."""
+        self._fs.invalidate_cache(path)
+
     def _exists(self, path: str) -> bool:
+        self._fresh(path)
         return self._fs.exists(path)
 
     def _makedirs(self, path: str) -> None:
@@ -217,7 +264,10 @@ class Store:
             with self._beating(path, heartbeat, beat):
                 yield
         finally:
-            self._rm(path)
+            try:
+                self._rm(path)
+            except Exception as e:  # the store is unreachable: the block's own outcome matters more
+                _left_lease(path, e)
 
     @contextlib.contextmanager
     def _beating(self, path: str, heartbeat: float, beat: Callable[[], bool]):
@@ -259,7 +309,13 @@ class Store:
 
         if not self._create_exclusive_json(path, dict(doc, heartbeat=time.time())):
             held = current()
-            if held is not None and time.time() - float(held.get("heartbeat", 0)) < stale:
+            # This process's own lease that it could not remove (the store was down then) is not held.
+            ours_left = held is not None and (held.get("host"), held.get("pid")) == (doc["host"], doc["pid"])
+            if (
+                held is not None
+                and time.time() - float(held.get("heartbeat", 0)) < stale
+                and not (ours_left and held.get("token") not in _HELD_TOKENS)
+            ):
                 raise LeaseHeldError(path, held)
             self._write_json(path, dict(doc, heartbeat=time.time()))  # stale: its holder is gone
             time.sleep(0.2)
@@ -268,20 +324,28 @@ class Store:
                 raise LeaseHeldError(path, mine or {})
 
         def beat() -> bool:
-            held = current()
+            try:
+                held = current()
+            except Exception:  # the store is unreachable for now: try again at the next heartbeat
+                return True
             if held is not None and held.get("token") != token:
                 return False  # taken over: this holder stalled for longer than ``stale``
             with contextlib.suppress(Exception):  # a missed heartbeat is retried at the next one
                 self._write_json(path, dict(doc, heartbeat=time.time()))
             return True
 
+        _HELD_TOKENS.add(token)
         try:
             with self._beating(path, heartbeat, beat):
                 yield
         finally:
-            held = current()
-            if held is not None and held.get("token") == token:
-                self._rm(path)
+            _HELD_TOKENS.discard(token)
+            try:
+                held = current()
+                if held is not None and held.get("token") == token:
+                    self._rm(path)
+            except Exception as e:  # the store is unreachable: the block's own outcome matters more
+                _left_lease(path, e)
 
     def _live_leases(self, folder: str, prefix: str, stale: float) -> list[dict[str, Any]]:
         """The leases ``folder/<prefix>*.json`` whose heartbeat is younger than ``stale`` seconds."""
@@ -314,10 +378,11 @@ class Store:
 
     def _rm(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):  # removed meanwhile: nothing left to do
-            if self._fs.exists(path):
+            if self._exists(path):
                 self._fs.rm(path, recursive=True)
 
     def _listdir(self, path: str) -> list[str]:
+        self._fresh(path)
         try:
             return sorted(posixpath.basename(p.rstrip("/")) for p in self._fs.ls(path, detail=False))
         except FileNotFoundError:
@@ -326,6 +391,18 @@ class Store:
     def _check_writable(self) -> None:
         """Raises ValueError, leaving nothing behind, when the store cannot be written."""
         probe = self._path(f".hvd_spark-probe-{uuid.uuid4().hex}")
+        try:
+            self._fs.exists(self._root)  # one request: a server that is down fails here, before any retries of a write
+        except Exception as e:
+            endpoint = self.storage_options.get("endpoint_url") or self.storage_options.get("client_kwargs", {}).get(
+                "endpoint_url"
+            )
+            raise ValueError(
+                f"store must be reachable by hvd_spark. Received: {self.prefix!r}"
+                + (f" (endpoint_url={endpoint!r})" if endpoint else "")
+                + f", which failed with {type(e).__name__}: {e}. Check that its server is up and that "
+                "storage_options (endpoint, keys) are right."
+            ) from e
         try:
             self._makedirs(self._root)
             with self._fs.open(probe, "wb") as f:

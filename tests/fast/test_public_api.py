@@ -7,6 +7,8 @@ STORE_PUBLIC = {
     "create",
     "prefix",
     "storage_options",
+    "parquet_writer",
+    "spark_writes",
     "run_path",
     "model_path",
     "checkpoints_path",
@@ -38,3 +40,16 @@ def test_checkpoints_are_listed_through_the_public_api(tmp_path):
     assert isinstance(ckpts[0], hvd_spark.Checkpoint)
     assert store.latest_checkpoint("r1") == ckpts[-1]
     assert ckpts[-1].model_path == store.checkpoints_path("r1") + "/epoch-0002.keras"
+
+
+def test_the_parquet_writer_follows_the_store_and_is_checked(tmp_path):
+    import pytest
+
+    assert hvd_spark.Store(str(tmp_path)).spark_writes  # a local path: Spark's own writer
+    assert not hvd_spark.Store(str(tmp_path), parquet_writer="store").spark_writes
+    assert not hvd_spark.Store("memory://bucket/x").spark_writes  # a URL Spark's Hadoop does not serve
+    assert hvd_spark.Store("memory://bucket/x", parquet_writer="spark").spark_writes
+    restored = hvd_spark.Store.from_config(hvd_spark.Store("memory://b/x", parquet_writer="store").to_config())
+    assert restored.parquet_writer == "store"
+    with pytest.raises(ValueError, match=r"parquet_writer must be one of \['auto', 'spark', 'store'\]\. Received: 'x'"):
+        hvd_spark.Store(str(tmp_path), parquet_writer="x")

