@@ -15,7 +15,7 @@ import time
 
 from benchmarks.common import RESULTS, mib
 
-ORDER = ["comm", "ps", "scaling", "e2e", "data", "inference", "connect", "speed"]
+ORDER = ["comm", "ps", "scaling", "e2e", "data", "inference", "connect", "speed", "memory"]
 ROOT_ONLY = ["multihost"]  # needs root (network namespaces): run with --only multihost
 MODULES = {
     "multihost": "bench_multihost",
@@ -27,6 +27,7 @@ MODULES = {
     "inference": "bench_inference",
     "connect": "bench_connect",
     "speed": "bench_speed",
+    "memory": "bench_memory",
 }
 FILES = {
     "multihost": "multihost",
@@ -38,6 +39,7 @@ FILES = {
     "inference": "inference",
     "connect": "connect",
     "speed": "speed",
+    "memory": "memory",
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -258,6 +260,9 @@ def report() -> str:
     speed = _load("speed")
     if speed:
         _speed_section(lines, speed, inf)
+    memory = _load("memory")
+    if memory:
+        _memory_section(lines, memory)
     multihost = _load("multihost")
     if multihost:
         _multihost_section(lines, multihost)
@@ -277,6 +282,39 @@ def _connect_section(lines, d) -> None:
     lines.append(
         f"- {d['what']}. Connect / classic: fit {d['ratio_fit_connect_over_classic']:.2f}, transform "
         f"{d['ratio_transform_connect_over_classic']:.2f}."
+    )
+    lines.append("")
+
+
+def _memory_section(lines, d) -> None:
+    """RSS over a long fit against plain Keras (bench_memory, issue 14 item 7)."""
+    header = [
+        "process",
+        "RSS after epoch 1 MiB",
+        f"after epoch {d['warm_epoch']}",
+        "last",
+        "max",
+        "growth",
+        "MiB/epoch",
+    ]
+    _table(lines, "### Memory over a long run", header, d)
+    rows = [("plain Keras, same rows and epochs (baseline)", d["plain_keras"])]
+    rows += [(f"rank {r}", g) for r, g in sorted(d["ranks"].items())]
+    rows += [("driver: Python", d["driver_python"]), ("driver: its JVM (Spark's)", d["driver_jvm"])]
+    for name, g in rows:
+        lines.append(
+            f"| {name} | {g['first_mib']:.0f} | {g['at_warm_mib']:.0f} | {g['last_mib']:.0f} | {g['max_mib']:.0f} | "
+            f"{g['growth_mib']:+.1f} | {g['slope_mib_per_epoch']:+.2f} |"
+        )
+    lines.append("")
+    lines.append(
+        f"- {d['what']}; fit {d['fit_s']:.0f} s. Growth counts from the end of epoch {d['warm_epoch']} to the "
+        "last; per-epoch figures in results/memory.json."
+    )
+    lines.append(
+        f"- Target ranks flat (growth at most plain Keras' + 16 MiB): {d['rank_growth_over_plain_mib']:+.1f} MiB "
+        f"over plain, {_ok(d['target_ranks_flat'])}. Target driver flat (Python process, at most 16 MiB): "
+        f"{d['driver_python']['growth_mib']:+.1f} MiB, {_ok(d['target_driver_flat'])}."
     )
     lines.append("")
 

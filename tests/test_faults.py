@@ -1,13 +1,18 @@
 """Faults that break things for real (issue 14): a rank that stalls (SIGSTOP of its process, a
 collective that one rank never joins) is found by the stall watchdog, reported with its host and
-where each rank was, and then restarted from the last checkpoint or failed."""
+where each rank was, and then restarted from the last checkpoint or failed; crash points: a rank
+dying between a checkpoint's model file and its JSON, and the driver killed (kill -9) mid-fit."""
 
+import contextlib
+import json
 import logging
 import os
+import subprocess
 import sys
 import time
 
 import keras
+import psutil
 import pytest
 from _helpers import xor_estimator, xor_frame
 
@@ -97,3 +102,119 @@ def test_without_a_stall_timeout_a_function_that_never_ticks_finishes(spark):
         return 1
 
     assert hvd_spark.run(quiet, num_proc=2, spark=spark, verbose=0) == [1, 1]
+
+
+class CrashBeforeCheckpointJson(keras.callbacks.Callback):
+    """Rank 0's process dies (os._exit) between the model file of epoch 3's checkpoint and its JSON,
+    the first time only: the crash point where a checkpoint is half written."""
+
+    def __init__(self, marker):
+        super().__init__()
+        self.marker = marker
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch != 2 or os.environ.get("HVD_SPARK_RANK") != "0" or os.path.exists(self.marker):
+            return
+        from hvd_spark._internal.store import Store as S
+
+        original, marker = S._write_json, self.marker
+
+        def crash_before_json(self, path, obj):
+            if path.endswith("checkpoints/epoch-0003.json"):
+                assert os.path.exists(path[: -len(".json")] + ".keras")  # the model file is there
+                open(marker, "w").close()
+                os._exit(7)
+            return original(self, path, obj)
+
+        S._write_json = crash_before_json
+
+
+def test_a_crash_between_a_checkpoints_model_file_and_its_json_resumes_from_the_previous(spark, tmp_path, caplog):
+    df = xor_frame(spark, 128)
+    store = str(tmp_path / "store")
+    est = xor_estimator(
+        store, epochs=4, run_id="half", callbacks=[CrashBeforeCheckpointJson(str(tmp_path / "crashed"))]
+    )
+    est.setParams(max_restarts=1, verbose=0)
+    with caplog.at_level(logging.INFO, logger="hvd_spark"):
+        model = est.fit(df)
+    assert os.path.exists(tmp_path / "crashed")  # the crash happened
+    assert "resuming run 'half' from epoch 2 of 4" in caplog.text  # not from the half-written epoch 3
+    summary = model.getFitSummary()
+    assert summary.restarts == 1 and len(model.getHistory()["loss"]) == 4
+    assert [c.epoch for c in Store(store).checkpoints("half")] == [1, 2, 3, 4]
+    assert summary.ranks[0].iterations == 4 * summary.steps_per_epoch
+
+
+_DRIVER = """
+import sys
+sys.path.insert(0, {tests!r})
+import hvd_spark
+from _helpers import xor_estimator, xor_frame
+
+spark = hvd_spark.local_session("local[2]", app_name="driver-to-kill")
+spark.sparkContext.setLogLevel("ERROR")
+xor_estimator({store!r}, epochs=500, run_id="killed", verbose=0).fit(xor_frame(spark, 2048))
+"""
+
+
+def _job_processes(root: int) -> dict[int, str]:
+    """The driver's process tree, and the rank processes and warm servers anywhere (pid -> command)."""
+    from hvd_spark._internal.warm import RANK_NAME
+
+    found = {}
+    with contextlib.suppress(psutil.Error):
+        for p in [psutil.Process(root), *psutil.Process(root).children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                found[p.pid] = " ".join(p.cmdline())[:160]
+    for p in psutil.process_iter(["cmdline", "name"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "hvd_spark._internal" in cmd or p.info["name"] == RANK_NAME:
+            found[p.pid] = cmd[:160] or p.info["name"]
+    return found
+
+
+def test_a_driver_killed_mid_fit_leaves_no_process_and_its_run_resumes(spark, tmp_path, monkeypatch, caplog):
+    store = str(tmp_path / "store")
+    before = set(_job_processes(os.getpid()))
+    script = tmp_path / "driver.py"
+    script.write_text(_DRIVER.format(tests=os.path.dirname(__file__), store=store))
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while len(Store(store).checkpoints("killed")) < 2:
+            assert driver.poll() is None, "the driver ended before it was killed"
+            assert time.monotonic() < deadline, "the fit made no checkpoint in 300 s"
+            time.sleep(0.5)
+        job = {pid: cmd for pid, cmd in _job_processes(driver.pid).items() if pid not in before}
+        assert any("hvd_spark._internal" in cmd or "rank" in cmd for cmd in job.values())  # ranks were running
+        driver.kill()  # kill -9 of the driver process
+        driver.wait()
+        t_kill = time.monotonic()
+        while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in job):
+            if time.monotonic() - t_kill > 120:
+                break
+            time.sleep(0.5)
+        left = {pid: cmd for pid, cmd in job.items() if psutil.pid_exists(pid)}
+        left = {pid: cmd for pid, cmd in left.items() if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
+        assert not left, f"processes of the killed driver's job still alive 120 s later: {left}"
+        print(
+            f"all {len(job)} processes of the killed driver's job gone {time.monotonic() - t_kill:.1f} s after kill -9"
+        )
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    # The killed driver's lease on the run is still fresh: a new fit is refused, naming it...
+    done = len(Store(store).checkpoints("killed"))
+    with pytest.raises(hvd_spark.RunInUseError, match=f"pid {driver.pid}"):
+        xor_estimator(store, epochs=done + 1, run_id="killed", verbose=0).fit(xor_frame(spark, 2048))
+    # ...until it expires (20 s here), and then the run resumes where the killed fit left it.
+    monkeypatch.setenv("HVD_SPARK_RUN_LEASE_STALE", "20")
+    lease = os.path.join(store, "runs", "killed", "_writer.json")
+    while time.time() - float(json.load(open(lease))["heartbeat"]) < 21:
+        time.sleep(1)
+    with caplog.at_level(logging.INFO, logger="hvd_spark"):
+        model = xor_estimator(store, epochs=done + 1, run_id="killed", verbose=0).fit(xor_frame(spark, 2048))
+    assert f"resuming run 'killed' from epoch {done} of {done + 1}" in caplog.text
+    assert len(model.getHistory()["loss"]) == done + 1
+    assert [c.epoch for c in Store(store).checkpoints("killed")] == list(range(1, done + 2))

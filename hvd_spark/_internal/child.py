@@ -98,6 +98,9 @@ def entry(workdir: str) -> int:
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(line_buffering=True)
+    from hvd_spark._internal.events import report_init_when_done
+
+    report_init_when_done()
     code = main(workdir)
     if code == 0:
         _finalize_horovod()

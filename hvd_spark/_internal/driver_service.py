@@ -28,7 +28,8 @@ class Kind(StrEnum):
     """Message kinds. Tasks and ranks send the first six to the driver; the driver sends the next two;
     both send heartbeats; tasks exchange what they know of themselves through the next two (an
     all-gather through the driver: Spark's barrier ``allGather`` costs about a second a round);
-    ranks report their progress for the stall watchdog with the last."""
+    ranks report their progress for the stall watchdog and the end of their ``hvd.init()`` (after
+    which rank 0's task closes Gloo's rendezvous) with the last three."""
 
     HELLO = "hello"  # the first message of every connection: {"token", "role", "partition" or "rank"}
     RANK = "rank"  # a task's rank, once assigned: {"rank"}
@@ -42,6 +43,8 @@ class Kind(StrEnum):
     GATHER = "gather"  # a task's contribution to an all-gather: {"round", "info"}
     GATHERED = "gathered"  # to every task once all have contributed: {"round", "infos"} (partition order)
     PROGRESS = "progress"  # a rank's progress count, when it moved: {"rank", "count", "where"}
+    INITIALIZED = "initialized"  # a rank's hvd.init() returned: {"rank"}
+    RANKS_INITIALIZED = "ranks_initialized"  # to every task: every rank's hvd.init() returned
 
 
 class JobAborted(Exception):
@@ -155,6 +158,7 @@ class DriverService:
         self._gathers: dict[str, dict[int, tuple]] = {}  # round -> partition -> (conn, info)
         # rank -> (monotonic time its count last moved, count, where): from its task's rank message on
         self.progress: dict[int, tuple[float, int, str]] = {}
+        self.initialized: set[int] = set()  # ranks whose hvd.init() returned
 
     @property
     def port(self) -> int:
@@ -236,6 +240,13 @@ class DriverService:
                 self._lock.notify_all()
         elif kind == Kind.GATHER:
             self._gather(conn, msg)
+        elif kind == Kind.INITIALIZED:
+            with self._lock:
+                before = len(self.initialized)
+                self.initialized.add(int(msg.get("rank", -1)))
+                everyone = len(self.initialized) == self.num_proc > before
+            if everyone:
+                self.broadcast({KIND: Kind.RANKS_INITIALIZED})
         elif kind == Kind.PROGRESS:
             rank, count = int(msg.get("rank", -1)), int(msg.get("count", 0))
             with self._lock:

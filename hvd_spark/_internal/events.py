@@ -90,3 +90,28 @@ def mark_progress(where: str | None = None) -> None:
             the stall report.
     """
     _progress.tick(where)
+
+
+def report_init_when_done(poll: float = 0.1) -> None:
+    """Starts a thread that tells the driver once this rank's ``hvd.init()`` has returned (for any
+    framework's Horovod), so that rank 0's task closes Gloo's rendezvous server once every rank is
+    past it. It polls Horovod's ``is_initialized`` (set when init is complete, process sets given to
+    init included) and stops after reporting. Outside an hvd_spark job it does nothing."""
+    if not os.environ.get(settings.ENV_DRIVER_ADDR):
+        return
+    import sys
+
+    def watch() -> None:
+        while True:
+            for name in ("horovod.tensorflow.mpi_ops", "horovod.torch.mpi_ops"):
+                basics = getattr(sys.modules.get(name), "_basics", None)
+                try:
+                    done = basics is not None and basics.is_initialized()
+                except Exception:  # its library failed to load: another framework may be the one in use
+                    done = False
+                if done:
+                    _send_raw({KIND: Kind.INITIALIZED})
+                    return
+            threading.Event().wait(poll)
+
+    threading.Thread(target=watch, daemon=True, name="hvd_spark-init-watch").start()

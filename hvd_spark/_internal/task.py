@@ -69,8 +69,10 @@ class _Watch:
         parse_tag: bool = False,
         silence_limit: float = 30.0,
         quiet_tf: bool = False,
+        on_ranks_initialized=None,
     ):
         self.client = client
+        self.on_ranks_initialized = on_ranks_initialized
         self.quiet_tf = quiet_tf
         self.default_rank = default_rank
         self.parse_tag = parse_tag
@@ -104,6 +106,8 @@ class _Watch:
                 self.abort.set()
             elif msg.get(KIND) == Kind.ALL_DONE:
                 self.all_done.set()
+            elif msg.get(KIND) == Kind.RANKS_INITIALIZED and self.on_ranks_initialized is not None:
+                self.on_ranks_initialized()
         # The driver went away: nobody is waiting for this job any more.
         self.abort_reason = self.abort_reason or "the driver closed the connection"
         self.abort.set()
@@ -246,7 +250,7 @@ def run_task(spec: TaskSpec) -> list[bytes]:
             mine["bind"] = netcheck.hostname_bind_address(hostname) or ""
             # Every task serves a rendezvous before the one exchange (a second round would cost a
             # round trip); the task that gets rank 0 keeps its server, the others stop theirs.
-            server = _Rendezvous()
+            server = _Rendezvous(ip)
             mine["rendezvous_port"] = server.port
         # Through the driver service, not Spark's allGather (about a second a round).
         infos = client.gather("hosts", mine, spec.heartbeat_timeout)
@@ -289,7 +293,11 @@ def run_task(spec: TaskSpec) -> list[bytes]:
                 settings.ENV_JOB_TOKEN: spec.token,
             }
         )
-        outcome, watch = _run_child(spec, client, me.rank, env, workdir)
+        # Rank 0's task closes the rendezvous once every rank's hvd.init() returned; Horovod's dynamic
+        # process sets (hvd.add_process_set after init) rendezvous again, so it stays open for them.
+        dynamic = env.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0").strip().lower() not in ("", "0", "false")
+        close = server.stop if server is not None and not dynamic else None
+        outcome, watch = _run_child(spec, client, me.rank, env, workdir, on_ranks_initialized=close)
         _report(client, outcome)
         if server is not None:
             # Rank 0's task serves the rendezvous until every rank is done (or the job is aborted).
@@ -321,23 +329,30 @@ def prewarm(extra: dict[str, str], num_threads: int, app: str) -> str:
 
 
 class _Rendezvous:
-    """Horovod's Gloo rendezvous (an HTTP key-value store) for one job, serving from creation."""
+    """Horovod's Gloo rendezvous (an HTTP key-value store, without authentication) for one job,
+    serving from creation on the task's own address (not every interface), until :meth:`stop`:
+    rank 0's task stops it once every rank's ``hvd.init()`` has returned."""
 
-    def __init__(self):
-        from horovod.runner.http.http_server import RendezvousServer
+    def __init__(self, addr: str):
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-        self._server = RendezvousServer()
-        self.port = self._server.start()  # bound from here on: no bind-then-close race
+        self._httpd = RendezvousHTTPServer((addr, 0), RendezvousHandler, 0)  # bound from here on: no race
+        self.port = self._httpd.server_address[1]
+        self._stopped = threading.Event()
+        threading.Thread(target=self._httpd.serve_forever, daemon=True, name="hvd_spark-rendezvous").start()
 
     def plan(self, slots) -> None:
         """Declares each scope's size (Horovod clears a scope once all its members have left it).
         Horovod's ``init`` would also empty the store, and a rank may have written to it already:
         its task can learn the rendezvous address before this one."""
-        self._server._httpd._extract_scope_size(slots)
+        self._httpd._extract_scope_size(slots)
 
     def stop(self) -> None:
-        """Stops serving without waiting (the server notices within its 0.5 s poll)."""
-        httpd = self._server._httpd
+        """Stops serving and closes the port, without waiting (the server notices within its 0.5 s poll)."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        httpd = self._httpd
         threading.Thread(target=lambda: (httpd.shutdown(), httpd.server_close()), daemon=True).start()
 
 
@@ -403,9 +418,17 @@ def _run_watched(cmd: list[str], env: dict, workdir: str, watch: _Watch, grace: 
     return proc.returncode, aborted
 
 
-def _run_child(spec: TaskSpec, client: TaskClient, rank: int, env: dict, workdir: str) -> tuple[RankOutcome, "_Watch"]:
+def _run_child(
+    spec: TaskSpec, client: TaskClient, rank: int, env: dict, workdir: str, on_ranks_initialized=None
+) -> tuple[RankOutcome, "_Watch"]:
     _write_payload(spec, workdir)
-    watch = _Watch(client, rank, silence_limit=spec.heartbeat_timeout, quiet_tf=logs.tf_quiet(spec.env))
+    watch = _Watch(
+        client,
+        rank,
+        silence_limit=spec.heartbeat_timeout,
+        quiet_tf=logs.tf_quiet(spec.env),
+        on_ranks_initialized=on_ranks_initialized,
+    )
     env["HVD_SPARK_RANK_STARTED"] = repr(time.time())  # the rank's start-up profile counts from here
     warm_proc = warm.spawn(env, workdir, spec.app, spec.start_timeout) if spec.warm else None
     rc, aborted = _run_watched(
