@@ -24,6 +24,7 @@ def run(
     store=None,
     warm: bool | None = None,
     stall_timeout: float | None = None,
+    use_gpu: bool | None = None,
 ) -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` on ``num_proc`` Horovod ranks as one Spark barrier stage.
 
@@ -66,6 +67,9 @@ def run(
             joins): every rank prints its stack and :class:`hvd_spark.RankStalledError` names the
             stalled ranks, their hosts and where each was. Default: no watchdog (a function that
             does not call ``mark_progress`` would look stalled), unless ``HVD_SPARK_STALL_TIMEOUT``.
+        use_gpu: give each rank exactly the GPUs Spark assigned to its task (``CUDA_VISIBLE_DEVICES``,
+            TensorFlow's memory growth on, NCCL for Horovod's GPU collectives when built with it).
+            Default: True when ``spark.task.resource.gpu.amount`` is set. See ``docs/gpu.md``.
 
     Returns:
         The return values of ``fn``, ordered by rank.
@@ -112,4 +116,5 @@ def run(
         channel=channel,
         warm=warm,
         stall_timeout=stall_timeout,
+        use_gpu=use_gpu,
     )

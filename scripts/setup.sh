@@ -80,9 +80,36 @@ else
 fi
 
 # --- 3. Horovod, built against this TensorFlow and cached --------------------------------------
-tf_version=$("$VPY" -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))')
+tf_dist=$("$VPY" - <<'PYEOF'
+import importlib.metadata as m
+for name in ("tensorflow-cpu", "tensorflow"):
+    try:
+        print(name, m.version(name))
+        break
+    except m.PackageNotFoundError:
+        pass
+PYEOF
+)
+tf_version=${tf_dist#* }
 py_tag=$("$VPY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 if command -v mpicc >/dev/null 2>&1; then with_mpi=1; mpi_tag=mpi; else with_mpi=0; mpi_tag=nompi; fi
+# GPUs: Horovod's NCCL operations when CUDA (nvcc) and NCCL (nccl.h) are installed and TensorFlow is
+# its CUDA build (tensorflow[and-cuda], not tensorflow-cpu); HVD_SPARK_GPU=0 builds without. See docs/gpu.md.
+cuda_home=${CUDA_HOME:-/usr/local/cuda}
+nccl_include=""
+for d in ${NCCL_HOME:+"$NCCL_HOME/include"} /usr/include "$cuda_home/include"; do
+  if [ -f "$d/nccl.h" ]; then nccl_include=$d; break; fi
+done
+with_nccl=0
+if [ "${HVD_SPARK_GPU:-auto}" != 0 ] && [ -x "$cuda_home/bin/nvcc" ] && [ -n "$nccl_include" ]; then
+  if [ "${tf_dist%% *}" = "tensorflow-cpu" ]; then
+    log "CUDA and NCCL found, but TensorFlow is the CPU build (tensorflow-cpu): Horovod is built without NCCL." \
+        "For GPUs, install tensorflow[and-cuda]==$tf_version in place of tensorflow-cpu and rerun (docs/gpu.md)."
+  else
+    with_nccl=1
+    mpi_tag="$mpi_tag-nccl"
+  fi
+fi
 wheel_dir="$CACHE/wheels/horovod-$HOROVOD_BUILD-tf$tf_version-$py_tag-$mpi_tag"
 have_hvd=$("$VPY" - <<PYEOF 2>/dev/null || true
 import importlib.metadata as m
@@ -95,7 +122,7 @@ PYEOF
 hvd_stamp="$VENV/.horovod-stamp"
 if [ "$have_hvd" != "yes" ] || [ "$(cat "$hvd_stamp" 2>/dev/null || true)" != "$wheel_dir" ]; then
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-    log "building Horovod $HOROVOD_BUILD against TensorFlow $tf_version (gloo, mpi=$with_mpi); takes a few minutes"
+    log "building Horovod $HOROVOD_BUILD against TensorFlow $tf_version (gloo, mpi=$with_mpi, nccl=$with_nccl); takes a few minutes"
     build=$(mktemp -d)
     trap 'rm -rf "$build"' EXIT
     "$VPY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$build"
@@ -116,8 +143,14 @@ if [ "$have_hvd" != "yes" ] || [ "$(cat "$hvd_stamp" 2>/dev/null || true)" != "$
     grep -q "__version__ = '$HOROVOD_BUILD'" "$src/horovod/__init__.py"
     mpi_flag=HOROVOD_WITHOUT_MPI
     [ "$with_mpi" = 1 ] && mpi_flag=HOROVOD_WITH_MPI
+    gpu_flags=()
+    if [ "$with_nccl" = 1 ]; then
+      gpu_flags=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_GPU=CUDA "HOROVOD_CUDA_HOME=$cuda_home"
+                 "HOROVOD_NCCL_INCLUDE=$nccl_include" HOROVOD_NCCL_LINK=SHARED)
+      [ -n "${NCCL_HOME:-}" ] && gpu_flags+=("HOROVOD_NCCL_LIB=$NCCL_HOME/lib")
+    fi
     mkdir -p "$wheel_dir.tmp"
-    env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+    env "${gpu_flags[@]}" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
         HOROVOD_WITH_GLOO=1 "$mpi_flag=1" MAKEFLAGS="-j$(nproc)" \
         PATH="$VENV/bin:$PATH" \
       "$VPY" -m pip wheel -q --no-build-isolation --no-deps -w "$wheel_dir.tmp" "$src"

@@ -221,3 +221,11 @@ def test_mpi_controller_allreduce(spark):
 def test_mpi_controller_failure(spark, tmp_path):
     with pytest.raises(RankFailedError, match="rank 1 on host 127.0.0.1 failed with ValueError"):
         hvd_spark.run(fail_on_rank_one, args=(str(tmp_path),), num_proc=2, spark=spark, use_mpi=True)
+
+
+def test_use_gpu_without_gpus_scheduled_names_the_conf_keys_before_any_work(spark):
+    with pytest.raises(ValueError, match=r"use_gpu=True needs GPUs scheduled to the barrier tasks") as e:
+        hvd_spark.run(rank_output, num_proc=1, spark=spark, use_gpu=True)
+    assert "spark.task.resource.gpu.amount" in str(e.value) and "spark.executor.resource.gpu.amount" in str(e.value)
+    with pytest.raises(TypeError, match=r"use_gpu must be True, False or None\. Received: use_gpu='yes'"):
+        hvd_spark.run(rank_output, num_proc=1, spark=spark, use_gpu="yes")

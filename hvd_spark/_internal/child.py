@@ -86,6 +86,21 @@ def _finalize_horovod(timeout: float = 20.0) -> None:
     t.join(timeout)
 
 
+def _gpu_operations() -> None:
+    """On a rank with GPUs: NCCL for Horovod's GPU collectives when Horovod has it (before ``hvd.init``)."""
+    if not os.environ.get("HVD_SPARK_GPUS"):
+        return
+    from hvd_spark._internal.topology import gpu_operations
+
+    try:
+        import horovod.tensorflow as hvd
+
+        nccl = bool(hvd.nccl_built())
+    except Exception:  # noqa: BLE001 - no TF extension: nothing to choose
+        nccl = False
+    os.environ.update(gpu_operations(nccl, dict(os.environ)))
+
+
 def entry(workdir: str) -> int:
     """Runs the payload in ``workdir`` as this process's one job and returns its exit code: what a
     fresh rank process does, and what a rank forked by a warm server does."""
@@ -100,6 +115,7 @@ def entry(workdir: str) -> int:
             stream.reconfigure(line_buffering=True)
     from hvd_spark._internal.events import report_init_when_done
 
+    _gpu_operations()
     report_init_when_done()
     code = main(workdir)
     if code == 0:

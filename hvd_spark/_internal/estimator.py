@@ -77,6 +77,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             any rank after which the training job is stopped as stalled and, like a failure,
             restarted (``max_restarts``) or failed with ``RankStalledError`` naming the ranks, their
             hosts and where each was (default 300, also ``HVD_SPARK_STALL_TIMEOUT``; 0: off).
+        use_gpu: each rank trains on exactly the GPUs Spark assigned to its task (default: True when
+            ``spark.task.resource.gpu.amount`` is set; see docs/gpu.md).
         max_restarts: how many times a failed training job (a rank raising or dying, a lost
             executor, a stall) is started again from the latest checkpoint (default 0).
         backward_passes_per_step: batches each rank accumulates before one allreduce and update
@@ -131,6 +133,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         output_cols: list[str] | None = None,
         start_timeout: float | None = None,
         stall_timeout: float | None = None,
+        use_gpu: bool | None = None,
         max_restarts: int = 0,
         backward_passes_per_step: int = 1,
         gradient_compression: str = "none",
@@ -168,6 +171,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             output_cols=None,
             start_timeout=None,
             stall_timeout=None,
+            use_gpu=None,
             max_restarts=0,
             backward_passes_per_step=1,
             gradient_compression="none",
@@ -359,6 +363,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             start_timeout=p["start_timeout"],
             stall_timeout=p["stall_timeout"],
             stall_default=settings.DEFAULT_FIT_STALL_TIMEOUT,
+            use_gpu=p["use_gpu"],
             # verbose=2 shows everything, TF's C++ notices included, unless the driver's env says otherwise
             env={TF_LOG_LEVEL: os.environ.get(TF_LOG_LEVEL, "0")} if p["verbose"] == 2 else None,
         )

@@ -24,7 +24,7 @@ from hvd_spark._internal import settings
 from hvd_spark._internal.outcomes import RankOutcome, TaskSpec
 from hvd_spark._internal.sessions import is_connect
 from hvd_spark._internal.supervisor import CANCEL_AFTER, GIVE_UP_AFTER, JobReport, Supervisor, conclude
-from hvd_spark._internal.topology import task_cpus, task_slots
+from hvd_spark._internal.topology import GPU_CONF_HELP, task_cpus, task_gpu_amount, task_slots
 from hvd_spark.errors import JobTimeoutError
 
 logger = logging.getLogger("hvd_spark")
@@ -197,6 +197,7 @@ class LaunchOptions:
     app: str = ""  # the application's id
     warm: bool = True  # ranks forked by warm servers (see warm.py) where they can serve
     stall_timeout: float | None = None  # seconds a rank may go without progress (None: no watchdog)
+    use_gpu: bool = False  # each rank gets its task's Spark-assigned GPUs (CUDA_VISIBLE_DEVICES)
 
 
 def resolve_launch_options(
@@ -213,6 +214,7 @@ def resolve_launch_options(
     warm: bool | None = None,
     stall_timeout: float | None = None,
     stall_default: float | None = None,
+    use_gpu: bool | None = None,
 ) -> LaunchOptions:
     """Checks a launch's options against the application behind ``spark`` (classic or Connect):
     the one place for the slot check. ``stall_default`` is the stall watchdog's timeout when neither
@@ -244,12 +246,30 @@ def resolve_launch_options(
         isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
     ):
         raise ValueError(f"num_threads must be a positive integer. Received: num_threads={num_threads!r}.")
+    if use_gpu is not None and not isinstance(use_gpu, bool):
+        raise TypeError(f"use_gpu must be True, False or None. Received: use_gpu={use_gpu!r}.")
+    gpus_per_task = task_gpu_amount(conf)
+    if use_gpu is None:
+        use_gpu = gpus_per_task > 0
+    elif use_gpu and gpus_per_task <= 0 and cluster.slots is not None:  # a Connect session may not show conf
+        raise ValueError(
+            "use_gpu=True needs GPUs scheduled to the barrier tasks, but spark.task.resource.gpu.amount is "
+            f"{conf.get('spark.task.resource.gpu.amount', None)!r} (master={cluster.master}). Set "
+            f"{GPU_CONF_HELP}."
+        )
+    chosen_backend = resolve_backend(backend, use_gloo, use_mpi)
+    if use_gpu and chosen_backend == "mpi":
+        raise NotImplementedError(
+            "use_gpu with backend='mpi' is not built yet: mpirun starts all ranks of a host with one "
+            "environment, and hvd_spark does not yet give each of them its own task's GPU. Use backend='gloo' "
+            "(NCCL still carries the GPU allreduce when Horovod has it)."
+        )
     return LaunchOptions(
         num_proc=num_proc,
         slots=slots if slots is not None else num_proc,
         master=cluster.master,
         app=cluster.app,
-        backend=resolve_backend(backend, use_gloo, use_mpi),
+        backend=chosen_backend,
         num_threads=num_threads if num_threads is not None else task_cpus(conf),
         start_timeout=settings.seconds_setting(
             start_timeout,
@@ -274,6 +294,7 @@ def resolve_launch_options(
         env=dict(env) if env is not None else None,
         warm=warm if warm is not None else settings.warm_default(),
         stall_timeout=settings.stall_timeout_setting(stall_timeout, stall_default),
+        use_gpu=use_gpu,
     )
 
 
@@ -307,6 +328,7 @@ def launch(
     channel=None,
     warm: bool | None = None,
     stall_timeout: float | None = None,
+    use_gpu: bool | None = None,
 ) -> list[Any]:
     """Runs ``fn`` on Horovod ranks; see :func:`hvd_spark.run` for the arguments.
 
@@ -332,6 +354,7 @@ def launch(
             timeout=timeout,
             warm=warm,
             stall_timeout=stall_timeout,
+            use_gpu=use_gpu,
         )
     with _SLOTS.claim(options.app, options.num_proc, options.slots, description):
         logger.info("starting %d ranks (%s) on %s", options.num_proc, options.backend, options.master)
@@ -399,9 +422,11 @@ def _task_spec(options: LaunchOptions, payload: bytes, driver_addr: str, token: 
         gloo_timeout=options.gloo_timeout,
         abort_grace=options.abort_grace,
         heartbeat_timeout=options.heartbeat_timeout,
-        warm=options.warm and options.backend == "gloo",
+        # Not with GPUs: a rank forked from a process that imported TensorFlow must not meet CUDA.
+        warm=options.warm and options.backend == "gloo" and not options.use_gpu,
         app=options.app,
         start_timeout=options.start_timeout,
+        use_gpu=options.use_gpu,
     )
 
 

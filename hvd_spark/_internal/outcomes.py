@@ -101,3 +101,4 @@ class TaskSpec:
     warm: bool = False  # ask the host's warm server (warm.py) for the rank, if it can serve
     app: str = ""  # the Spark application's id: warm servers are not shared across applications
     start_timeout: float = 600.0  # how long a task waits for a warm server to be ready
+    use_gpu: bool = False  # each rank gets its task's GPUs (topology.gpu_env)

@@ -257,6 +257,12 @@ class EstimatorParams(ColumnParams):
         TypeConverters.toString,
     )
     start_timeout = _param("start_timeout", "Seconds for all ranks to start (default 600).", _identity)
+    use_gpu = _param(
+        "use_gpu",
+        "Each rank trains on exactly its barrier task's Spark-assigned GPUs (CUDA_VISIBLE_DEVICES, NCCL "
+        "when Horovod has it). Default: True when spark.task.resource.gpu.amount is set.",
+        _identity,
+    )
     stall_timeout = _param(
         "stall_timeout",
         "Seconds without progress of any rank (a step, an epoch boundary) after which training is "

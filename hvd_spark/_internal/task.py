@@ -23,7 +23,7 @@ from hvd_spark._internal import logs, mpi_agent, netcheck, settings, warm
 from hvd_spark._internal.driver_service import KIND, Kind, TaskClient
 from hvd_spark._internal.outcomes import ABORTED, ERROR, OK, PROCESS_DIED, STATE_PREFIX, RankOutcome, TaskSpec
 from hvd_spark._internal.procs import die_with_parent, kill_tree, signal_name
-from hvd_spark._internal.topology import RankInfo, assign_ranks, horovod_env, threads_env
+from hvd_spark._internal.topology import RankInfo, assign_ranks, gpu_env, horovod_env, threads_env
 
 TAIL_LINES = 40
 ENV_WORKDIR = "HVD_SPARK_WORKDIR"  # where an MPI rank finds its payload and leaves its result
@@ -284,6 +284,12 @@ def run_task(spec: TaskSpec) -> list[bytes]:
                 num_threads=spec.num_threads,
             )
         )
+        try:
+            env.update(gpu_env(_task_gpus(ctx), spec.use_gpu, spec.env))
+        except ValueError as e:  # GPUs asked for, none assigned: this rank's failure, named
+            refused = RankOutcome(me.rank, ERROR, type="GpuNotAssigned", message=str(e), time=time.time())
+            _report(client, refused)
+            return [cloudpickle.dumps(refused)]
         env.update(base_env(spec.env, spec.num_threads))
         env.update(
             {
@@ -309,6 +315,15 @@ def run_task(spec: TaskSpec) -> list[bytes]:
             server.stop()
         client.close()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _task_gpus(ctx) -> list[str] | None:
+    """The GPU addresses Spark assigned to this task, or None."""
+    try:
+        info = ctx.resources().get("gpu")
+    except Exception:  # a Spark without task resources
+        return None
+    return list(info.addresses) if info is not None and info.addresses else None
 
 
 def base_env(extra: dict[str, str], num_threads: int) -> dict[str, str]:

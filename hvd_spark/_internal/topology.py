@@ -159,3 +159,61 @@ def task_slots(master: str, *, default_parallelism: int, task_cpus: int = 1, cpu
         workers, cores = int(m.group(1)), int(m.group(2))
         return workers * (cores // task_cpus)
     return max(0, int(default_parallelism) // task_cpus)
+
+
+GPU_CONF_HELP = (
+    "spark.task.resource.gpu.amount (GPUs per barrier task, e.g. 1), spark.executor.resource.gpu.amount "
+    "(GPUs per executor) and, on standalone and local-cluster masters, spark.worker.resource.gpu.amount "
+    "with spark.worker.resource.gpu.discoveryScript (YARN and Kubernetes discover them: see docs/gpu.md)"
+)
+
+
+def task_gpu_amount(conf) -> float:
+    """GPUs per Spark task (``spark.task.resource.gpu.amount``, default 0) from anything with ``get``."""
+    raw = conf.get("spark.task.resource.gpu.amount", "0") or "0"
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"spark.task.resource.gpu.amount must be a number. Received: {raw!r}.") from None
+
+
+def gpu_env(addresses: list[str] | None, use_gpu: bool, user_env: dict[str, str]) -> dict[str, str]:
+    """The environment that gives a rank exactly its task's GPUs.
+
+    Args:
+        addresses: the GPU addresses Spark assigned to the rank's task (``TaskContext.resources()``),
+            or None when it assigned none.
+        use_gpu: whether the job trains on GPUs.
+        user_env: the job's ``env``: a ``CUDA_VISIBLE_DEVICES`` or ``TF_FORCE_GPU_ALLOW_GROWTH`` set
+            there wins.
+
+    Raises:
+        ValueError: ``use_gpu`` and no GPU assigned, naming the Spark conf keys.
+    """
+    if not use_gpu:
+        # A CPU job on GPU tasks: TensorFlow must not take the GPUs (they may be other tasks' too).
+        return {"CUDA_VISIBLE_DEVICES": ""} if addresses and "CUDA_VISIBLE_DEVICES" not in user_env else {}
+    if not addresses:
+        raise ValueError(
+            "use_gpu=True, but Spark assigned no GPU to this barrier task. Schedule GPUs to the tasks with "
+            f"{GPU_CONF_HELP}; or pass use_gpu=False to train on CPUs."
+        )
+    env = {"HVD_SPARK_GPUS": ",".join(addresses), "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(addresses)
+    for name in ("CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH"):
+        if name in user_env:
+            env[name] = user_env[name]
+    return env
+
+
+def gpu_operations(nccl_built: bool, env: dict[str, str]) -> dict[str, str]:
+    """Horovod's GPU collectives for a rank that has GPUs (``HVD_SPARK_GPUS``): NCCL when Horovod was
+    built with it, unless the job's environment already chooses (``HOROVOD_GPU_OPERATIONS``, or the
+    per-operation ``HOROVOD_GPU_ALLREDUCE`` etc.). Without NCCL Horovod copies GPU tensors to the host
+    and reduces them with Gloo or MPI."""
+    if not env.get("HVD_SPARK_GPUS") or not nccl_built:
+        return {}
+    chosen = ("HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE", "HOROVOD_GPU_ALLGATHER", "HOROVOD_GPU_BROADCAST")
+    if any(env.get(name) for name in chosen):
+        return {}
+    return {"HOROVOD_GPU_OPERATIONS": "NCCL"}

@@ -4,8 +4,10 @@ The UDF is of the iterator form: each Python worker loads the model once (cached
 URL and version) and predicts whole Arrow batches, cut into ``batch_size`` chunks.
 """
 
+import contextlib
 import functools
 import operator
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -27,8 +29,45 @@ _MODEL_CACHE: dict[str, Any] = {}
 _MODEL_LOCK = threading.Lock()
 
 
-def _load_cached(key: str, model_url: str, storage_options: dict, custom_objects_bytes: bytes | None, num_threads: int):
-    """The model at ``model_url``, loaded once per Python worker and model version (``key``)."""
+GPU_BATCH_SIZE = 32768  # rows per model call on a GPU when batch_size was not set
+
+
+def gpu_device(addresses: list[str] | None, cuda_visible: str | None) -> str | None:
+    """TensorFlow's name for the first GPU Spark assigned to a task (``/GPU:<index>``), or None.
+
+    TensorFlow numbers the GPUs it sees from 0: the physical id itself when ``CUDA_VISIBLE_DEVICES``
+    is unset, else its position in that list (None when the assigned GPU is not in it)."""
+    if not addresses:
+        return None
+    if cuda_visible is None:
+        return f"/GPU:{int(addresses[0])}" if addresses[0].isdigit() else None
+    visible = [v.strip() for v in cuda_visible.split(",") if v.strip()]
+    return f"/GPU:{visible.index(addresses[0])}" if addresses[0] in visible else None
+
+
+def _task_device() -> str | None:
+    """The TensorFlow device of this UDF's task: its Spark-assigned GPU, if any."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    try:
+        info = ctx.resources().get("gpu") if ctx is not None else None
+    except Exception:  # a Spark without task resources
+        info = None
+    return gpu_device(list(info.addresses) if info else None, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def _load_cached(
+    key: str,
+    model_url: str,
+    storage_options: dict,
+    custom_objects_bytes: bytes | None,
+    num_threads: int,
+    device: str | None = None,
+):
+    """The model at ``model_url``, loaded once per Python worker, model version (``key``) and device
+    (a GPU Spark assigned to the task: the model's variables live there)."""
+    key = f"{key}@{device}"
     with _MODEL_LOCK:
         model = _MODEL_CACHE.get(key)
         if model is not None:
@@ -37,6 +76,8 @@ def _load_cached(key: str, model_url: str, storage_options: dict, custom_objects
 
         from hvd_spark._internal.logs import tf_notices_dropped
 
+        if device is not None:  # several Python workers share a GPU: each takes what it needs, not all
+            os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
         with tf_notices_dropped():
             import tensorflow  # noqa: F401  # its start-up notices are not the user's business
 
@@ -45,10 +86,20 @@ def _load_cached(key: str, model_url: str, storage_options: dict, custom_objects
 
         set_threads(num_threads)
         custom_objects = cloudpickle.loads(custom_objects_bytes) if custom_objects_bytes else None
-        model = load_model_file(model_url, custom_objects, compile=False, storage_options=storage_options)
+        with _on(device):
+            model = load_model_file(model_url, custom_objects, compile=False, storage_options=storage_options)
         _MODEL_CACHE.clear()  # one model per worker at a time: older versions are dropped
         _MODEL_CACHE[key] = model
         return model
+
+
+def _on(device: str | None):
+    """``tf.device(device)``, or nothing. Soft placement: without that GPU, TensorFlow uses the CPU."""
+    if device is None:
+        return contextlib.nullcontext()
+    import tensorflow as tf
+
+    return tf.device(device)
 
 
 def _predict_columns(
@@ -471,6 +522,7 @@ class TFTransformer(
         co = self.getOrDefault(self.custom_objects)
         co_bytes = cloudpickle.dumps(co) if co else None
         batch_size = int(self.getOrDefault(self.batch_size))
+        batch_set = self.isSet(self.batch_size)  # on a GPU, an unset batch_size grows to GPU_BATCH_SIZE
         num_threads = task_cpus(session_conf(dataset.sparkSession))
         names = [f"_f{i}" for i in range(len(feature_cols))]
         key = _model_version(url, opts)
@@ -480,19 +532,25 @@ class TFTransformer(
             from pyspark.sql.functions import arrow_udf
 
             def predict_arrow(structs: Iterator[pa.Array]) -> Iterator[pa.Array]:
-                model = _load_cached(key, url, opts, co_bytes, num_threads)
-                yield from predict_arrow_batches(
-                    model, structs, inputs, outputs, feature_cols, output_cols, batch_size, keep
-                )
+                device = _task_device()
+                model = _load_cached(key, url, opts, co_bytes, num_threads, device)
+                rows = batch_size if device is None or batch_set else max(batch_size, GPU_BATCH_SIZE)
+                with _on(device):
+                    yield from predict_arrow_batches(
+                        model, structs, inputs, outputs, feature_cols, output_cols, rows, keep
+                    )
 
             # pyspark's stubs type returnType as a DataType literal; a StructType / ArrayType works.
             udf = arrow_udf(predict_arrow, returnType=self._output_type())  # type: ignore[call-overload]
         else:
 
             def predict(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
-                model = _load_cached(key, url, opts, co_bytes, num_threads)
+                device = _task_device()
+                model = _load_cached(key, url, opts, co_bytes, num_threads, device)
+                rows = batch_size if device is None or batch_set else max(batch_size, GPU_BATCH_SIZE)
                 renamed = (f.set_axis(feature_cols, axis=1) for f in frames)
-                yield from predict_batches(model, renamed, inputs, outputs, feature_cols, output_cols, batch_size, keep)
+                with _on(device):
+                    yield from predict_batches(model, renamed, inputs, outputs, feature_cols, output_cols, rows, keep)
 
             udf = pandas_udf(predict, returnType=self._output_type())  # type: ignore[call-overload]
         infos = [column_info(dataset, c, "feature") for c in entries]

@@ -94,3 +94,67 @@ def test_task_cpus_from_conf():
     for bad in ("0", "two", "-1"):
         with pytest.raises(ValueError, match=f"spark.task.cpus must be a positive integer. Received: '{bad}'"):
             task_cpus({"spark.task.cpus": bad})
+
+
+# --- GPUs (simulated: no GPU exists here; these are the decisions, as pure functions) ---
+
+
+def test_a_gpu_rank_sees_exactly_its_tasks_gpus_with_memory_growth():
+    from hvd_spark._internal.topology import gpu_env
+
+    env = gpu_env(["2", "3"], True, {})
+    assert env == {"CUDA_VISIBLE_DEVICES": "2,3", "TF_FORCE_GPU_ALLOW_GROWTH": "true", "HVD_SPARK_GPUS": "2,3"}
+    # The user's own choices win.
+    mine = gpu_env(["2"], True, {"CUDA_VISIBLE_DEVICES": "5", "TF_FORCE_GPU_ALLOW_GROWTH": "false"})
+    assert mine["CUDA_VISIBLE_DEVICES"] == "5" and mine["TF_FORCE_GPU_ALLOW_GROWTH"] == "false"
+
+
+def test_a_cpu_job_hides_the_gpus_of_its_tasks_and_leaves_gpu_less_tasks_alone():
+    from hvd_spark._internal.topology import gpu_env
+
+    assert gpu_env(["0"], False, {}) == {"CUDA_VISIBLE_DEVICES": ""}
+    assert gpu_env(None, False, {}) == {}
+    assert gpu_env(["0"], False, {"CUDA_VISIBLE_DEVICES": "0"}) == {}
+
+
+def test_gpus_asked_for_and_none_assigned_name_the_spark_conf_keys():
+    from hvd_spark._internal.topology import gpu_env
+
+    with pytest.raises(ValueError, match=r"use_gpu=True, but Spark assigned no GPU to this barrier task") as e:
+        gpu_env(None, True, {})
+    for key in ("spark.task.resource.gpu.amount", "spark.executor.resource.gpu.amount", "discoveryScript"):
+        assert key in str(e.value)
+
+
+def test_nccl_carries_gpu_collectives_only_when_built_and_not_chosen_by_the_user():
+    from hvd_spark._internal.topology import gpu_operations
+
+    gpu = {"HVD_SPARK_GPUS": "0"}
+    assert gpu_operations(True, gpu) == {"HOROVOD_GPU_OPERATIONS": "NCCL"}
+    assert gpu_operations(False, gpu) == {}  # Horovod without NCCL: host copies and Gloo / MPI
+    assert gpu_operations(True, {}) == {}  # a CPU rank
+    assert gpu_operations(True, {**gpu, "HOROVOD_GPU_ALLREDUCE": "MPI"}) == {}
+
+
+@pytest.mark.parametrize("raw,amount", [(None, 0.0), ("1", 1.0), ("0.5", 0.5)])
+def test_task_gpu_amount_reads_the_spark_conf(raw, amount):
+    from hvd_spark._internal.topology import task_gpu_amount
+
+    conf = {} if raw is None else {"spark.task.resource.gpu.amount": raw}
+    assert task_gpu_amount(conf) == amount
+
+
+@pytest.mark.parametrize(
+    "addresses,visible,device",
+    [
+        (["1"], None, "/GPU:1"),  # TensorFlow numbers the physical GPUs when nothing restricts them
+        (["3"], "2,3", "/GPU:1"),  # ... or their positions in CUDA_VISIBLE_DEVICES
+        (["0"], "1", None),  # the assigned GPU is hidden from this worker: stay on the CPU
+        (None, None, None),  # a task without GPUs
+    ],
+)
+def test_transform_places_the_model_on_its_tasks_gpu(addresses, visible, device):
+    pytest.importorskip("pyspark")
+    from hvd_spark._internal.transformer import gpu_device
+
+    assert gpu_device(addresses, visible) == device
