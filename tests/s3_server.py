@@ -66,6 +66,11 @@ class SeaweedS3:
             f"-filer.port={p['filer']}",
             "-s3",
             f"-s3.port={p['s3']}",
+            # Its Iceberg and Lance catalogs listen on fixed ports (8181, 9101) by default: a second
+            # server on the machine would fail to start. Off, as is the telemetry (no internet here).
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-master.telemetry=false",
         ]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

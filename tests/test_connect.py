@@ -232,6 +232,31 @@ def test_rank_error_and_timeout_through_connect(connect, tmp_path):
         hvd_spark.run(time.sleep, args=(300,), num_proc=2, spark=connect, timeout=8)
     assert "Where each unfinished rank was" in str(err.value)
 
+    # The stall watchdog, run by the coordinator in the first barrier task.
+    from hvd_spark.errors import RankStalledError
+
+    with pytest.raises(RankStalledError) as err:
+        hvd_spark.run(_stalls_on_rank_1, num_proc=2, spark=connect, stall_timeout=6, timeout=300)
+    assert err.value.ranks[0] == 1 and "Most likely stalled: rank(s) [1]" in str(err.value)
+    assert "last at iteration 3" in str(err.value)
+
+
+def _stalls_on_rank_1():
+    """Rank 1 stops joining the allreduces after 3 (it sleeps): a stall, seen through mark_progress."""
+    import time
+
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    import hvd_spark
+
+    hvd.init()
+    for i in range(100000):
+        hvd_spark.mark_progress(f"iteration {i}")
+        if hvd.rank() == 1 and i == 3:
+            time.sleep(3600)
+        hvd.allreduce(tf.constant(1.0))
+
 
 class _KillRank1Once:
     """A Keras callback (built lazily: keras is imported by the ranks) that SIGKILLs rank 1 at the end

@@ -262,7 +262,7 @@ def run_task(spec: TaskSpec) -> list[bytes]:
             if refused is not None:
                 return [cloudpickle.dumps(refused)]
         if spec.backend == "mpi":
-            return _run_mpi(spec, ctx, client, me, ranks, workdir)
+            return _run_mpi(spec, client, me, ranks, workdir)
 
         first = next(t for t, r in enumerate(ranks) if r.rank == 0)
         rendezvous = {"addr": infos[first]["host"], "port": infos[first]["rendezvous_port"]}
@@ -516,7 +516,7 @@ def _host_outcomes(workdir: str, ranks: list[RankInfo], host: str, rc: int | Non
     return outcomes
 
 
-def _run_mpi(spec: TaskSpec, ctx, client: TaskClient, me: RankInfo, ranks: list[RankInfo], workdir: str) -> list[bytes]:
+def _run_mpi(spec: TaskSpec, client: TaskClient, me: RankInfo, ranks: list[RankInfo], workdir: str) -> list[bytes]:
     """MPI controller: rank 0's task runs ``mpirun`` for the whole job. On every other host, the first
     task serves the rsh agent (it runs that host's ``orted``, whose ranks write their results in its
     ``workdir``) and reports that host's ranks; the other tasks hold their slots until the job ends."""
