@@ -15,7 +15,7 @@ import time
 
 from benchmarks.common import RESULTS, mib
 
-ORDER = ["comm", "ps", "scaling", "e2e", "data", "inference", "connect", "speed", "memory"]
+ORDER = ["comm", "ps", "scaling", "e2e", "data", "inference", "connect", "speed", "memory", "parity"]
 ROOT_ONLY = ["multihost"]  # needs root (network namespaces): run with --only multihost
 MODULES = {
     "multihost": "bench_multihost",
@@ -28,6 +28,7 @@ MODULES = {
     "connect": "bench_connect",
     "speed": "bench_speed",
     "memory": "bench_memory",
+    "parity": "bench_parity",
 }
 FILES = {
     "multihost": "multihost",
@@ -40,6 +41,7 @@ FILES = {
     "connect": "connect",
     "speed": "speed",
     "memory": "memory",
+    "parity": "parity",
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -260,6 +262,9 @@ def report() -> str:
     speed = _load("speed")
     if speed:
         _speed_section(lines, speed, inf)
+    parity = _load("parity")
+    if parity:
+        _parity_section(lines, parity)
     memory = _load("memory")
     if memory:
         _memory_section(lines, memory)
@@ -282,6 +287,31 @@ def _connect_section(lines, d) -> None:
     lines.append(
         f"- {d['what']}. Connect / classic: fit {d['ratio_fit_connect_over_classic']:.2f}, transform "
         f"{d['ratio_transform_connect_over_classic']:.2f}."
+    )
+    lines.append("")
+
+
+def _parity_section(lines, d) -> None:
+    """Held-out accuracy of 2 ranks against one process with the same global batch (bench_parity, issue 24)."""
+    header = [
+        "model",
+        "plain Keras, batch 64",
+        "hvd_spark 2 x 32",
+        "hvd_spark 1 x 64",
+        "gap (plain - 2 ranks)",
+        "max gap",
+    ]
+    _table(lines, "### Accuracy parity: 2 ranks against one process", header, d)
+    for kind, m in d["models"].items():
+        lines.append(
+            f"| {kind} | {m['plain_mean']:.4f} | {m['hvd_spark_mean']:.4f} "
+            f"| {m.get('hvd_spark_1rank_mean', float('nan')):.4f} "
+            f"| {m['gap_mean'] * 100:+.2f} pt | {m['gap_max'] * 100:+.2f} pt |"
+        )
+    lines.append("")
+    lines.append(
+        f"- digits, {d['epochs']} epochs, Adam 1e-3, the same initial weights and steps; means over seeds "
+        f"{d['seeds']}; per-seed figures in results/parity.json."
     )
     lines.append("")
 

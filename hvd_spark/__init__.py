@@ -7,8 +7,8 @@ Public API:
     run: run any Horovod function on Spark barrier tasks.
     local_session: a SparkSession for one machine, set up for barrier jobs.
     FitSummary, RankSummary: what ``TFTransformer.getFitSummary()`` reports about the fit.
-    HvdSparkError, RankFailedError, JobTimeoutError, RankStalledError, LaunchError, RunInUseError:
-        run-time errors.
+    HvdSparkError, RankFailedError, JobTimeoutError, RankStalledError, LaunchError, RunInUseError,
+        JobCancelledError: run-time errors.
     mark_progress: for functions run with ``run``: tells the stall watchdog this rank progresses.
 
     hvd_spark.keras (imported on its own): Keras 3 gradient averaging and callbacks for functions
@@ -22,6 +22,7 @@ from hvd_spark._run import run
 from hvd_spark._session import local_session
 from hvd_spark.errors import (
     HvdSparkError,
+    JobCancelledError,
     JobTimeoutError,
     LaunchError,
     RankFailedError,
@@ -62,4 +63,5 @@ __all__ = [
     "mark_progress",
     "LaunchError",
     "RunInUseError",
+    "JobCancelledError",
 ]

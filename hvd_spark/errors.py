@@ -14,6 +14,11 @@ class LaunchError(HvdSparkError):
     """The Horovod job could not be started or was lost (tasks not scheduled, not answering)."""
 
 
+class JobCancelledError(HvdSparkError):
+    """The Spark job of a fit or ``run`` was cancelled from outside (``cancelAllJobs``, a cancelled job
+    group, a notebook interrupt). Never restarted: the fit returns once its ranks have stopped."""
+
+
 class RankFailedError(HvdSparkError):
     """A rank's function raised, or its process died.
 

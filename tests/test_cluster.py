@@ -36,6 +36,26 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+# Inserted into SCRIPT's try block for the standalone cluster: the slot count right after the session
+# started, and a launch of more ranks than slots (today's code would wait start_timeout for them).
+SLOTS_CHECK = textwrap.indent(
+    textwrap.dedent("""
+        import time
+        from hvd_spark._internal.launcher import resolve_launch_options
+        default_num_proc = resolve_launch_options(spark, num_proc=None).num_proc
+        t = time.monotonic()
+        try:
+            hvd_spark.run(job, num_proc=3, verbose=0, start_timeout=60)
+            over = None
+        except Exception as e:
+            over = f"{type(e).__name__}: {e}"
+        slots = {"default_parallelism": spark.sparkContext.defaultParallelism, "default_num_proc": default_num_proc,
+                 "over": over, "over_seconds": time.monotonic() - t}
+    """),
+    "    ",
+)
+
+
 def test_allreduce_on_local_cluster(tmp_path):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
     _check_allreduce_script(SCRIPT, env, tmp_path)
@@ -51,6 +71,7 @@ def _check_allreduce_script(script, env, cwd):
     assert all(r["size"] == 2 and r["sum"] == [3.0] for r in data["results"])
     # The barrier tasks ran in two different executors.
     assert len(set(data["executors"])) == 2, data["executors"]
+    return data
 
 
 def _free_port():
@@ -64,7 +85,13 @@ def _free_port():
 
 
 def test_allreduce_on_standalone_cluster(tmp_path):
-    """A real standalone cluster (Master + Worker JVMs from the pip package's spark-class) on loopback."""
+    """A real standalone cluster (Master + Worker JVMs from the pip package's spark-class) on loopback.
+
+    Its one Worker has 2 cores and the application sets spark.default.parallelism=8 (issue 24 point 7):
+    the slots are those of the executors that registered (2), not 8. num_proc defaults to them, right
+    after the session starts (hvd_spark waits for the executors), and num_proc=3 is refused within
+    seconds with the numbers in the message, far within start_timeout.
+    """
     import signal
     import time
 
@@ -126,9 +153,19 @@ def test_allreduce_on_standalone_cluster(tmp_path):
         script = SCRIPT.replace(
             'hvd_spark.local_session("local-cluster[2,1,1024]", conf={"spark.executor.memory": "1g"})',
             f'hvd_spark.local_session("spark://127.0.0.1:{port}", conf={{"spark.executor.memory": '
-            f'"1g", "spark.executor.cores": "1", "spark.cores.max": "2"}})',
+            f'"1g", "spark.executor.cores": "1", "spark.cores.max": "2", "spark.default.parallelism": "8"}})',
         )
-        _check_allreduce_script(script, env, tmp_path)  # two executor JVMs on the worker
+        script = script.replace("\ntry:\n", "\ntry:\n" + SLOTS_CHECK, 1).replace(
+            '"executors": [str(e) for e in executors]}', '"executors": [str(e) for e in executors], "slots": slots}'
+        )
+        data = _check_allreduce_script(script, env, tmp_path)  # two executor JVMs on the worker
+        slots = data["slots"]
+        assert slots["default_parallelism"] == 8
+        assert slots["default_num_proc"] == 2, slots
+        assert slots["over"] is not None and slots["over"].startswith("ValueError: "), slots
+        for part in ("task slots (2)", "num_proc=3", "2 executors registered", "2 task slots", "spark.task.cpus=1"):
+            assert part in slots["over"], (part, slots["over"])
+        assert slots["over_seconds"] < 15, slots  # start_timeout is 60 s
     finally:
         for p in procs:
             try:
@@ -137,3 +174,75 @@ def test_allreduce_on_standalone_cluster(tmp_path):
                 pass
         for p in procs:
             p.wait(30)
+
+
+SPLIT_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import hvd_spark
+    from hvd_spark import Store
+    from hvd_spark._internal import data as data_mod
+    from hvd_spark._internal.specs import with_stored_names
+    from pyspark.sql import functions as F
+
+    spark = hvd_spark.local_session("local-cluster[2,1,1024]", conf={"spark.executor.memory": "1g"})
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        calls = spark.sparkContext.accumulator(0)
+
+        def counted(x):
+            calls.add(1)
+            return float(x)
+
+        counted_udf = F.udf(counted, "double")
+        n = 20000
+        df = (
+            spark.range(n, numPartitions=4)
+            .withColumn("k", (F.col("id") * 7919) % 13)
+            .repartition(6, "k")  # a shuffle upstream: row order in partitions differs between evaluations
+            .withColumn("x", F.array(counted_udf("id"), F.col("k").cast("double")))
+            .withColumn("y", (F.col("id") % 2).cast("double"))
+        )
+        f, l = with_stored_names([data_mod.column_info(df, "x", "feature")], [data_mod.column_info(df, "y", "label")])
+        prepared = data_mod.prepare(df, f, l, None, 0.3, seed=3)
+        identity = data_mod.data_identity(df)
+        key = data_mod.dataset_key(prepared, f + l, 0.3, 3, identity)
+        meta = data_mod.materialize(prepared, Store(sys.argv[1]), key, f + l, 12, 2, files=4)
+        ids = {}
+        for split in ("train", "val"):
+            paths = [p for p, _ in meta[split + "_files"]]
+            rows = spark.read.parquet(*paths).select(F.col(f[0].stored)[0].alias("id")).collect()
+            ids[split] = [int(r["id"]) for r in rows]
+        print("RESULT " + json.dumps({"ids": ids, "calls": calls.value, "meta": {
+            k: meta[k] for k in ("train_rows", "val_rows")}, "stats_rows": meta["stats"]["rows"],
+            "established": identity.established, "reason": identity.reason}))
+    finally:
+        spark.stop()
+""")
+
+
+def test_split_after_a_shuffle_on_local_cluster_evaluates_the_input_once(tmp_path):
+    """On two executor JVMs, after a shuffle, the validation split neither shares nor loses rows, the
+    upstream (a Python UDF counted by an accumulator) runs once per row, and the metadata counts the rows
+    of the files written. Before: the split flag was F.rand over three evaluations of the input (stats,
+    train write, val write): half the validation rows were also in training, 15% were in neither."""
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    proc = subprocess.run(
+        [sys.executable, "-c", SPLIT_SCRIPT, str(tmp_path / "store")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    data = json.loads(lines[-1][len("RESULT ") :])
+    train, val = data["ids"]["train"], data["ids"]["val"]
+    assert len(train) == len(set(train)) and len(val) == len(set(val))  # no row written twice
+    assert not set(train) & set(val)  # no row in both splits
+    assert set(train) | set(val) == set(range(20000))  # none lost
+    assert 0.27 < len(val) / 20000 < 0.33
+    assert data["meta"] == {"train_rows": len(train), "val_rows": len(val)} and data["stats_rows"] == 20000
+    assert data["calls"] == 20000, f"the upstream UDF ran for {data['calls'] / 20000:.2f}x the rows"
+    # A range with a Python UDF: its data is in the plan, so the identity holds (the UDF is deterministic).
+    assert data["established"], data["reason"]

@@ -66,8 +66,7 @@ def _prepared(spark, df):
         [data_mod.column_info(df, "x", "feature")], [data_mod.column_info(df, "y", "label")]
     )
     prepared = data_mod.prepare(df, features, labels, None, 0.25, seed=0)
-    stats = data_mod.column_stats(prepared, features + labels, 0.25)
-    return prepared, stats
+    return prepared, features + labels  # the columns whose statistics materialize computes
 
 
 def test_exclusive_publication_has_one_winner(tmp_path):
@@ -92,13 +91,13 @@ def test_exclusive_publication_has_one_winner(tmp_path):
 
 
 def test_two_threads_materialize_the_same_data_once(spark, tmp_path):
-    prepared, stats = _prepared(spark, _regression_frame(spark))
+    prepared, infos = _prepared(spark, _regression_frame(spark))
     store = Store(str(tmp_path))
     metas, errors = [], []
 
     def run():
         try:
-            metas.append(data_mod.materialize(prepared, store, "samekey", stats, 12, 2))
+            metas.append(data_mod.materialize(prepared, store, "samekey", infos, 12, 2))
         except Exception as e:  # noqa: BLE001 - reported by the assertion below
             errors.append(e)
 
@@ -117,7 +116,7 @@ def test_two_threads_materialize_the_same_data_once(spark, tmp_path):
 def test_dead_writer_leftovers_are_removed(spark, tmp_path):
     """What a driver killed mid-write leaves: an attempt folder without its _complete marker and a lease
     whose heartbeat stopped. The next fit removes both and writes the data itself."""
-    prepared, stats = _prepared(spark, _regression_frame(spark))
+    prepared, infos = _prepared(spark, _regression_frame(spark))
     store = Store(str(tmp_path))
     folder = store._data_path("k2")
     dead = os.path.join(folder, "a-20260101000000-deadbeef")
@@ -133,7 +132,7 @@ def test_dead_writer_leftovers_are_removed(spark, tmp_path):
     open(os.path.join(kept, "_complete"), "wb").close()
 
     t0 = time.monotonic()
-    meta = data_mod.materialize(prepared, store, "k2", stats, 12, 2)
+    meta = data_mod.materialize(prepared, store, "k2", infos, 12, 2)
     assert time.monotonic() - t0 < settings.LEASE_STALE  # a stale lease is not waited for
     attempts, leftovers = _attempts(str(tmp_path))
     assert attempts == {"k2": sorted([meta["attempt"], "a-20260101000000-0000cafe"])} and leftovers == []
@@ -141,13 +140,13 @@ def test_dead_writer_leftovers_are_removed(spark, tmp_path):
 
 
 def test_a_fit_failing_mid_write_leaves_nothing(spark, tmp_path):
-    prepared, stats = _prepared(spark, _regression_frame(spark))
+    prepared, infos = _prepared(spark, _regression_frame(spark))
     store = Store(str(tmp_path))
     from pyspark.sql import functions as F
 
     boom = prepared.withColumn("c0", F.when(F.rand(1) < 2, F.raise_error("disk full")).otherwise(F.col("c0")))
     with pytest.raises(Exception, match="disk full"):
-        data_mod.materialize(boom, store, "k3", stats, 12, 2)
+        data_mod.materialize(boom, store, "k3", infos, 12, 2)
     assert not os.path.exists(store._data_path("k3"))
 
 
@@ -160,11 +159,11 @@ OTHER_DRIVER = textwrap.dedent("""
     from test_concurrent_fits import _prepared
     spark = hvd_spark.local_session("local[1]", app_name="other-driver")
     df = spark.read.parquet({src!r})
-    prepared, stats = _prepared(spark, df)
+    prepared, infos = _prepared(spark, df)
     open({ready!r}, "w").close()
     while not os.path.exists({go!r}):
         time.sleep(0.05)
-    meta = data_mod.materialize(prepared, Store({store!r}), "shared", stats, 12, 2)
+    meta = data_mod.materialize(prepared, Store({store!r}), "shared", infos, 12, 2)
     print("META", json.dumps(meta))
     spark.stop()
 """)
@@ -174,7 +173,7 @@ def test_another_driver_process_materializes_the_same_key(spark, tmp_path):
     src = str(tmp_path / "src")
     _regression_frame(spark).write.parquet(src)
     df = spark.read.parquet(src)
-    prepared, stats = _prepared(spark, df)
+    prepared, infos = _prepared(spark, df)
     store_root = str(tmp_path / "store")
     ready, go = str(tmp_path / "ready"), str(tmp_path / "go")
     script = OTHER_DRIVER.format(tests=os.path.dirname(__file__), src=src, ready=ready, go=go, store=store_root)
@@ -189,7 +188,7 @@ def test_another_driver_process_materializes_the_same_key(spark, tmp_path):
             assert time.monotonic() < deadline, "the other driver did not start within 180 s"
             time.sleep(0.1)
         open(go, "w").close()
-        mine = data_mod.materialize(prepared, Store(store_root), "shared", stats, 12, 2)
+        mine = data_mod.materialize(prepared, Store(store_root), "shared", infos, 12, 2)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

@@ -62,6 +62,19 @@ def test_shuffling_is_seeded_per_rank_and_per_pass(parquet_files):
     assert all((bt["c1"] == bt["c0"][:, 0].astype(int) % 3).all() for bt in batches)  # rows move whole
 
 
+def test_a_shuffle_window_mixes_row_groups_within_each_pass(parquet_files):
+    """Rows of different row groups share chunks (so batches), and no window spans two passes: each
+    pass is still a permutation of all rows. Before: a buffer of whole batches larger than a pass
+    mixed passes, so an epoch saw some rows twice and others not at all."""
+    chunks = list(arrow_batches(parquet_files, ["c0", "c1"], shuffle=True, seed=4, passes=2, window_rows=100))
+    ids = _ids(chunks)
+    np.testing.assert_array_equal(np.sort(ids[:300]), np.arange(300))
+    np.testing.assert_array_equal(np.sort(ids[300:]), np.arange(300))
+    assert [len(c["c1"]) for c in chunks] == [100] * 6  # 12 row groups of 25 a pass: windows of 4
+    assert len({int(v) // 25 for v in _ids(chunks[:1])}) > 1  # rows of several row groups in one chunk
+    assert all((c["c1"] == c["c0"][:, 0].astype(int) % 3).all() for c in chunks)  # rows move whole
+
+
 def test_column_values_of_sliced_and_chunked_lists():
     arr = pa.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]], type=pa.list_(pa.float32()))
     np.testing.assert_array_equal(column_values(arr.slice(1, 2)), [[3, 4], [5, 6]])

@@ -102,6 +102,9 @@ class RunConfig:
     num_threads: int
     backward_passes_per_step: int = 1  # batches accumulated per allreduce (Keras gradient accumulation)
     compression: str = "none"  # "none" or "fp16" gradients in the allreduce
+    final_model: str = ""  # where rank 0 saves the trained model: this fit's own file in the store
+    lease: tuple[str, str] | None = None  # (path, token) of the run's writer lease, checked before each checkpoint
+    validation_exact: bool = True  # every validation row counted once (False: validation_steps per rank)
     # --- per attempt ---
     initial_epoch: int = 0
     resume_ckpt: str | None = None  # checkpoint model path in the store, when resuming

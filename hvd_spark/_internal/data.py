@@ -5,16 +5,18 @@ per-column statistics, so data larger than the driver's memory works.
 """
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
+import io
 import json
 import logging
-import math
 import operator
 import posixpath
+import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
 from hvd_spark._internal.specs import (
@@ -24,14 +26,13 @@ from hvd_spark._internal.specs import (
     check_label_lengths,
     group_name,
 )
-from hvd_spark._internal.store import Store
+from hvd_spark._internal.store import DATA_META, DATA_USED, Store
 
 logger = logging.getLogger("hvd_spark")
 
 VAL_COL = "__hvd_spark_is_val"
-META_NAME = "_hvd_spark_meta.json"
-FORMAT_VERSION = 2  # 2: attempt folders under data/<key>/, stored column names
-TARGET_FILE_BYTES = 32 * 1024 * 1024
+META_NAME = DATA_META
+FORMAT_VERSION = 3  # 2: attempt folders under data/<key>/, stored column names; 3: one write, stats in meta
 
 
 def column_info(df, name, role: str) -> ColumnInfo:
@@ -147,15 +148,31 @@ def prepare(
             cols.append(v.alias(VAL_COL))
         else:  # 1 / 0; anything else becomes null and is reported by check_stats
             cols.append(F.when(v == 1, F.lit(True)).when(v == 0, F.lit(False)).alias(VAL_COL))
-    elif validation:
-        cols.append((F.rand(seed) < float(validation)).alias(VAL_COL))
-    else:
-        cols.append(F.lit(False).alias(VAL_COL))
-    return df.select(*cols)
+        return df.select(*cols)
+    out = df.select(*cols)
+    if validation:
+        return out.withColumn(VAL_COL, split_flag([F.col(c) for c in out.columns], float(validation), seed))
+    return out.withColumn(VAL_COL, F.lit(False))
 
 
-def column_stats(prepared, infos: Sequence[ColumnInfo], validation) -> dict:
-    """One Spark job: row counts, nulls / NaNs per column, array lengths, validation flag range."""
+HASH_BUCKETS = 1 << 30
+
+
+def split_flag(columns: list, fraction: float, seed: int):
+    """Whether a row goes to the validation split: a seeded hash of the row's values (the columns
+    that are written), below ``fraction``. It depends on the row's content only, never on its
+    position, partition or the order rows arrive in, so every evaluation of the data (on any
+    cluster, after any shuffle) splits it the same way; identical rows land in the same split."""
+    from pyspark.sql import functions as F
+
+    bucket = F.pmod(F.xxhash64(*columns, F.lit(int(seed))), F.lit(HASH_BUCKETS))
+    return bucket < F.lit(int(round(fraction * HASH_BUCKETS)))
+
+
+def stats_aggs(infos: Sequence[ColumnInfo]) -> list:
+    """The aggregate expressions of the data's statistics: row counts, nulls / NaNs per column (null
+    elements of arrays included), array lengths, value ranges of scalar columns and the validation
+    flag. Computed while the data is written (``DataFrame.observe``), so the input is evaluated once."""
     from pyspark.sql import functions as F
 
     aggs = [
@@ -163,15 +180,17 @@ def column_stats(prepared, infos: Sequence[ColumnInfo], validation) -> dict:
         F.sum(F.col(VAL_COL).cast("int")).alias("val_rows"),
         F.sum(F.col(VAL_COL).isNull().cast("int")).alias("val_nulls"),
     ]
-    unique = list({i.name: i for i in infos}.values())
-    for i, info in enumerate(unique):
+    for i, info in enumerate(_unique(infos)):
         c = F.col(info.stored)
         if info.kind == "scalar":
             bad = c.isNull() | (F.isnan(c.cast("double")) if not info.is_integer else F.lit(False))
             aggs += [
                 F.sum(bad.cast("int")).alias(f"bad_{i}"),
-                F.lit(None).alias(f"min_{i}"),
-                F.lit(None).alias(f"max_{i}"),
+                F.lit(None).cast("int").alias(f"min_{i}"),
+                F.lit(None).cast("int").alias(f"max_{i}"),
+                F.min(c.cast("double")).alias(f"lo_{i}"),
+                F.max(c.cast("double")).alias(f"hi_{i}"),
+                F.sum((c.cast("double") != F.floor(c.cast("double"))).cast("int")).alias(f"frac_{i}"),
             ]
         else:
             bad = c.isNull() | F.exists(c, lambda x: x.isNull() | F.isnan(x.cast("double")))
@@ -179,21 +198,40 @@ def column_stats(prepared, infos: Sequence[ColumnInfo], validation) -> dict:
                 F.sum(bad.cast("int")).alias(f"bad_{i}"),
                 F.min(F.size(c)).alias(f"min_{i}"),
                 F.max(F.size(c)).alias(f"max_{i}"),
+                F.lit(None).cast("double").alias(f"lo_{i}"),
+                F.lit(None).cast("double").alias(f"hi_{i}"),
+                F.lit(None).cast("int").alias(f"frac_{i}"),
             ]
-    row = prepared.agg(*aggs).collect()[0].asDict()
+    return aggs
+
+
+def _unique(infos: Sequence[ColumnInfo]) -> list[ColumnInfo]:
+    return list({i.name: i for i in infos}.values())
+
+
+def stats_from(row: dict, infos: Sequence[ColumnInfo]) -> dict:
+    """The statistics (plain JSON) from the values of :func:`stats_aggs`."""
     out: dict[str, Any] = {
         "rows": row["rows"] or 0,
         "val_rows": row["val_rows"] or 0,
         "val_nulls": row["val_nulls"] or 0,
         "columns": {},
     }
-    for i, info in enumerate(unique):
+    for i, info in enumerate(_unique(infos)):
         out["columns"][info.name] = {
             "bad": row[f"bad_{i}"] or 0,
             "min_len": row[f"min_{i}"],
             "max_len": row[f"max_{i}"],
+            "min": row[f"lo_{i}"],
+            "max": row[f"hi_{i}"],
+            "fractional": row[f"frac_{i}"] or 0,
         }
     return out
+
+
+def column_stats(prepared, infos: Sequence[ColumnInfo], validation=None) -> dict:
+    """The statistics in a Spark job of their own (fit computes them while writing instead)."""
+    return stats_from(prepared.agg(*stats_aggs(infos)).collect()[0].asDict(), infos)
 
 
 def check_stats(
@@ -227,6 +265,7 @@ def check_stats(
     for info, spec in zip(labels, outputs):
         s = stats["columns"][info.name]
         check_label_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind)
+        check_class_indices(info, spec, s)
     if isinstance(validation, str) and stats["val_nulls"]:
         raise ValueError(
             f"validation column '{validation}' has {stats['val_nulls']} rows that are null or not 0/1. "
@@ -242,10 +281,193 @@ def check_stats(
         raise ValueError(f"The training split is empty: all {rows} rows went to validation ({validation!r}).")
 
 
-def dataset_key(df, infos: Sequence[ColumnInfo], validation, seed: int) -> str:
-    """Identifies a materialization: the DataFrame's query plan, the columns and the split."""
+def check_class_indices(info: ColumnInfo, spec: TensorSpec, s: dict) -> None:
+    """A scalar label of an output with several units is a class index (sparse cross-entropy): every
+    value must be a whole number in ``[0, units)``. Raises ValueError naming the column and a value."""
+    units = spec.elements
+    if info.kind != "scalar" or units is None or units < 2 or s.get("min") is None:
+        return
+    low, high = s["min"], s["max"]
+    if low < 0 or high > units - 1:
+        bad = low if low < 0 else high
+        raise ValueError(
+            f"label column '{info.name}' holds class indices for output '{spec.name}', which has {units} units: "
+            f"every label must be in [0, {units - 1}]. Received labels from {_num(low)} to {_num(high)} "
+            f"(e.g. {_num(bad)}). Re-index the labels (e.g. pyspark.ml.feature.StringIndexer), or give the "
+            "output one unit per class."
+        )
+    if s.get("fractional"):
+        raise ValueError(
+            f"label column '{info.name}' holds class indices for output '{spec.name}' ({units} units), but "
+            f"{s['fractional']} rows are not whole numbers. Expected integers in [0, {units - 1}]."
+        )
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+REUSE_MODES = ("auto", "always", "never")
+
+# Functions whose value differs from one evaluation of the data to the next.
+_NONDETERMINISTIC = re.compile(
+    r"\b(rand|randn|random|uuid|shuffle|monotonically_increasing_id|spark_partition_id|input_file_name|"
+    r"current_timestamp|current_date|current_time|localtimestamp|now|unix_timestamp|try_reflect|reflect)\(",
+    re.IGNORECASE,
+)
+_FILE_FORMATS = {"parquet", "orc", "json", "csv", "text", "avro", "binaryfile", "delta"}
+_CONTENT_LEAVES = {"LocalRelation", "Range", "OneRowRelation", "LocalTableScan"}  # the data is in the plan
+_SESSION_LEAVES = {"LogicalRDD", "ExternalRDD", "InMemoryRelation"}  # an RDD or a cache of this application
+
+
+@dataclasses.dataclass(frozen=True)
+class DataIdentity:
+    """What makes two fits' inputs the same data (see :func:`data_identity`).
+
+    ``digest`` goes into the materialization key; ``established`` says whether equal digests prove
+    equal data (else the key is unique to this fit and its materialization is never reused);
+    ``reason`` is for the log."""
+
+    digest: str
+    established: bool
+    reason: str
+    files: int = 0
+
+
+def plan_leaves(plan: str) -> list[str]:
+    """The leaf operators of a logical plan as ``explain`` prints it: one node a line, children
+    indented below their parent. What an ``InMemoryRelation`` caches (printed below it) is part of it."""
+    nodes = []
+    for line in plan.splitlines():
+        stripped = line.lstrip(" :|+-")
+        if stripped:
+            nodes.append((len(line) - len(stripped), stripped))
+    leaves, skip_deeper = [], None
+    for i, (depth, text) in enumerate(nodes):
+        if skip_deeper is not None:
+            if depth > skip_deeper:
+                continue
+            skip_deeper = None
+        if text.startswith("InMemoryRelation"):
+            leaves.append(text)
+            skip_deeper = depth
+            continue
+        if i + 1 >= len(nodes) or nodes[i + 1][0] <= depth:
+            leaves.append(text)
+    return leaves
+
+
+def _optimized_plan(df) -> str:
+    """The optimized logical plan as text, through the public ``explain`` (classic and Connect)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        df.explain(extended=True)
+    text = buf.getvalue()
+    start = text.find("== Optimized Logical Plan ==")
+    end = text.find("== Physical Plan ==")
+    if start < 0:
+        return text
+    return text[start + len("== Optimized Logical Plan ==") : end if end > start else None]
+
+
+def classify_leaves(leaves: Sequence[str]) -> tuple[set[str], list[str]]:
+    """Sorts plan leaves into what establishes their data's identity: ``"files"`` (a file-based
+    relation: its files), ``"content"`` (the data is in the plan), ``"session"`` (an RDD or a cache of
+    this application), and returns the kinds found and the leaves that establish nothing."""
+    kinds: set[str] = set()
+    unknown = []
+    for leaf in leaves:
+        name = re.split(r"[\s\[(]", leaf, maxsplit=1)[0]
+        if name == "Relation":
+            fmt = leaf.rsplit(" ", 1)[-1].strip().lower()
+            if fmt in _FILE_FORMATS:
+                kinds.add("files")
+            else:
+                unknown.append(leaf)
+        elif name == "HiveTableRelation":
+            kinds.add("files")
+        elif name in _CONTENT_LEAVES:
+            kinds.add("content")
+        elif name in _SESSION_LEAVES:
+            kinds.add("session")
+        else:
+            unknown.append(leaf)
+    return kinds, unknown
+
+
+def _file_status(spark, paths: Sequence[str]) -> list[tuple[str, int, int]]:
+    """(path, bytes, modification time in ms) of every file at ``paths`` (files or folders), listed by
+    Spark through the cluster's own filesystems (``binaryFile`` without its content column)."""
+    if not paths:
+        return []
+    rows = (
+        spark.read.format("binaryFile")
+        .option("recursiveFileLookup", "true")
+        .load(list(paths))
+        .select("path", "length", "modificationTime")
+        .collect()
+    )
+    return sorted((r["path"], int(r["length"]), int(r["modificationTime"].timestamp() * 1000)) for r in rows)
+
+
+def data_identity(df, reuse: str = "auto") -> DataIdentity:
+    """Identifies the data behind ``df`` for reusing an earlier materialization (``reuse_data``).
+
+    The query plan (``semanticHash``) names the computation. The data it reads is identified by:
+
+    * file-based relations (a Parquet / ORC / CSV / JSON path, a catalog table over files): every
+      input file with its size and modification time, listed now; an overwritten table or path has
+      other files or times, so it is never mistaken for the old data;
+    * data held in the plan (``createDataFrame`` of local rows, ``range``): the plan itself;
+    * an RDD or a cached DataFrame: this application only (its id is part of the identity).
+
+    Anything else (JDBC, streaming or other sources, a nondeterministic function such as ``rand``)
+    cannot be identified: the fit writes the data anew, and ``reuse_data="always"`` reuses by plan.
+    """
+    plan = df.semanticHash()
+    if reuse == "never":
+        return DataIdentity(f"never-{uuid.uuid4().hex}", False, "reuse_data='never'")
+    if reuse == "always":
+        return DataIdentity(f"plan-{plan}", True, "reuse_data='always' (the query plan only)")
+    text = _optimized_plan(df)
+    kinds, unknown = classify_leaves(plan_leaves(text))
+    if unknown:
+        return DataIdentity(
+            f"unknown-{uuid.uuid4().hex}",
+            False,
+            f"its source {unknown[0][:120]!r} has no identity hvd_spark can check (only files, data in the plan, "
+            "RDDs and caches of this application do)",
+        )
+    nondet = _NONDETERMINISTIC.search(text)
+    if nondet:
+        return DataIdentity(
+            f"nondeterministic-{uuid.uuid4().hex}",
+            False,
+            f"its query calls {nondet.group(1)}(), whose values differ from one evaluation to the next",
+        )
+    parts: dict[str, Any] = {"plan": plan}
+    reasons = []
+    if "session" in kinds:
+        spark = df.sparkSession
+        parts["application"] = spark.conf.get("spark.app.id", None) or getattr(spark, "session_id", "")
+        reasons.append("an RDD or cache of this application")
+    if "content" in kinds:
+        reasons.append("data held in the query plan")
+    n_files = 0
+    if "files" in kinds:
+        status = _file_status(df.sparkSession, df.inputFiles())
+        n_files = len(status)
+        parts["files"] = hashlib.sha256(json.dumps(status).encode()).hexdigest()
+        reasons.append(f"{n_files} input files with their sizes and modification times")
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+    return DataIdentity(digest, True, ", ".join(reasons) or "the query plan", n_files)
+
+
+def dataset_key(df, infos: Sequence[ColumnInfo], validation, seed: int, identity: DataIdentity | None = None) -> str:
+    """Identifies a materialization: the data's identity (``data_identity``), the columns and the split."""
     spec = {
         "plan": df.semanticHash(),
+        "identity": identity.digest if identity is not None else None,
         "columns": [i.to_dict() for i in infos],
         "validation": validation,
         "seed": seed if validation and not isinstance(validation, str) else None,
@@ -254,62 +476,86 @@ def dataset_key(df, infos: Sequence[ColumnInfo], validation, seed: int) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def _num_files(rows: int, row_bytes: int, num_proc: int) -> int:
-    by_size = math.ceil(rows * max(row_bytes, 1) / TARGET_FILE_BYTES)
-    n = max(num_proc, by_size)
-    return min(max(1, rows), math.ceil(n / num_proc) * num_proc)
+def num_files(num_proc: int, slots: int) -> int:
+    """Files per split: a multiple of ``num_proc`` (ranks get equal shares: the rows are dealt round
+    robin), as many as the application's task slots so that the write runs on all of them."""
+    return num_proc * max(1, slots // max(1, num_proc))
 
 
 ROW_GROUP_BYTES = 64 * 1024 * 1024  # row groups of the Parquet that tasks write through the store
 
 
-def _write_through_store(df, store: Store, path: str, row_bytes: int) -> list[tuple[str, int]]:
-    """Writes each partition of ``df`` as one Parquet file under ``path`` from its Spark task,
-    through the store's own filesystem (fsspec, with its storage options): for stores that Spark's
-    Hadoop filesystems cannot reach (``s3://`` without the Hadoop AWS jars or credentials).
+def _write_through_store(df, store: Store, path: str, row_bytes: int) -> dict[str, list[tuple[str, int]]]:
+    """Writes each partition of ``df`` as Parquet under ``path/train`` and ``path/val`` (by its split
+    flag) from its Spark task, through the store's own filesystem (fsspec, with its storage options):
+    for stores that Spark's Hadoop filesystems cannot reach (``s3://`` without the Hadoop AWS jars or
+    credentials).
 
-    Each task attempt writes its own file name (an object appears whole when its upload closes);
+    Each task attempt writes its own file names (an object appears whole when its upload closes);
     the driver keeps the files of the attempts Spark returned and removes the others (a task
-    attempt that failed or lost a speculative race). Returns ``(url, rows)`` per file."""
+    attempt that failed or lost a speculative race). Returns ``(url, rows)`` per file and split."""
     config = store.to_config()
     group_rows = max(1, ROW_GROUP_BYTES // max(row_bytes, 1))
 
     def write(batches):
         import pyarrow as pa
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
         assert ctx is not None  # a Spark task
         task_store = Store.from_config(config)
-        name = f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:8]}.snappy.parquet"
-        target = posixpath.join(path, name)
-        pending: list = []
-        rows = 0
+        tag = f"{ctx.partitionId():05d}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:8]}"
+        pending: dict[str, list] = {"train": [], "val": []}
+        rows = {"train": 0, "val": 0}
+        targets = {split: posixpath.join(path, split, f"part-{tag}.snappy.parquet") for split in rows}
         with contextlib.ExitStack() as stack:
-            writer = None
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                if writer is None:
-                    f = stack.enter_context(task_store._fs.open(target, "wb"))
-                    writer = stack.enter_context(pq.ParquetWriter(f, batch.schema, compression="snappy"))
-                pending.append(batch)
-                rows += batch.num_rows
-                if sum(b.num_rows for b in pending) >= group_rows:
-                    writer.write_table(pa.Table.from_batches(pending), row_group_size=group_rows)
-                    pending = []
-            if pending and writer is not None:
-                writer.write_table(pa.Table.from_batches(pending), row_group_size=group_rows)
-        if rows:
-            yield pa.RecordBatch.from_pydict({"file": [target], "rows": [rows]})
+            writers: dict[str, Any] = {}
 
-    written = [(r["file"], int(r["rows"])) for r in df.mapInArrow(write, "file string, rows long").collect()]
-    kept = {posixpath.basename(f) for f, _ in written}
-    for name in store._listdir(path):  # files of task attempts that Spark did not keep
-        if name not in kept:
-            store._rm(posixpath.join(path, name))
-    return sorted((store._url(f), rows) for f, rows in written)
+            def flush(split: str) -> None:
+                if pending[split]:
+                    writers[split].write_table(pa.Table.from_batches(pending[split]), row_group_size=group_rows)
+                    pending[split] = []
+
+            for batch in batches:
+                flag = batch.column(batch.schema.get_field_index(VAL_COL))
+                keep = [i for i, name in enumerate(batch.schema.names) if name != VAL_COL]
+                data = pa.RecordBatch.from_arrays(
+                    [batch.column(i) for i in keep], names=[batch.schema.names[i] for i in keep]
+                )
+                for split, mask in (("val", flag), ("train", pc.invert(flag))):
+                    part = data.filter(mask)
+                    if part.num_rows == 0:
+                        continue
+                    if split not in writers:
+                        task_store._makedirs(posixpath.dirname(targets[split]))
+                        f = stack.enter_context(task_store._fs.open(targets[split], "wb"))
+                        writers[split] = stack.enter_context(pq.ParquetWriter(f, part.schema, compression="snappy"))
+                    pending[split].append(part)
+                    rows[split] += part.num_rows
+                    if sum(b.num_rows for b in pending[split]) >= group_rows:
+                        flush(split)
+            for split in writers:
+                flush(split)
+        written = [(split, targets[split], rows[split]) for split in ("train", "val") if rows[split]]
+        if written:
+            yield pa.RecordBatch.from_pydict(
+                {"split": [w[0] for w in written], "file": [w[1] for w in written], "rows": [w[2] for w in written]}
+            )
+
+    returned = df.mapInArrow(write, "split string, file string, rows long").collect()
+    out: dict[str, list[tuple[str, int]]] = {"train": [], "val": []}
+    for r in returned:
+        out[r["split"]].append((r["file"], int(r["rows"])))
+    for split, files in out.items():  # files of task attempts that Spark did not keep
+        kept = {posixpath.basename(f) for f, _ in files}
+        folder = posixpath.join(path, split)
+        for name in store._listdir(folder):
+            if name not in kept:
+                store._rm(posixpath.join(folder, name))
+        out[split] = sorted((store._url(f), rows) for f, rows in files)
+    return out
 
 
 def _parquet_files(store: Store, path: str) -> list[tuple[str, int]]:
@@ -337,9 +583,24 @@ def _read_meta(store: Store, path: str) -> dict | None:
 
 
 def materialize(
-    prepared, store: Store, key: str, stats: dict, row_bytes: int, num_proc: int, wait: float | None = None
+    prepared,
+    store: Store,
+    key: str,
+    infos: Sequence[ColumnInfo],
+    row_bytes: int,
+    num_proc: int,
+    *,
+    check: Callable[[dict], None] | None = None,
+    files: int | None = None,
+    wait: float | None = None,
 ) -> dict:
     """Writes train / validation Parquet under ``data/<key>`` (or reuses it) and returns its metadata.
+
+    One Spark job evaluates ``prepared`` once and writes both splits (by its split flag), ``files``
+    files each (default ``num_proc``); the statistics of ``infos`` (:func:`stats_aggs`) are computed
+    in the same pass and kept in the metadata (``"stats"``). ``check(stats)`` raises for data that
+    cannot be trained on: it runs on reused data's statistics, and on new data before publication,
+    whose files are then removed. Row counts are those of the files written.
 
     Safe when several fits (threads, processes, other drivers) materialize into one store:
 
@@ -365,6 +626,10 @@ def materialize(
     while True:
         meta = _read_meta(store, meta_path)
         if _usable(meta, num_proc):
+            if check is not None:
+                check(meta["stats"])
+            with contextlib.suppress(Exception):  # only for Store.cleanup's age: never fails a fit
+                store._write_json(posixpath.join(folder, DATA_USED), {"time": time.time()})
             logger.info(
                 "reusing materialized data %s (%d train / %d val rows)", key, meta["train_rows"], meta["val_rows"]
             )
@@ -388,7 +653,9 @@ def materialize(
         with store._lease(
             posixpath.join(folder, f"{_LEASE_PREFIX}{attempt}.json"), settings.LEASE_HEARTBEAT, key=key, attempt=attempt
         ):
-            return _write_attempt(prepared, store, key, attempt, stats, row_bytes, num_proc, replace=meta is not None)
+            return _write_attempt(
+                prepared, store, key, attempt, infos, row_bytes, num_proc, files or num_proc, check, meta is not None
+            )
     except BaseException:
         with contextlib.suppress(Exception):  # the store may be what failed: the original error matters
             if not store._listdir(folder):  # nothing of this key is left: leave no empty folder either
@@ -426,42 +693,65 @@ def _remove_dead_attempts(store: Store, folder: str, meta: dict | None) -> None:
 
 
 def _write_attempt(
-    prepared, store: Store, key: str, attempt: str, stats: dict, row_bytes: int, num_proc: int, replace: bool
+    prepared,
+    store: Store,
+    key: str,
+    attempt: str,
+    infos: Sequence[ColumnInfo],
+    row_bytes: int,
+    num_proc: int,
+    n_files: int,
+    check: Callable[[dict], None] | None,
+    replace: bool,
 ) -> dict:
-    from pyspark.sql import functions as F
+    from pyspark.sql import Observation
 
     t0 = time.time()
     folder = store._data_path(key)
     path = posixpath.join(folder, attempt)
     meta_path = posixpath.join(folder, META_NAME)
-    train_rows, val_rows = stats["rows"] - stats["val_rows"], stats["val_rows"]
     published = False
     try:
+        # Rows are dealt round robin (a local sort first makes that deterministic on a retry), and the
+        # statistics are observed in the writing stage itself: one evaluation of the input.
+        observation = Observation(f"hvd_spark_{attempt.replace('-', '_')}")
+        part = prepared.repartition(n_files).observe(observation, *stats_aggs(infos))
+        if store.spark_writes:
+            (
+                part.write.mode("error")
+                .partitionBy(VAL_COL)
+                .option("parquet.block.size", 256 * 1024 * 1024)
+                .option("compression", "snappy")
+                .parquet(store._url(path))
+            )
+            written = {
+                split: _parquet_files(store, posixpath.join(path, f"{VAL_COL}={flag}"))
+                for split, flag in (("train", "false"), ("val", "true"))
+            }
+        else:
+            written = _write_through_store(part, store, path, row_bytes)
+        stats = stats_from(observation.get, infos)
+        rows = {split: sum(r for _, r in files) for split, files in written.items()}
+        if rows["train"] + rows["val"] != stats["rows"]:  # a task counted twice (observed metrics of a retry)
+            logger.warning(
+                "the statistics of data %s count %d rows, its files hold %d; the files' counts are used",
+                key,
+                stats["rows"],
+                rows["train"] + rows["val"],
+            )
+        if check is not None:
+            check(stats)
         meta = {
             "key": key,
             "attempt": attempt,
-            "train_rows": train_rows,
-            "val_rows": val_rows,
+            "train_rows": rows["train"],
+            "val_rows": rows["val"],
+            "train_files": [[p, r] for p, r in written["train"]],
+            "val_files": [[p, r] for p, r in written["val"]],
+            "stats": stats,
             "format": FORMAT_VERSION,
             "created": time.time(),
         }
-        for split, rows, cond in (("train", train_rows, ~F.col(VAL_COL)), ("val", val_rows, F.col(VAL_COL))):
-            files = []
-            if rows:
-                n = _num_files(rows, row_bytes, num_proc)
-                split_path = posixpath.join(path, split)
-                part = prepared.filter(cond).drop(VAL_COL).repartition(n)
-                if store.spark_writes:
-                    (
-                        part.write.mode("error")
-                        .option("parquet.block.size", 256 * 1024 * 1024)
-                        .option("compression", "snappy")
-                        .parquet(store._url(split_path))
-                    )
-                    files = _parquet_files(store, split_path)
-                else:
-                    files = _write_through_store(part, store, split_path, row_bytes)
-            meta[f"{split}_files"] = [[p, r] for p, r in files]
         store._write_bytes(posixpath.join(path, _COMPLETE), b"")
         if replace:  # the published data had too few files: replace it (its files stay for its readers)
             store._write_json(meta_path, meta)
@@ -482,6 +772,10 @@ def _write_attempt(
                 store._rm(path)
         raise
     logger.info(
-        "materialized %d train / %d val rows to %s in %.1fs", train_rows, val_rows, store._url(path), time.time() - t0
+        "materialized %d train / %d val rows to %s in %.1fs (one pass over the input)",
+        meta["train_rows"],
+        meta["val_rows"],
+        store._url(path),
+        time.time() - t0,
     )
     return meta

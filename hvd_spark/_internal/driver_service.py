@@ -89,6 +89,8 @@ class _Handler(socketserver.BaseRequestHandler):
         conn = _Conn(sock, hello)
         if role == "task":
             service._task_connected(conn)
+        elif role == "rank":
+            service._rank_connection(conn, True)
         try:
             for msg in lines:
                 service._dispatch(conn, msg)
@@ -97,6 +99,8 @@ class _Handler(socketserver.BaseRequestHandler):
         finally:
             if role == "task":
                 service._task_disconnected(conn)
+            elif role == "rank":
+                service._rank_connection(conn, False)
 
 
 class _Conn:
@@ -159,6 +163,7 @@ class DriverService:
         # rank -> (monotonic time its count last moved, count, where): from its task's rank message on
         self.progress: dict[int, tuple[float, int, str]] = {}
         self.initialized: set[int] = set()  # ranks whose hvd.init() returned
+        self.rank_conns: dict[int, int] = {}  # rank -> its process's open connections (closed when it exits)
 
     @property
     def port(self) -> int:
@@ -192,6 +197,26 @@ class DriverService:
             with contextlib.suppress(OSError):  # closed meanwhile: the host stays unknown
                 self.host_of[conn.partition] = conn.sock.getpeername()[0]
             self._lock.notify_all()
+
+    def _rank_connection(self, conn: _Conn, opened: bool) -> None:
+        with self._lock:
+            rank = int(conn.rank if conn.rank is not None else -1)
+            self.rank_conns[rank] = self.rank_conns.get(rank, 0) + (1 if opened else -1)
+            if self.rank_conns[rank] <= 0:
+                del self.rank_conns[rank]
+            self._lock.notify_all()
+
+    def wait_until_stopped(self, timeout: float) -> list[str]:
+        """Waits until every task's and every rank process's connection has closed (their processes
+        exited), at most ``timeout`` seconds; returns what is still connected ("rank 0", "task 1")."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                alive = [f"rank {r}" for r in sorted(self.rank_conns)] + [f"task {p}" for p in sorted(self.tasks)]
+                left = deadline - time.monotonic()
+                if not alive or left <= 0:
+                    return alive
+                self._lock.wait(min(left, 0.2))
 
     def _task_disconnected(self, conn: _Conn) -> None:
         with self._lock:

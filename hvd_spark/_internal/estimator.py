@@ -87,6 +87,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         gradient_compression: ``"none"`` (default) or ``"fp16"`` (gradients sent as float16).
         reader: how ranks read the Parquet files: ``"arrow"`` (default, pyarrow-native) or
             ``"petastorm"`` (needs Petastorm 0.13.1 and pyarrow 12).
+        reuse_data: ``"auto"`` (default): a later fit reuses the data an earlier one wrote only when the
+            input is provably the same (its files with sizes and modification times; data held in the
+            query plan); ``"always"``: also when only the query plan matches; ``"never"``. See
+            docs/estimator.md, "Data identity".
         task: ``"auto"`` (default: a single-output model trained with a cross-entropy loss is a
             classifier), ``"classification"`` or ``"regression"``. A classifier's ``transform``
             also adds Spark ML's ``prediction``, ``probability`` and ``rawPrediction`` columns.
@@ -138,6 +142,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         backward_passes_per_step: int = 1,
         gradient_compression: str = "none",
         reader: str = "arrow",
+        reuse_data: str = "auto",
         task: str = "auto",
         mlflow: str | bool = "auto",
     ):
@@ -176,6 +181,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             backward_passes_per_step=1,
             gradient_compression="none",
             reader="arrow",
+            reuse_data="auto",
             task="auto",
             mlflow="auto",
         )
@@ -232,6 +238,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         from hvd_spark._internal.reader import check_reader
 
         check_reader(p["reader"])
+        if p["reuse_data"] not in data_mod.REUSE_MODES:
+            raise ValueError(
+                f"reuse_data must be one of {list(data_mod.REUSE_MODES)}. Received: reuse_data={p['reuse_data']!r}."
+            )
         if p["verbose"] not in (0, 1, 2):
             raise ValueError(f"verbose must be 0, 1 or 2. Received: verbose={p['verbose']!r}.")
         if p["callbacks"] is not None and not isinstance(p["callbacks"], (list, tuple)):
@@ -243,8 +253,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         t_start = time.time()
         checked = self._check(dataset)
         run_id = checked.p["run_id"] or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        with self._run_writer(checked, run_id):
-            return self._fit_run(dataset, checked, run_id, t_start)
+        with self._run_writer(checked, run_id) as lease:
+            return self._fit_run(dataset, checked, run_id, t_start, lease)
 
     @contextlib.contextmanager
     def _run_writer(self, c: "_Checked", run_id: str):
@@ -265,7 +275,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
                 stack.callback(remove_if_empty)
             try:
-                stack.enter_context(
+                lease = stack.enter_context(
                     store._exclusive_lease(path, heartbeat=settings.LEASE_HEARTBEAT, stale=stale, run_id=run_id)
                 )
             except LeaseHeldError as e:
@@ -280,9 +290,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                     run_id=run_id,
                     holder={k: v for k, v in h.items() if k != "token"},
                 ) from None
-            yield
+            yield lease
 
-    def _fit_run(self, dataset, checked: "_Checked", run_id: str, t_start: float):
+    def _fit_run(self, dataset, checked: "_Checked", run_id: str, t_start: float, lease=None):
         plan = self._plan_resume(checked, run_id)
         tracker = self._open_tracking(checked, plan)
         try:
@@ -290,10 +300,13 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 model = self._finished_run(checked, plan)
             else:
                 written = self._materialize(dataset, checked)
-                cfg = self._plan_ranks(checked, plan, written)
-                listeners = [tracker.on_event] if tracker else []
-                results, restarts, t_train = self._train_with_restarts(dataset.sparkSession, checked, cfg, listeners)
-                model = self._verify_and_build(checked, written, cfg, results, restarts, t_train, t_start)
+                with _removed_after(checked.store, written):
+                    cfg = self._plan_ranks(checked, plan, written, lease)
+                    listeners = [tracker.on_event] if tracker else []
+                    results, restarts, t_train = self._train_with_restarts(
+                        dataset.sparkSession, checked, cfg, listeners, lease
+                    )
+                    model = self._verify_and_build(checked, written, cfg, results, restarts, t_train, t_start)
         except BaseException:
             if tracker is not None:
                 tracker.close(error=True)
@@ -304,14 +317,15 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
     def _open_tracking(self, c: "_Checked", plan: "_ResumePlan"):
         """MLflow (``mlflow`` param): the run this fit is logged in, or None."""
+        from hvd_spark._internal.secrets import url_without_credentials
         from hvd_spark._internal.tracking import FitTracker
 
         store, run_id = c.store, plan.run_id
         tags = {
             "run_id": run_id,
-            "store": store.prefix,
+            "store": url_without_credentials(store.prefix),  # never the storage options (credentials)
             "run_path": store._url(store.run_path(run_id)),
-            "model_path": store._url(store.model_path(run_id)),
+            "model_path": store._url(self._model_path_of(c, plan)),
             "checkpoints_path": store._url(store.checkpoints_path(run_id)),
             "logs_path": store._url(store.logs_path(run_id)),
             "resumed_from_epoch": str(plan.resume.epoch if plan.resume else 0),
@@ -319,6 +333,15 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         params = {k: v for k, v in c.p.items() if k not in ("mlflow", "verbose")}
         params["run_id"] = run_id
         return FitTracker.open(c.p["mlflow"], params, tags)
+
+    @staticmethod
+    def _model_path_of(c: "_Checked", plan: "_ResumePlan") -> str:
+        """Where the model this fit returns lives: its own file, or a finished run's checkpoint."""
+        store, epochs = c.store, c.p["epochs"]
+        if plan.resume is not None and plan.resume.epoch >= epochs:
+            at_epoch = {ck.epoch: ck.model_path for ck in store.checkpoints(plan.run_id)}
+            return at_epoch.get(epochs, plan.resume.model_path)
+        return store.model_path(plan.run_id, plan.fit_id)
 
     def _close_tracking(self, tracker, c: "_Checked", model: "TFTransformer") -> None:
         """Logs the epochs the events missed, the fit's summary and the model. A tracking failure here
@@ -439,21 +462,23 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     def _plan_resume(self, c: "_Checked", run_id: str) -> "_ResumePlan":
         """Step 2: the run id, and the checkpoint to continue from (a run with checkpoints continues
         only with the same architecture and columns)."""
-        from hvd_spark._internal.model_info import model_fingerprint
+        from hvd_spark._internal.model_info import (
+            architecture,
+            architecture_diff,
+            architecture_fingerprint,
+            model_fingerprint,
+        )
 
         p, store = c.p, c.store
-        fingerprint = model_fingerprint(c.model)
+        arch = architecture(
+            c.model, p["optimizer"], p["loss"], {"features": p["feature_cols"], "labels": p["label_cols"]}
+        )
+        fingerprint = architecture_fingerprint(arch)
         run_json = f"{store.run_path(run_id)}/run.json"
         resume = None
         history: list[dict] = []
         if store._exists(run_json) and store.latest_checkpoint(run_id) is not None:
             info = store._read_json(run_json)
-            if info.get("model_fingerprint") != fingerprint:
-                raise ValueError(
-                    f"run_id '{run_id}' in {store.prefix} holds a different model (architecture "
-                    f"{info.get('model_fingerprint')}, this model is {fingerprint}). Use a new run_id to "
-                    "start a new run, or pass the same model architecture to resume."
-                )
             features, labels = p["feature_cols"], p["label_cols"]
             if info.get("feature_cols") != features or info.get("label_cols") != labels:
                 raise ValueError(
@@ -461,10 +486,32 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                     f"label_cols={info.get('label_cols')}. Received: feature_cols={features}, "
                     f"label_cols={labels}. Use a new run_id for different columns."
                 )
+            if "architecture" in info:
+                differs = info.get("model_fingerprint") != fingerprint
+                diff = architecture_diff(info["architecture"], arch) if differs else []
+            else:  # a run started before the whole architecture was recorded: its coarser fingerprint
+                differs = info.get("model_fingerprint") != model_fingerprint(c.model)
+                diff = ["layer types or weight shapes"] if differs else []
+                if not differs:
+                    logger.warning(
+                        "run '%s' predates full model checks: only its layer types and weight shapes were compared",
+                        run_id,
+                    )
+            if differs:
+                latest = store.latest_checkpoint(run_id)
+                raise ValueError(
+                    f"run_id '{run_id}' in {store.prefix} was trained with another model, optimizer or loss; "
+                    f"a run continues only with what it started with. What differs (run -> this fit): "
+                    f"{'; '.join(diff) or 'the model'}. Start a new run (another run_id, or none), or "
+                    "warm-start one from this run's weights: "
+                    f"old = keras.models.load_model('{store._url(latest.model_path) if latest else '?'}'); "
+                    "model.set_weights(old.get_weights()) (where the shapes agree), then fit with a new run_id."
+                )
             resume = store.latest_checkpoint(run_id)
             if resume is not None:
                 history = store._read_json(resume.meta_path)["history"]
-        return _ResumePlan(run_id, fingerprint, run_json, resume, history)
+        fit_id = f"fit-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        return _ResumePlan(run_id, fingerprint, run_json, resume, history, arch, fit_id)
 
     def _finished_run(self, c: "_Checked", plan: "_ResumePlan"):
         """A run that already has the requested epochs: its model, without training."""
@@ -476,12 +523,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             resume.epoch,
             p["epochs"],
         )
-        at_epoch = {ck.epoch: ck.model_path for ck in store.checkpoints(run_id)}
-        model_path = (
-            store.model_path(run_id)
-            if resume.epoch == p["epochs"] and store._exists(store.model_path(run_id))
-            else at_epoch.get(p["epochs"], resume.model_path)
-        )
+        model_path = self._model_path_of(c, plan)  # the asked epoch's checkpoint: never rewritten
         return self._transformer(
             store,
             model_path,
@@ -493,8 +535,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         )
 
     def _materialize(self, dataset, c: "_Checked") -> "_Written":
-        """Step 3: the values checked (nulls, lengths), then the data written to Parquet in the store
-        (or the same data, written before, reused)."""
+        """Step 3: the data written to Parquet in the store in one pass over the input, its values
+        checked (nulls, lengths, class indices) in the same pass; or the same data, written before and
+        provably unchanged, reused (``reuse_data``)."""
         seed = int(c.p["random_seed"])
         num_proc = c.options.num_proc
         named_f, named_l, (w_info,) = with_stored_names(c.f_infos, c.l_infos, [c.w_info])
@@ -502,16 +545,32 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         l_infos = [i for i in named_l if i is not None]
         columns = f_infos + l_infos + ([w_info] if w_info else [])
         prepared = data_mod.prepare(dataset, f_infos, l_infos, w_info, c.validation, seed)
-        stats = data_mod.column_stats(prepared, columns, c.validation)
-        data_mod.check_stats(stats, f_infos, l_infos, w_info, c.inputs, c.outputs, c.validation, num_proc)
-        key = data_mod.dataset_key(prepared, columns, c.validation, seed)
-        row_values = sum((s.elements or 1) for s in c.inputs) + sum((s.elements or 1) for s in c.outputs) + 1
         t0 = time.time()
-        meta = data_mod.materialize(prepared, c.store, key, stats, row_values * 4, num_proc)
-        data = DataSpec(tuple(f_infos), tuple(l_infos), w_info, tuple(c.inputs), tuple(c.outputs))
-        return _Written(data, key, meta, seed, time.time() - t0)
+        identity = data_mod.data_identity(dataset, c.p["reuse_data"])
+        if not identity.established:
+            logger.info("writing the data anew (it will not be reused by later fits): %s", identity.reason)
+        else:
+            logger.debug("data identity: %s", identity.reason)
+        key = data_mod.dataset_key(prepared, columns, c.validation, seed, identity)
 
-    def _plan_ranks(self, c: "_Checked", plan: "_ResumePlan", w: "_Written") -> RunConfig:
+        def check(stats: dict) -> None:
+            data_mod.check_stats(stats, f_infos, l_infos, w_info, c.inputs, c.outputs, c.validation, num_proc)
+
+        row_values = sum((s.elements or 1) for s in c.inputs) + sum((s.elements or 1) for s in c.outputs) + 1
+        meta = data_mod.materialize(
+            prepared,
+            c.store,
+            key,
+            columns,
+            row_values * 4,
+            num_proc,
+            check=check,
+            files=data_mod.num_files(num_proc, c.options.slots),
+        )
+        data = DataSpec(tuple(f_infos), tuple(l_infos), w_info, tuple(c.inputs), tuple(c.outputs))
+        return _Written(data, key, meta, seed, time.time() - t0, ephemeral=not identity.established)
+
+    def _plan_ranks(self, c: "_Checked", plan: "_ResumePlan", w: "_Written", lease=None) -> RunConfig:
         """Step 4: files per rank, steps per epoch, the run's record and the run configuration."""
         from hvd_spark._internal.serde import dumps_keras_obj
 
@@ -524,7 +583,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 len(meta["train_files"]),
                 num_proc,
             )
-        val_files = assign_files(meta["val_files"], num_proc)[0] if meta["val_rows"] else None
+        # Validation files each to exactly one rank (a rank may have none): every row is counted once.
+        val_files = assign_files(meta["val_files"], num_proc, share=False)[0] if meta["val_rows"] else None
         batch_size = int(p["batch_size"])
         val_batch = int(p["val_batch_size"] or batch_size)
         steps = p["train_steps_per_epoch"] or steps_per_epoch(meta["train_rows"], batch_size, num_proc)
@@ -539,6 +599,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 {
                     "run_id": plan.run_id,
                     "model_fingerprint": plan.fingerprint,
+                    "architecture": plan.architecture,
                     "feature_cols": p["feature_cols"],
                     "label_cols": p["label_cols"],
                     "created": time.time(),
@@ -580,9 +641,14 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             num_threads=c.options.num_threads,
             backward_passes_per_step=int(p["backward_passes_per_step"]),
             compression=p["gradient_compression"],
+            final_model=c.store.model_path(plan.run_id, plan.fit_id),
+            lease=(lease.path, lease.token) if lease is not None else None,
+            validation_exact=p["validation_steps_per_epoch"] is None,
         )
 
-    def _train_with_restarts(self, spark, c: "_Checked", cfg: RunConfig, listeners=()) -> tuple[list[dict], int, float]:
+    def _train_with_restarts(
+        self, spark, c: "_Checked", cfg: RunConfig, listeners=(), lease=None
+    ) -> tuple[list[dict], int, float]:
         """Step 5: one barrier job per attempt, each from the latest complete checkpoint (none: from the
         user's model); a failed attempt restarts when ``restarts.should_restart`` says so.
 
@@ -613,7 +679,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             )
             if resume is not None and resume.epoch >= cfg.epochs:
                 # The failed attempt had finished training; only the final model was missing.
-                store._upload_file(store._local_copy(resume.model_path), store.model_path(run_id))
+                store._upload_file(store._local_copy(resume.model_path), cfg.final_model)
                 results = [{"rank": 0, "weights_digest": "", "epoch_logs": list(cfg.history_so_far)}]
                 return results, restarts, time.time() - t0
             try:
@@ -637,6 +703,15 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                     ) from e
                 return results, restarts, time.time() - t0
             except RESTARTABLE as e:
+                if (lease is not None and lease.lost.is_set()) or (
+                    isinstance(e, RankFailedError) and e.exc_type.endswith("RunInUseError")
+                ):
+                    raise RunInUseError(
+                        f"run_id '{run_id}' in {store.prefix} was taken over by another fit while this one trained "
+                        f"(its writer lease {store.run_path(run_id)}/_writer.json is no longer this fit's); this fit "
+                        f"stopped before writing another checkpoint. Cause: {str(e).splitlines()[0]}",
+                        run_id=run_id,
+                    ) from e
                 if isinstance(e, RankFailedError) and e.exc_type in LOST_HOST_TYPES and e.host:
                     lost_hosts.add(e.host)
                 if not should_restart(e, restarts, max_restarts):
@@ -691,7 +766,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         )
         model = self._transformer(
             c.store,
-            c.store.model_path(cfg.run_id),
+            cfg.final_model,
             cfg.run_id,
             epoch_logs,
             c.inputs,
@@ -734,6 +809,25 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         return EstimatorWriter(self)
 
 
+@contextlib.contextmanager
+def _removed_after(store: Store, written: "_Written"):
+    """While the fit trains, a lease in the data's folder says so (``Store.cleanup`` and
+    ``remove_dataset`` leave it alone). Data written for one fit only (its input has no identity to
+    reuse it by) is removed when the fit ends, whatever the outcome: nothing would ever read it again."""
+    from hvd_spark._internal.store import DATA_READER_PREFIX
+
+    reader = f"{store._data_path(written.key)}/{DATA_READER_PREFIX}{uuid.uuid4().hex[:12]}.json"
+    try:
+        with store._lease(reader, settings.LEASE_HEARTBEAT, key=written.key):
+            yield
+    finally:
+        if written.ephemeral:
+            try:
+                store._rm(store._data_path(written.key))
+            except Exception as e:  # the store is unreachable: the fit's own outcome matters more
+                logger.warning("could not remove this fit's data %s: %s", written.key, e)
+
+
 def _check_settable_learning_rate(optimizer) -> None:
     """learning_rate replaces a number; an optimizer built on a schedule would ignore or refuse it."""
     import keras
@@ -773,6 +867,8 @@ class _ResumePlan:
     run_json: str
     resume: Checkpoint | None
     history: list
+    architecture: dict | None = None
+    fit_id: str = ""  # this fit's own name: its final model is runs/<run_id>/models/<fit_id>.keras
 
 
 @dataclasses.dataclass(frozen=True)
@@ -784,3 +880,4 @@ class _Written:
     meta: dict
     seed: int
     seconds: float
+    ephemeral: bool = False  # written for this fit only (its input has no identity): removed at its end

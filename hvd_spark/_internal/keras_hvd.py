@@ -285,6 +285,84 @@ class BroadcastStateCallback(keras.callbacks.Callback):
             broadcast_variables(opt.variables)
 
 
+def seed_states(seed: int, rank: int, epoch: int, count: int) -> list[list[int]]:
+    """The states of ``count`` Keras seed generators for ``rank`` in ``epoch``: distinct per rank (so
+    Dropout masks and noise differ between ranks), per epoch (a resumed run continues where an
+    uninterrupted one would be, instead of replaying the first epoch's masks), and the same for the
+    same seed (two fits with the same seed and ``num_proc`` draw the same numbers)."""
+    import numpy as np
+
+    words = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(rank), int(epoch), 0x5EED]).generate_state(
+        2 * max(count, 1), dtype=np.uint32
+    )
+    return [[int(words[2 * i]) >> 1, int(words[2 * i + 1]) >> 1] for i in range(count)]  # int64-safe, >= 0
+
+
+class RankRandomnessCallback(keras.callbacks.Callback):
+    """Gives every rank its own random streams after the start-of-training broadcast (which copies
+    rank 0's seed generators to all ranks): at the start of each epoch, every Keras seed generator of
+    the model (Dropout, noise and augmentation layers) and the global one, and Python's and NumPy's
+    generators, get states derived from (seed, rank, epoch). Put it after BroadcastStateCallback."""
+
+    def __init__(self, seed: int, rank: int):
+        super().__init__()
+        self.seed, self.rank = seed, rank
+
+    def on_epoch_begin(self, epoch, logs=None):
+        import random
+
+        import numpy as np
+        from keras.src.backend.common import global_state
+
+        generators = [v for v in self.model.variables if v.name == "seed_generator_state"]
+        global_gen = global_state.get_global_attribute("global_seed_generator")
+        if global_gen is not None:
+            generators.append(global_gen.state)
+        for v, state in zip(generators, seed_states(self.seed, self.rank, epoch, len(generators))):
+            v.assign(np.asarray(state, dtype=keras.backend.standardize_dtype(v.dtype)))
+        mixed = seed_states(self.seed, self.rank, epoch, 1)[0]
+        random.seed(mixed[0])
+        np.random.seed(mixed[1] % (2**32))
+
+
+class ExactValidationCallback(keras.callbacks.Callback):
+    """Validation with every row counted once: at each epoch's end every rank evaluates its own
+    validation rows (a single pass, however many batches that is), then the metrics' states (totals
+    and counts, confusion matrices ...) are summed over the ranks and the results computed from the
+    sums, so ``val_*`` equals one ``evaluate`` of the whole split. Metrics whose state is not additive
+    over rows (a custom metric keeping a maximum) are not exact this way; Keras' built-in ones are.
+
+    Args:
+        dataset: a finite dataset of this rank's validation rows, or None when the rank has none.
+        steps: at most this many batches per rank (``validation_steps_per_epoch``), or None: all.
+        callbacks: callbacks for the evaluation (progress ticks).
+    """
+
+    def __init__(self, dataset, steps: int | None = None, callbacks=()):
+        super().__init__()
+        self.dataset, self.steps, self.callbacks = dataset, steps, list(callbacks)
+
+    def on_epoch_end(self, epoch, logs=None):
+        import horovod.tensorflow as hvd
+
+        model = self.model
+        if self.dataset is not None:
+            model.evaluate(self.dataset, steps=self.steps, verbose=0, callbacks=self.callbacks)
+        else:
+            model.reset_metrics()
+        variables = [v for m in model.metrics for v in m.variables]
+        if hvd.size() > 1 and variables:
+            summed = hvd.grouped_allreduce(
+                [tf.convert_to_tensor(v.value) for v in variables], op=hvd.Sum, name="hvd_spark.val_metrics"
+            )
+            for v, value in zip(variables, summed):
+                v.assign(value)
+        results = model.get_metrics_result()
+        if logs is not None:
+            logs.update({f"val_{k}": float(v) for k, v in results.items() if _is_number(v)})
+        model.reset_metrics()
+
+
 class MetricAverageCallback(keras.callbacks.Callback):
     """Replaces each epoch's logs (train and validation) by their average over the ranks.
 

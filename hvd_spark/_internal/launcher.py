@@ -24,8 +24,18 @@ from hvd_spark._internal import settings
 from hvd_spark._internal.outcomes import RankOutcome, TaskSpec
 from hvd_spark._internal.sessions import is_connect
 from hvd_spark._internal.supervisor import CANCEL_AFTER, GIVE_UP_AFTER, JobReport, Supervisor, conclude
-from hvd_spark._internal.topology import GPU_CONF_HELP, task_cpus, task_gpu_amount, task_slots
-from hvd_spark.errors import JobTimeoutError
+from hvd_spark._internal.topology import (
+    GPU_CONF_HELP,
+    barrier_refusal,
+    executor_target,
+    executors_settled,
+    judge_slots,
+    slots_from_master_url,
+    task_cpus,
+    task_gpu_amount,
+    task_slots,
+)
+from hvd_spark.errors import JobCancelledError, JobTimeoutError
 
 logger = logging.getLogger("hvd_spark")
 
@@ -83,17 +93,31 @@ class Cluster:
     conf: Any  # the application's settings: anything with get(key, default)
 
 
-def cluster_of(spark) -> Cluster:
+def cluster_of(spark, *, num_proc: int | None = None, start_timeout: float | None = None) -> Cluster:
     """The application behind ``spark``: from its SparkContext on a classic session; on Spark Connect
     from its runtime conf and, where the master URL does not say, from the partitions of a small
-    ``range`` (Spark splits it into the application's default parallelism, its total cores)."""
+    ``range`` (Spark splits it into the application's default parallelism, its total cores).
+
+    On a classic session with a cluster master the slots are those of the executors that registered
+    (:func:`_registered_slots`, which waits a bounded time for them and raises ``ValueError`` when
+    ``num_proc`` ranks could never be scheduled); ``start_timeout`` (as passed to the launch) bounds
+    that wait."""
     if not is_connect(spark):
         sc = spark.sparkContext
         conf = sc.getConf()
-        slots = task_slots(sc.master, default_parallelism=sc.defaultParallelism, task_cpus=task_cpus(conf))
+        refusal = barrier_refusal(sc.master, conf)
+        if refusal:
+            raise ValueError(refusal)
+        if slots_from_master_url(sc.master):
+            slots = task_slots(sc.master, default_parallelism=sc.defaultParallelism, task_cpus=task_cpus(conf))
+        else:
+            slots = _registered_slots(sc, conf, num_proc, start_timeout)
         return Cluster(sc.applicationId, sc.master, slots, conf)
     conf = spark.conf
     master = conf.get("spark.master", None) or "?"
+    refusal = barrier_refusal(master, _ConnectConf(conf))
+    if refusal:
+        raise ValueError(refusal)
     app = conf.get("spark.app.id", None) or f"connect-{spark.session_id}"
     cpus = task_cpus(conf)
     m = _LOCAL_N.match(master)
@@ -109,12 +133,133 @@ def cluster_of(spark) -> Cluster:
 _LOCAL_N = re.compile(r"^local(\[\d+(,\s*\d+)?\])?$")
 
 
+class _ConnectConf:
+    """A Connect session's runtime conf, read without failing on keys the server does not show."""
+
+    def __init__(self, conf):
+        self._conf = conf
+
+    def get(self, key, default=None):
+        try:
+            return self._conf.get(key, default)
+        except Exception:  # a server that refuses to show a static conf: as unset
+            return default
+
+
+_SETTLED: dict[str, int] = {}  # application id -> executors once its count was complete (standalone)
+_SLOT_POLL = 0.25  # seconds between two counts of the registered executors
+_SLOT_LOG_EVERY = 10.0
+
+
+def _executor_count(sc) -> tuple[int, int]:
+    """The executors registered with the application and their barrier task slots: the number
+    Spark's own barrier check uses (``SparkContext.maxNumConcurrentTasks`` of the default resource
+    profile: each active executor's cores / spark.task.cpus, fewer where its GPUs or other resources
+    allow fewer tasks)."""
+    jsc = sc._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    return int(jsc.getExecutorIds().size()), int(jsc.maxNumConcurrentTasks(profile))
+
+
+def _registered_slots(sc, conf, num_proc: int | None, start_timeout: float | None) -> int:
+    """The barrier task slots of a classic application on a cluster master, counted on the executors
+    that registered. Waits for them up to ``HVD_SPARK_EXECUTOR_WAIT`` seconds (default 30, never
+    longer than start_timeout): until there are enough for ``num_proc``, every executor the conf asks
+    for has registered, or (standalone) their count held still for a few seconds. Raises ValueError
+    when ``num_proc`` ranks could never be scheduled, naming the numbers (:func:`judge_slots`)."""
+    cpus = task_cpus(conf)
+    try:
+        reading = _executor_count(sc)
+    except Exception as e:  # no JVM access to the scheduler: the application's default parallelism
+        logger.debug("counting the registered executors failed (%s): slots from defaultParallelism", e)
+        return task_slots(sc.master, default_parallelism=sc.defaultParallelism, task_cpus=cpus)
+    limit = min(
+        settings.seconds_setting(
+            None,
+            settings.ENV_EXECUTOR_WAIT,
+            conf.get(settings.CONF_EXECUTOR_WAIT, None),
+            settings.DEFAULT_EXECUTOR_WAIT,
+            settings.CONF_EXECUTOR_WAIT,
+        ),
+        settings.seconds_setting(
+            start_timeout,
+            settings.ENV_START_TIMEOUT,
+            conf.get(settings.CONF_START_TIMEOUT, None),
+            settings.DEFAULT_START_TIMEOUT,
+            "start_timeout",
+        ),
+    )
+    target = executor_target(sc.master, conf, cpus)
+    app = sc.applicationId
+    t0 = changed = last_log = time.monotonic()
+    complete = logged = False
+    while True:
+        executors, slots = reading
+        now = time.monotonic()
+        # Complete: every executor there will be has registered (or as many as an earlier count of
+        # this standalone application found complete).
+        complete = executors_settled(None, executors, slots, target, now - changed, settings.EXECUTORS_SETTLE) or (
+            target.settles and executors >= _SETTLED.get(app, 1 << 30)
+        )
+        if complete or (num_proc is not None and slots >= num_proc) or now - t0 >= limit:
+            break
+        if not logged or now - last_log >= _SLOT_LOG_EVERY:
+            asked = (
+                f"{target.executors} asked for: {target.source}" if target.executors is not None else "count settles"
+            )
+            logger.info(
+                "waiting up to %.0fs for the executors to register (%s): %d registered with %d task slots "
+                "(spark.task.cpus=%d), num_proc=%s (%.0fs)",
+                limit,
+                asked,
+                executors,
+                slots,
+                cpus,
+                num_proc if num_proc is not None else "all slots",
+                now - t0,
+            )
+            last_log, logged = now, True
+        time.sleep(_SLOT_POLL)
+        try:
+            new = _executor_count(sc)
+        except Exception as e:
+            logger.debug("counting the registered executors failed: %s", e)
+            new = reading
+        if new != reading:
+            changed = time.monotonic()
+        reading = new
+    waited = time.monotonic() - t0
+    executors, slots = reading
+    if complete and target.settles:
+        _SETTLED[app] = max(executors, _SETTLED.get(app, 0))
+    log = logger.info if waited >= 0.5 else logger.debug
+    log("%d executors registered with %d task slots (spark.task.cpus=%d) after %.1fs", executors, slots, cpus, waited)
+    verdict = judge_slots(
+        num_proc,
+        executors=executors,
+        slots=slots,
+        target=target,
+        settled=complete,
+        waited=waited,
+        master=sc.master,
+        task_cpus=cpus,
+        default_parallelism=conf.get("spark.default.parallelism", None),
+        wait_setting=f"{settings.ENV_EXECUTOR_WAIT} or {settings.CONF_EXECUTOR_WAIT}, now {limit:.0f}s",
+    )
+    if verdict.error:
+        raise ValueError(verdict.error)
+    if verdict.warning:
+        logger.warning("%s", verdict.warning)
+    return verdict.slots
+
+
 def _default_parallelism(spark) -> int | None:
     """The application's default parallelism seen through Spark Connect, or None if it cannot be told."""
+    conf = _ConnectConf(spark.conf)
+    if conf.get("spark.sql.leafNodeDefaultParallelism", None) or conf.get("spark.default.parallelism", None):
+        return None  # range() is split by that setting, not by the cores
     from pyspark.sql import functions as F
 
-    if spark.conf.get("spark.sql.leafNodeDefaultParallelism", None):
-        return None  # range() is split by that setting, not by the cores
     try:
         row = spark.range(0, 1 << 16).select(F.max(F.spark_partition_id()).alias("p")).collect()[0]
         return int(row["p"]) + 1
@@ -219,15 +364,17 @@ def resolve_launch_options(
     """Checks a launch's options against the application behind ``spark`` (classic or Connect):
     the one place for the slot check. ``stall_default`` is the stall watchdog's timeout when neither
     ``stall_timeout`` nor ``HVD_SPARK_STALL_TIMEOUT`` sets one (the estimator's 300 s; None for run)."""
-    cluster = cluster_of(spark)
+    if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1):
+        raise ValueError(f"num_proc must be a positive integer. Received: num_proc={num_proc!r}.")
+    cluster = cluster_of(spark, num_proc=num_proc, start_timeout=start_timeout)
     conf, slots = cluster.conf, cluster.slots
     if num_proc is None:
         if slots is None:
             raise ValueError(
                 "num_proc is required on this Spark Connect session: hvd_spark could not tell how many task "
-                f"slots the application has (master={cluster.master}; spark.sql.leafNodeDefaultParallelism is "
-                "set, or the server refused the query that counts them). Pass num_proc (at most the cores of "
-                "the executors divided by spark.task.cpus)."
+                f"slots the application has (master={cluster.master}; spark.default.parallelism or "
+                "spark.sql.leafNodeDefaultParallelism is set, or the server refused the query that counts them). "
+                "Pass num_proc (at most the cores of the executors divided by spark.task.cpus)."
             )
         num_proc = slots
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
@@ -491,9 +638,19 @@ def _launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, des
     except KeyboardInterrupt:
         supervisor.interrupt("interrupted on the driver")
         sc.cancelJobGroup(group)
+        _wait_for_ranks(service, group)
         raise
     finally:
+        if job.error is not None and not job.alive():  # failed or cancelled: its ranks must be gone first
+            if not cancelled:
+                supervisor.interrupt("the Spark job ended with an error")
+            _wait_for_ranks(service, group)
         service.stop()
+    if job.error is not None and not cancelled and _was_cancelled(job.error):
+        raise JobCancelledError(
+            f"the Spark job of {description} was cancelled (outside hvd_spark: cancelAllJobs, its job group "
+            f"{group}, or an interrupt); its ranks have stopped. Spark said: {str(job.error).strip().splitlines()[0]}"
+        ) from job.error
     records = [cloudpickle.loads(r) for r in job.rows or []]
     return conclude(
         records,
@@ -503,6 +660,28 @@ def _launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, des
         elapsed=time.monotonic() - t0,
         stage_error=job.error,
     )
+
+
+def _was_cancelled(error: BaseException) -> bool:
+    """Whether a barrier stage's error says that Spark cancelled its job (not that a task failed)."""
+    text = str(error).lower()
+    return "cancelled" in text or "canceled" in text
+
+
+def _wait_for_ranks(service, group: str) -> None:
+    """After a failed or cancelled job: returns once every task and rank process of it has exited (its
+    connection to the driver closed), or after ``settings.STOP_WAIT`` seconds, naming what is left."""
+    from hvd_spark._internal import settings
+
+    left = service.wait_until_stopped(settings.STOP_WAIT)
+    if left:
+        logger.error(
+            "%s of Spark job group %s still running %.0fs after the job ended; they stop when they next reach "
+            "their task or the store",
+            ", ".join(left),
+            group,
+            settings.STOP_WAIT,
+        )
 
 
 def _launch_connect(spark, payload: bytes, options: LaunchOptions, *, on_event, description: str, channel):

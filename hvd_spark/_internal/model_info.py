@@ -55,11 +55,125 @@ def model_specs(model) -> tuple[list[TensorSpec], list[TensorSpec]]:
 
 
 def model_fingerprint(model) -> str:
-    """Identifies a model's architecture (layer types and weight shapes), not its layer names or values."""
+    """The fingerprint of runs made before the full architecture was recorded (layer types and weight
+    shapes only): still compared for them."""
     inputs, outputs = model_specs(model)
     layers = [[type(layer).__name__, [list(w.shape) for w in layer.weights]] for layer in model.layers]
     doc = {"layers": layers, "inputs": [list(s.shape) for s in inputs], "outputs": [list(s.shape) for s in outputs]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def architecture(model, optimizer=None, loss=None, columns: dict | None = None) -> dict:
+    """What a run trains, as plain JSON: the model's whole configuration without its layer names
+    (every layer's class and options: an activation, a dropout rate, a kernel size; the graph, with
+    layers named by position), its weight shapes, the optimizer's class, the loss and the columns.
+    Two models that differ here are different runs; their names, weights and learning rates do not count."""
+    import keras
+
+    layers = list(model._flatten_layers(include_self=False, recursive=True))
+    names = {layer.name: f"#{i}" for i, layer in enumerate(layers)}
+    names.setdefault(model.name, "#model")
+    try:
+        config = model.get_config()
+    except NotImplementedError:  # a subclassed model without get_config: its layers' own configs
+        config = {"layers": [_layer_config(layer) for layer in layers]}
+    opt = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+    if isinstance(opt, str):
+        opt = keras.optimizers.get(opt)
+    return {
+        "model_class": type(model).__name__,
+        "config": _strip_names(config, names),
+        "weights": [[names.get(layer.name, "?"), [list(w.shape) for w in layer.weights]] for layer in layers],
+        "optimizer": None if opt is None else type(opt).__name__,
+        "loss": _describe(loss if loss is not None else getattr(model, "loss", None)),
+        "columns": columns or {},
+    }
+
+
+def architecture_fingerprint(arch: dict) -> str:
+    return hashlib.sha256(json.dumps(arch, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _layer_config(layer) -> dict:
+    try:
+        config = layer.get_config()
+    except NotImplementedError:
+        config = {}
+    return {"class_name": type(layer).__name__, "config": config}
+
+
+def _strip_names(obj, names: dict[str, str]):
+    """``obj`` (a Keras config) without ``name`` entries, layer names elsewhere replaced by positions."""
+    if isinstance(obj, dict):
+        return {k: _strip_names(v, names) for k, v in obj.items() if k != "name"}
+    if isinstance(obj, (list, tuple)):
+        return [_strip_names(v, names) for v in obj]
+    if isinstance(obj, str):
+        return names.get(obj, obj)
+    if isinstance(obj, (int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def _describe(obj):
+    """A loss (or several) as plain data: strings as they are, Keras objects as class and config."""
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _describe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_describe(v) for v in obj]
+    if hasattr(obj, "get_config"):
+        try:
+            config = {k: v for k, v in obj.get_config().items() if k != "name"}
+        except Exception:  # noqa: BLE001 - a config that cannot be built: the class alone
+            config = {}
+        return {"class": type(obj).__name__, "config": _strip_names(config, {})}
+    return getattr(obj, "__qualname__", None) or type(obj).__name__
+
+
+def architecture_diff(old: dict, new: dict, limit: int = 3) -> list[str]:
+    """Where two :func:`architecture` documents differ, as readable lines (at most ``limit``)."""
+    out: list[str] = []
+
+    def where(path: list) -> str:
+        text = ""
+        for part in path:
+            text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+        return text
+
+    def walk(a, b, path: list, context: dict | None) -> None:
+        if len(out) > limit:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            label = a.get("class_name") if isinstance(a.get("class_name"), str) else None
+            for k in sorted(set(a) | set(b), key=str):
+                if a.get(k, _MISSING) != b.get(k, _MISSING):
+                    sub = path + ([f"{k} ({label})"] if label and k == "config" else [k])
+                    walk(a.get(k, _MISSING), b.get(k, _MISSING), sub, a)
+            return
+        if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            for i, (x, y) in enumerate(zip(a, b)):
+                if x != y:
+                    walk(x, y, path + [i], context)
+            return
+        if isinstance(a, list) and isinstance(b, list):
+            out.append(f"{where(path)}: {len(a)} entries -> {len(b)}")
+            return
+        out.append(f"{where(path)}: {_short(a)} -> {_short(b)}")
+
+    walk(old, new, [], None)
+    if len(out) > limit:
+        out = out[:limit] + ["..."]
+    return out
+
+
+_MISSING = "<missing>"
+
+
+def _short(value) -> str:
+    text = json.dumps(value, sort_keys=True, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def is_compiled(model) -> bool:

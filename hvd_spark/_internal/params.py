@@ -239,6 +239,14 @@ class EstimatorParams(ColumnParams):
         "any pyarrow version) or 'petastorm' (Petastorm 0.13.1; needs pyarrow 12).",
         TypeConverters.toString,
     )
+    reuse_data = _param(
+        "reuse_data",
+        "When a fit reuses data an earlier fit wrote to the store: 'auto' (default: only when the input is "
+        "provably the same: its files with sizes and modification times, or data held in the query "
+        "plan itself), 'always' (also when only the query plan matches: the input may have changed) or "
+        "'never'.",
+        TypeConverters.toString,
+    )
     max_restarts = _param(
         "max_restarts",
         "Times a failed training job is started again from the latest checkpoint (default 0).",

@@ -5,11 +5,18 @@ beside it as ``model.keras``; Keras objects and Python callables (optimizer, los
 callbacks, custom objects) as ``objects.pkl``. Paths are local paths or URLs that fsspec reads.
 """
 
+import logging
 import posixpath
 from typing import Any
 
 import cloudpickle
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
+
+logger = logging.getLogger("hvd_spark")
+
+# Params that classes no longer have, skipped in older saved metadata: the transformer's storage options
+# (credentials) are a plain attribute now, never saved.
+_RETIRED_PARAMS = ("storage_options",)
 
 _OBJECT_PARAMS = ("store", "model", "optimizer", "loss", "loss_weights", "metrics", "custom_objects", "callbacks")
 
@@ -24,6 +31,10 @@ def _load_common(cls, path: str, sc):
     """A new instance with the saved uid and plain params, and the saved objects.pkl."""
     metadata = DefaultParamsReader.loadMetadata(path, sc)
     inst = cls()
+    for section in ("paramMap", "defaultParamMap"):  # saved when it was a Param (its default, never a value)
+        for name in _RETIRED_PARAMS:
+            if not inst.hasParam(name):
+                (metadata.get(section) or {}).pop(name, None)
     inst._resetUid(metadata["uid"])
     DefaultParamsReader.getAndSetParams(inst, metadata)
     fs, root = _fs(path)
@@ -63,6 +74,32 @@ def _json_params(instance, skip):
     return {p.name: v for p, v in instance._paramMap.items() if p.name not in skip}
 
 
+def _config_without_secrets(store) -> dict:
+    """The store's config as saved: no credentials among its storage options nor in its URL, and the
+    names of what was left out (for the log line of the load)."""
+    from hvd_spark._internal.secrets import split_secrets, url_without_credentials
+
+    config = dict(store.to_config())
+    config["storage_options"], removed = split_secrets(config.get("storage_options"))
+    prefix = url_without_credentials(config["prefix"])
+    if prefix != config["prefix"]:
+        config["prefix"] = prefix
+        removed.append("the user and password in the store's URL")
+    config["removed_storage_options"] = removed
+    return config
+
+
+def _log_removed(removed: list[str], store) -> None:
+    if removed:
+        logger.info(
+            "the store %r of this saved estimator was saved without its credentials (%s): give them in the "
+            "environment (e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), a profile, or with "
+            "setStore(Store(prefix, storage_options=...))",
+            store,
+            ", ".join(removed),
+        )
+
+
 class EstimatorWriter(_Writer):
     def saveImpl(self, path: str) -> None:
         from hvd_spark._internal.serde import dumps_keras_obj, model_to_bytes
@@ -80,7 +117,7 @@ class EstimatorWriter(_Writer):
                 with fs.open(posixpath.join(root, "model.keras"), "wb") as f:
                     f.write(model_to_bytes(value))
             elif name == "store":
-                objects[name] = ("store", Store.create(value).to_config())
+                objects[name] = ("store", _config_without_secrets(Store.create(value)))
             elif name in ("optimizer", "loss", "metrics"):
                 objects[name] = ("keras_obj", dumps_keras_obj(value))
             else:
@@ -104,6 +141,7 @@ class EstimatorReader(MLReader):
         for name, (kind, data) in objects.items():
             if kind == "store":
                 values[name] = Store.from_config(data)
+                _log_removed(data.get("removed_storage_options") or [], values[name])
             elif kind == "keras_obj":
                 values[name] = loads_keras_obj(data, custom)
             else:
@@ -121,10 +159,10 @@ class TransformerWriter(_Writer):
         import fsspec
 
         inst = self.instance
-        skip = ("custom_objects", "model_url", "storage_options")
+        skip = ("custom_objects", "model_url")  # storage options (credentials) are not a Param: never saved
         DefaultParamsWriter.saveMetadata(inst, path, _spark(self), paramMap=_json_params(inst, skip))
         fs, root = _fs(path)
-        src_fs, src = fsspec.core.url_to_fs(inst.getModelUrl(), **(inst.getOrDefault("storage_options") or {}))
+        src_fs, src = fsspec.core.url_to_fs(inst.getModelUrl(), **inst.getStorageOptions())
         with src_fs.open(src, "rb") as f_in, fs.open(posixpath.join(root, "model.keras"), "wb") as f_out:
             while True:
                 chunk = f_in.read(8 << 20)
@@ -143,7 +181,7 @@ class TransformerReader(MLReader):
     def load(self, path: str):
         inst, objects, fs, root = _load_common(self.cls, path, _spark(self))
         model_url = fs.unstrip_protocol(posixpath.join(root, "model.keras"))
-        inst._set(model_url=model_url, storage_options={})
+        inst._set(model_url=model_url)  # read with no storage options: see TFTransformer.setStorageOptions
         if objects.get("custom_objects"):
             inst._set(custom_objects=objects["custom_objects"])
         return inst

@@ -3,8 +3,9 @@
 Never imports pyspark. Two sources feed the same pipeline:
 
 * ``"arrow"`` (default): pyarrow reads whole row groups; list columns become N-D arrays from
-  their flat values (no per-row Python); row-group order and rows within each group are
-  shuffled with a seed per rank and per pass over the data. Works with any pyarrow >= 12 and
+  their flat values (no per-row Python); each pass over the data visits the row groups in a new
+  order and permutes rows within windows of ``shuffle_buffer_size`` rows (whole row groups), with
+  a seed per rank and per pass: every pass holds every row once. Works with any pyarrow >= 12 and
   reads local paths directly and other stores through fsspec.
 * ``"petastorm"``: Petastorm's ``make_batch_reader`` (needs pyarrow 12; kept for the old line).
 
@@ -100,12 +101,16 @@ def arrow_batches(
     seed: int,
     storage_options: dict | None = None,
     passes: int | None = None,
+    window_rows: int = 0,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Yields whole row groups of ``files`` as {column: array}, ``passes`` times (None: forever).
+    """Yields the rows of ``files`` as {column: array} chunks, ``passes`` times (None: forever); each
+    pass holds every row exactly once.
 
-    With ``shuffle``, each pass visits the row groups in a new order and permutes the rows in
-    each group, both from a generator seeded with ``seed`` and the pass number, so ranks (which
-    get different seeds) and passes differ, and a rerun with the same seed repeats exactly.
+    With ``shuffle``, each pass visits the row groups in a new order and permutes rows within windows
+    of consecutive row groups holding at least ``window_rows`` rows (0: within each row group), so
+    rows of different row groups share batches; the generator is seeded with ``seed`` and the pass
+    number, so ranks (which get different seeds) and passes differ, and a rerun with the same seed
+    repeats exactly. A window never spans two passes.
     """
     parquet = [_open_parquet(f, storage_options) for f in files]
     units = [
@@ -121,14 +126,22 @@ def arrow_batches(
     while passes is None or n_pass < passes:
         rng = np.random.default_rng([seed, n_pass])
         order = rng.permutation(len(units)) if shuffle else range(len(units))
-        for u in order:
+        window: list[dict[str, np.ndarray]] = []
+        held = 0
+        for k, u in enumerate(order):
             i, g = units[u]
             table = parquet[i].read_row_group(g, columns=names, use_threads=True)
-            batch = {name: column_values(table.column(name)) for name in names}
-            if shuffle:
-                perm = rng.permutation(table.num_rows)
-                batch = {k: v[perm] for k, v in batch.items()}
-            yield batch
+            chunk = {name: column_values(table.column(name)) for name in names}
+            if not shuffle:
+                yield chunk
+                continue
+            window.append(chunk)
+            held += table.num_rows
+            if held >= window_rows or k == len(units) - 1:
+                joined = window[0] if len(window) == 1 else {n: np.concatenate([c[n] for c in window]) for n in names}
+                perm = rng.permutation(held)
+                yield {n: v[perm] for n, v in joined.items()}
+                window, held = [], 0
         n_pass += 1
 
 
@@ -149,18 +162,26 @@ def _arrow_signature(files: Sequence[str], names: Sequence[str], storage_options
 
 
 @contextlib.contextmanager
-def _arrow_source(files, names, shuffle, seed, storage_options):
+def _arrow_source(files, names, shuffle, seed, storage_options, passes=None, window_rows=0):
     files = list(files)
     sig = _arrow_signature(files, names, storage_options)
     ds = tf.data.Dataset.from_generator(
-        lambda: arrow_batches(files, names, shuffle=shuffle, seed=seed, storage_options=storage_options),
+        lambda: arrow_batches(
+            files,
+            names,
+            shuffle=shuffle,
+            seed=seed,
+            storage_options=storage_options,
+            passes=passes,
+            window_rows=window_rows,
+        ),
         output_signature=sig,
     )
     yield ds.prefetch(2)  # the next row groups are read while the current ones train
 
 
 @contextlib.contextmanager
-def _petastorm_source(files, names, shuffle, seed, workers):
+def _petastorm_source(files, names, shuffle, seed, workers, passes=None):
     from petastorm import make_batch_reader
     from petastorm.tf_utils import make_petastorm_dataset
 
@@ -169,7 +190,7 @@ def _petastorm_source(files, names, shuffle, seed, workers):
         reader = make_batch_reader(
             list(files),
             schema_fields=list(names),
-            num_epochs=None,
+            num_epochs=passes,
             shuffle_row_groups=shuffle,
             seed=seed,
             workers_count=workers,
@@ -209,15 +230,17 @@ def rank_dataset(
     reader: str = "arrow",
     storage_options: dict | None = None,
     workers: int = 2,
+    passes: int | None = None,
 ):
-    """Yields an infinite ``tf.data.Dataset`` of ``(x, y)`` or ``(x, y, sample_weight)`` batches."""
+    """Yields a ``tf.data.Dataset`` of ``(x, y)`` or ``(x, y, sample_weight)`` batches: endless, or
+    ``passes`` passes over the files (validation: one, so that each row counts once)."""
     names = list(
         dict.fromkeys([c.stored for c in features] + [c.stored for c in labels] + ([weight.stored] if weight else []))
     )
     if reader == "petastorm":
-        source = _petastorm_source(files, names, shuffle, seed, workers)
+        source = _petastorm_source(files, names, shuffle, seed, workers, passes)
     elif reader == "arrow":
-        source = _arrow_source(files, names, shuffle, seed, storage_options)
+        source = _arrow_source(files, names, shuffle, seed, storage_options, passes, shuffle_buffer_size)
     else:
         raise ValueError(f"reader must be one of {list(READERS)}. Received: reader={reader!r}.")
     with source as ds:
@@ -242,7 +265,9 @@ def rank_dataset(
             return x, y
 
         ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE).rebatch(batch_size, drop_remainder=False)
-        if shuffle:
+        if shuffle and reader == "petastorm":
+            # Petastorm yields row groups whole: a buffer of batches mixes them (it spans passes). The
+            # arrow reader mixes rows across row groups itself, within each pass (shuffle_buffer_size rows).
             ds = ds.shuffle(max(1, shuffle_buffer_size // batch_size), seed=seed, reshuffle_each_iteration=True)
         yield ds.prefetch(tf.data.AUTOTUNE)
 

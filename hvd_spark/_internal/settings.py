@@ -13,6 +13,7 @@ ENV_RUN_LEASE_STALE = "HVD_SPARK_RUN_LEASE_STALE"  # seconds after which a dead 
 ENV_WARM = "HVD_SPARK_WARM"  # 1 / 0: ranks forked by warm servers (default) / fresh processes
 ENV_WARM_IDLE = "HVD_SPARK_WARM_IDLE"  # seconds an idle warm server lives (default 600)
 ENV_STALL_TIMEOUT = "HVD_SPARK_STALL_TIMEOUT"  # seconds without a rank's progress before the job is stopped
+ENV_EXECUTOR_WAIT = "HVD_SPARK_EXECUTOR_WAIT"  # seconds a launch waits for the application's executors to register
 
 # Set by the launcher in each rank's process (read by hvd_spark's worker side).
 ENV_DRIVER_ADDR = "HVD_SPARK_DRIVER_ADDR"
@@ -22,8 +23,11 @@ ENV_HOST = "HVD_SPARK_HOST"  # the address of the rank's host (its task's addres
 
 # Spark conf keys (spark.hvd_spark.*), read on the driver; the environment wins over them.
 CONF_START_TIMEOUT = "spark.hvd_spark.startTimeout"
+CONF_EXECUTOR_WAIT = "spark.hvd_spark.executorWait"
 
 DEFAULT_START_TIMEOUT = 600.0
+DEFAULT_EXECUTOR_WAIT = 30.0  # never longer than start_timeout
+EXECUTORS_SETTLE = 5.0  # seconds a standalone application's executor count must hold still to count as complete
 DEFAULT_GLOO_TIMEOUT = 120.0
 DEFAULT_ABORT_GRACE = 10.0
 DEFAULT_MATERIALIZE_WAIT = 3600.0
@@ -34,6 +38,7 @@ PROGRESS_INTERVAL = 1.0  # seconds between a rank's progress messages (only when
 MIN_STALL_TIMEOUT = 5.0
 LEASE_HEARTBEAT = 10.0  # seconds between a lease's heartbeats (a writer in progress on the store)
 LEASE_STALE = 60.0  # a lease whose heartbeat is older than this belongs to a writer that is gone
+STOP_WAIT = 30.0  # seconds a failed or cancelled job waits for its ranks' processes to exit before it returns
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

@@ -188,11 +188,14 @@ def _shape(shape) -> str:
     return "(None, " + ", ".join("None" if d is None else str(d) for d in shape) + ")" if shape else "(None,)"
 
 
-def assign_files(files: Sequence[tuple[str, int]], num_proc: int) -> tuple[list[list[str]], list[int]]:
+def assign_files(
+    files: Sequence[tuple[str, int]], num_proc: int, *, share: bool = True
+) -> tuple[list[list[str]], list[int]]:
     """Spreads Parquet files over ranks, balancing rows (largest file to the lightest rank).
 
     A rank left without a file (fewer non-empty files than ranks) reads the smallest file
-    as well, so that every rank has data; the caller warns about it.
+    as well when ``share`` (training: every rank needs data; the caller warns about it), or
+    gets none (validation: every row must count once).
 
     Returns:
         (files per rank, rows per rank).
@@ -207,7 +210,7 @@ def assign_files(files: Sequence[tuple[str, int]], num_proc: int) -> tuple[list[
         per_rank[r].append(path)
         load[r] += rows
     smallest_rows, smallest = nonempty[-1]
-    for r in range(num_proc):
+    for r in range(num_proc if share else 0):
         if not per_rank[r]:
             per_rank[r].append(smallest)
             load[r] += smallest_rows

@@ -9,10 +9,12 @@ Layout under the prefix::
     data/<dataset-key>/<attempt>/{train,val}/   Parquet files of one write (see data.py), _complete when done
     data/<dataset-key>/_hvd_spark_meta.json     names the published attempt and its files
     data/<dataset-key>/_writing-<attempt>.json  the lease of a write in progress
+    data/<dataset-key>/_reading-<fit>.json     the lease of a fit training on it
+    data/<dataset-key>/_last_used.json         when a fit last reused it
     runs/<run_id>/run.json             what the run trains (model fingerprint, columns)
     runs/<run_id>/checkpoints/         epoch-NNNN.keras + epoch-NNNN.json (the JSON marks it complete)
     runs/<run_id>/logs/                TensorBoard event files
-    runs/<run_id>/model.keras          the final model
+    runs/<run_id>/models/<fit_id>.keras the final model of each fit (never rewritten)
     runs/<run_id>/_writer.json         the lease of the fit training the run (one at a time)
     runs/<run_id>/_live/<job>/         a training job's progress for a Spark Connect client, while it runs
 """
@@ -29,7 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger("hvd_spark")
@@ -39,6 +41,10 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _WRITERS = ("auto", "spark", "store")
 _SPARK_PROTOCOLS = ("file", "local", "hdfs", "viewfs")  # filesystems every Spark cluster's Hadoop serves
 
+
+DATA_META = "_hvd_spark_meta.json"  # data/<key>/: names the published files
+DATA_USED = "_last_used.json"  # data/<key>/: when a fit last reused it
+DATA_READER_PREFIX = "_reading-"  # data/<key>/_reading-<fit>.json: a fit trains on it now (a lease)
 
 _HELD_TOKENS: set[str] = set()  # the tokens of the exclusive leases this process holds right now
 
@@ -60,6 +66,15 @@ class LeaseHeldError(Exception):
         super().__init__(f"{path} is held by {holder.get('host', '?')} (pid {holder.get('pid', '?')})")
 
 
+@dataclass(frozen=True)
+class Lease:
+    """An exclusive lease this process holds: its file, its token, and whether it was lost."""
+
+    path: str
+    token: str
+    lost: threading.Event = field(default_factory=threading.Event)
+
+
 @dataclass(frozen=True, order=True)
 class Checkpoint:
     """A complete checkpoint: the model after ``epoch`` epochs and its metadata (history, ...)."""
@@ -76,7 +91,11 @@ class Store:
         prefix: a local path or a URL (``file://``, ``hdfs://``, ``s3://``, ...).
         storage_options: keyword arguments for the fsspec filesystem (e.g. an S3 endpoint and
             keys: ``{"endpoint_url": ..., "key": ..., "secret": ...}`` for ``s3fs``). The driver,
-            the Spark tasks that write the data and the ranks all use them.
+            the Spark tasks that write the data and the ranks all use them. Credentials among them
+            (``key``, ``secret``, ``token``, ``password``, ... also inside ``client_kwargs``) are
+            never saved with an estimator, shown in its params or logged: a loaded estimator
+            gets them from the environment (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``,
+            which s3fs reads), a profile, or a store given again (``est.setStore(Store(...))``).
         parquet_writer: who writes the materialized Parquet: ``"spark"`` (Spark's own writer,
             through the cluster's Hadoop filesystems), ``"store"`` (each Spark task writes its
             partition through this store's fsspec filesystem and storage options, so Spark needs
@@ -123,8 +142,10 @@ class Store:
             return cls(os.fspath(store))
         raise TypeError(f"store must be a path, a URL or a hvd_spark.Store. Received: {type(store).__name__}.")
 
-    def __repr__(self) -> str:
-        return f"Store({self.prefix!r})"
+    def __repr__(self) -> str:  # never the storage options (credentials) nor a password in the URL
+        from hvd_spark._internal.secrets import url_without_credentials
+
+        return f"Store({url_without_credentials(self.prefix)!r})"
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Store) and other.to_config() == self.to_config()
@@ -165,8 +186,18 @@ class Store:
     def logs_path(self, run_id: str) -> str:
         return posixpath.join(self.run_path(run_id), "logs")
 
-    def model_path(self, run_id: str) -> str:
-        return posixpath.join(self.run_path(run_id), "model.keras")
+    def models_path(self, run_id: str) -> str:
+        return posixpath.join(self.run_path(run_id), "models")
+
+    def model_path(self, run_id: str, fit_id: str | None = None) -> str:
+        """The final model of one fit of a run (``fit_id``; each fit writes its own and none is ever
+        rewritten, so a fitted transformer keeps its model), or without ``fit_id`` the newest fit's."""
+        if fit_id is not None:
+            return posixpath.join(self.models_path(run_id), f"{fit_id}.keras")
+        names = [n for n in self._listdir(self.models_path(run_id)) if n.endswith(".keras")]
+        if names:  # fit ids start with their time: the last name is the newest
+            return posixpath.join(self.models_path(run_id), sorted(names)[-1])
+        return posixpath.join(self.run_path(run_id), "model.keras")  # a run of an earlier version
 
     # --- file operations ---
     def _fresh(self, path: str) -> None:
@@ -307,7 +338,13 @@ class Store:
             except (FileNotFoundError, ValueError):  # released meanwhile / being replaced
                 return None
 
-        if not self._create_exclusive_json(path, dict(doc, heartbeat=time.time())):
+        created = self._create_exclusive_json(path, dict(doc, heartbeat=time.time()))
+        if created and not self._is_local:  # an object store's create is check-then-write: read it back
+            time.sleep(0.2)
+            mine = current()
+            if mine is None or mine.get("token") != token:
+                raise LeaseHeldError(path, mine or {})
+        if not created:
             held = current()
             # This process's own lease that it could not remove (the store was down then) is not held.
             ours_left = held is not None and (held.get("host"), held.get("pid")) == (doc["host"], doc["pid"])
@@ -323,13 +360,17 @@ class Store:
             if mine is None or mine.get("token") != token:  # another process took it over at the same time
                 raise LeaseHeldError(path, mine or {})
 
+        handle = Lease(path, token)
+
         def beat() -> bool:
             try:
                 held = current()
             except Exception:  # the store is unreachable for now: try again at the next heartbeat
                 return True
-            if held is not None and held.get("token") != token:
-                return False  # taken over: this holder stalled for longer than ``stale``
+            if held is None or held.get("token") != token:
+                handle.lost.set()  # taken over (this holder stalled for longer than ``stale``) or removed
+                logger.error("the lease %s was lost (now %s)", path, held and f"held by pid {held.get('pid')}")
+                return False
             with contextlib.suppress(Exception):  # a missed heartbeat is retried at the next one
                 self._write_json(path, dict(doc, heartbeat=time.time()))
             return True
@@ -337,7 +378,7 @@ class Store:
         _HELD_TOKENS.add(token)
         try:
             with self._beating(path, heartbeat, beat):
-                yield
+                yield handle
         finally:
             _HELD_TOKENS.discard(token)
             try:
@@ -432,6 +473,157 @@ class Store:
     def latest_checkpoint(self, run_id: str) -> Checkpoint | None:
         ckpts = self.checkpoints(run_id)
         return ckpts[-1] if ckpts else None
+
+    # --- what the store holds, and removing it ---
+    def datasets(self) -> list[dict[str, Any]]:
+        """The data that fits wrote (one entry per ``data/<key>``), oldest use first: ``key``, ``url``,
+        ``created`` and ``last_used`` (epoch seconds), ``train_rows``, ``val_rows`` and ``in_use`` (a
+        fit is writing or training on it now). Later fits reuse an entry only while their input is
+        provably the same (see ``reuse_data``), so entries of changed inputs are dead weight."""
+        from hvd_spark._internal import settings
+
+        out = []
+        root = self._path("data")
+        for key in self._listdir(root):
+            folder = posixpath.join(root, key)
+            try:
+                meta = self._read_json(posixpath.join(folder, DATA_META))
+            except (FileNotFoundError, ValueError):
+                meta = {}
+            created = float(meta.get("created") or self._mtime(folder))
+            used = self._read_time(posixpath.join(folder, DATA_USED))
+            live = self._live_leases(folder, "_writing-", settings.LEASE_STALE) + self._live_leases(
+                folder, DATA_READER_PREFIX, settings.LEASE_STALE
+            )
+            out.append(
+                {
+                    "key": key,
+                    "url": self._url(folder),
+                    "created": created,
+                    "last_used": max(created, used or 0.0),
+                    "train_rows": meta.get("train_rows"),
+                    "val_rows": meta.get("val_rows"),
+                    "in_use": bool(live),
+                }
+            )
+        return sorted(out, key=lambda d: d["last_used"])
+
+    def runs(self) -> list[dict[str, Any]]:
+        """The runs in the store, oldest activity first: ``run_id``, ``url``, ``created``, ``last_active``
+        (its newest checkpoint or model, epoch seconds), ``epochs`` (of its newest complete checkpoint),
+        ``models`` (final models of its fits) and ``in_use`` (a fit is training it now)."""
+        out = []
+        for run_id in self._listdir(self._path("runs")):
+            if not _RUN_ID.match(run_id):
+                continue
+            folder = self.run_path(run_id)
+            ckpts = self.checkpoints(run_id)
+            models = [n for n in self._listdir(self.models_path(run_id)) if n.endswith(".keras")]
+            try:
+                created = float(self._read_json(posixpath.join(folder, "run.json")).get("created") or 0.0)
+            except (FileNotFoundError, ValueError):
+                created = self._mtime(folder)
+            times = [created] + [self._mtime(c.meta_path) for c in ckpts[-1:]]
+            times += [self._mtime(posixpath.join(self.models_path(run_id), m)) for m in sorted(models)[-1:]]
+            out.append(
+                {
+                    "run_id": run_id,
+                    "url": self._url(folder),
+                    "created": created,
+                    "last_active": max(times),
+                    "epochs": ckpts[-1].epoch if ckpts else 0,
+                    "models": len(models),
+                    "in_use": self._run_in_use(run_id) is not None,
+                }
+            )
+        return sorted(out, key=lambda d: d["last_active"])
+
+    def remove_dataset(self, key: str) -> None:
+        """Removes the data a fit wrote under ``data/<key>`` (see :meth:`datasets`). A later fit of the
+        same input writes it again. Raises ValueError while a fit is writing or training on it."""
+        if not re.match(r"^[A-Za-z0-9._-]+$", key or ""):
+            raise ValueError(f"key must be a key listed by Store.datasets(). Received: {key!r}.")
+        entry = next((d for d in self.datasets() if d["key"] == key), None)
+        if entry is None:
+            raise ValueError(f"the store {self.prefix} holds no data with key {key!r}; see Store.datasets().")
+        if entry["in_use"]:
+            raise ValueError(
+                f"data {key} in {self.prefix} is in use by a fit right now; remove it once that fit ended."
+            )
+        self._rm(self._data_path(key))
+
+    def remove_run(self, run_id: str) -> None:
+        """Removes a run: its checkpoints, logs and final models. A transformer fitted in it can no
+        longer load its model (save it first: ``TFTransformer.save``). Raises
+        :class:`hvd_spark.RunInUseError` while a fit trains the run."""
+        from hvd_spark.errors import RunInUseError
+
+        holder = self._run_in_use(run_id)
+        if holder is not None:
+            raise RunInUseError(
+                f"run_id '{run_id}' in {self.prefix} is being trained right now (host {holder.get('host')}, pid "
+                f"{holder.get('pid')}); remove it once that fit ended.",
+                run_id=run_id,
+                holder={k: v for k, v in holder.items() if k != "token"},
+            )
+        if not self._exists(self.run_path(run_id)):
+            raise ValueError(f"the store {self.prefix} holds no run {run_id!r}; see Store.runs().")
+        self._rm(self.run_path(run_id))
+
+    def cleanup(
+        self, *, older_than: float, datasets: bool = True, runs: bool = False, dry_run: bool = False
+    ) -> list[str]:
+        """Removes what no fit used for ``older_than`` seconds: data (``datasets``, default) and runs
+        (``runs``, off by default: a run holds trained models), never anything in use. Returns the URLs
+        removed (with ``dry_run``, those that would be).
+
+        Example:
+            >>> store.cleanup(older_than=7 * 86400)   # data unused for a week  # doctest: +SKIP
+        """
+        if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) or older_than < 0:
+            raise ValueError(f"older_than must be a number of seconds >= 0. Received: older_than={older_than!r}.")
+        cutoff = time.time() - older_than
+        removed = []
+        if datasets:
+            for d in self.datasets():
+                if not d["in_use"] and d["last_used"] < cutoff:
+                    if not dry_run:
+                        self._rm(self._data_path(d["key"]))
+                    removed.append(d["url"])
+        if runs:
+            for r in self.runs():
+                if not r["in_use"] and r["last_active"] < cutoff:
+                    if not dry_run:
+                        self._rm(self.run_path(r["run_id"]))
+                    removed.append(r["url"])
+        return removed
+
+    def _run_in_use(self, run_id: str) -> dict[str, Any] | None:
+        """The writer lease of a fit training ``run_id`` now, or None."""
+        from hvd_spark._internal import settings
+
+        try:
+            held = self._read_json(posixpath.join(self.run_path(run_id), "_writer.json"))
+        except (FileNotFoundError, ValueError):
+            return None
+        return held if time.time() - float(held.get("heartbeat", 0)) < settings.run_lease_stale() else None
+
+    def _mtime(self, path: str) -> float:
+        try:
+            info = self._fs.info(path)
+        except FileNotFoundError:
+            return 0.0
+        for k in ("mtime", "LastModified", "last_modified", "modified", "created"):
+            v = info.get(k)
+            if v is not None:
+                return v.timestamp() if hasattr(v, "timestamp") else float(v)
+        return 0.0
+
+    def _read_time(self, path: str) -> float | None:
+        try:
+            return float(self._read_json(path).get("time"))
+        except (FileNotFoundError, ValueError, TypeError):
+            return None
 
     def _local_copy(self, path: str) -> str:
         """Downloads ``path`` to a local temporary file (or returns it, on a local store)."""

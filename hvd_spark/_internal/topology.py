@@ -134,8 +134,10 @@ def task_cpus(conf) -> int:
 def task_slots(master: str, *, default_parallelism: int, task_cpus: int = 1, cpu_count: int | None = None) -> int:
     """How many barrier tasks can run at once on this Spark application.
 
-    Local masters are read from the master URL; other cluster managers report their total
-    cores as ``defaultParallelism`` (unless ``spark.default.parallelism`` overrides it).
+    Local masters are read from the master URL. For other masters this is the fallback where the
+    registered executors cannot be counted (a Spark Connect session, a JVM that refuses the call):
+    ``defaultParallelism``, the executors' total cores unless ``spark.default.parallelism`` is set
+    (see :func:`judge_slots` for the count used on a classic session).
 
     Args:
         master: the Spark master URL.
@@ -159,6 +161,198 @@ def task_slots(master: str, *, default_parallelism: int, task_cpus: int = 1, cpu
         workers, cores = int(m.group(1)), int(m.group(2))
         return workers * (cores // task_cpus)
     return max(0, int(default_parallelism) // task_cpus)
+
+
+def is_local_master(master: str) -> bool:
+    """Spark's own test for a master of one JVM (``local``, ``local[...]``; not ``local-cluster``)."""
+    m = master.strip()
+    return m == "local" or m.startswith("local[")
+
+
+def slots_from_master_url(master: str) -> bool:
+    """Whether :func:`task_slots` reads the slots exactly from the master URL (local, local-cluster);
+    on every other master they are counted on the executors that registered."""
+    m = master.strip()
+    return bool(_LOCAL.match(m) or _LOCAL_CLUSTER.match(m))
+
+
+def _conf_int(conf, key: str) -> int | None:
+    raw = conf.get(key, None)
+    if raw is None or str(raw).strip() == "":
+        return None
+    try:
+        return int(str(raw).strip())
+    except ValueError:
+        return None
+
+
+def barrier_refusal(master: str, conf) -> str | None:
+    """Why Spark refuses every barrier stage of this application, or None.
+
+    Spark does not run barrier stages with dynamic allocation on (``BarrierJobRunWithDynamicAllocation
+    Exception``, SPARK-24942), which it counts as on for every master but ``local`` / ``local[...]``
+    (there only with ``spark.dynamicAllocation.testing``). hvd_spark says so before any work.
+    """
+    if str(conf.get("spark.dynamicAllocation.enabled", "false") or "false").strip().lower() != "true":
+        return None
+    testing = str(conf.get("spark.dynamicAllocation.testing", "false") or "false").strip().lower() == "true"
+    if is_local_master(master) and not testing:
+        return None
+    return (
+        f"Spark does not run barrier stages with dynamic allocation (spark.dynamicAllocation.enabled=true, "
+        f"master={master}), and hvd_spark runs its ranks as one barrier stage: the job would fail at once "
+        "with BarrierJobRunWithDynamicAllocationException. Start the application with "
+        "spark.dynamicAllocation.enabled=false and a fixed set of executors (spark.executor.instances and "
+        "spark.executor.cores on YARN and Kubernetes, spark.cores.max and spark.executor.cores on standalone)."
+    )
+
+
+@dataclass(frozen=True)
+class ExecutorTarget:
+    """The executors an application asked for, as far as its conf tells (dynamic allocation off)."""
+
+    executors: int | None  # how many; None where the conf does not say (standalone without spark.cores.max)
+    source: str  # where that number comes from, for messages
+    slots_each: int | None  # task slots of one executor when the conf tells (spark.executor.cores)
+    settles: bool  # a count that stopped changing is complete (standalone: the Master grants at once)
+    fix: str  # the settings that give the application more slots, for messages
+
+
+def executor_target(master: str, conf, task_cpus: int = 1) -> ExecutorTarget:
+    """What executors the application behind ``master`` and ``conf`` waits for.
+
+    YARN and Kubernetes start ``spark.executor.instances`` executors (default 2) of
+    ``spark.executor.cores`` cores (default 1) as the cluster grants them. A standalone Master grants
+    an application, when it registers, executors of ``spark.executor.cores`` (default: all free cores
+    of a Worker) until ``spark.cores.max`` (default: every free core); ``spark.executor.instances``
+    does not count there.
+    """
+    m = master.strip()
+    cpus = max(1, int(task_cpus))
+    cores = _conf_int(conf, "spark.executor.cores")
+    if m == "yarn" or m.startswith("k8s://"):
+        per_executor = (cores or 1) // cpus
+        instances = _conf_int(conf, "spark.executor.instances")
+        fix = "more executors or cores per executor (spark.executor.instances, spark.executor.cores)"
+        if instances is not None:
+            return ExecutorTarget(instances, f"spark.executor.instances={instances}", per_executor, False, fix)
+        return ExecutorTarget(2, "spark.executor.instances unset: Spark's default of 2", per_executor, False, fix)
+    each = cores // cpus if cores else None
+    fix = "more cores (spark.cores.max, spark.executor.cores; Workers with free cores)"
+    cores_max = _conf_int(conf, "spark.cores.max")
+    if m.startswith("spark://") and cores_max and cores:
+        source = f"spark.cores.max={cores_max} / spark.executor.cores={cores}"
+        return ExecutorTarget(cores_max // cores, source, each, True, fix)
+    return ExecutorTarget(None, "", each, True, fix)
+
+
+def executors_settled(
+    num_proc: int | None, executors: int, slots: int, target: ExecutorTarget, stable_for: float, settle: float
+) -> bool:
+    """Whether the registered executors are all a launch needs to wait for: enough slots for
+    ``num_proc``, every executor the application asked for, or (standalone, or a count the conf
+    does not tell) a count that held still for ``settle`` seconds."""
+    if executors < 1:
+        return False
+    if num_proc is not None and slots >= num_proc:
+        return True
+    if target.executors is not None and executors >= target.executors:
+        return True
+    return target.settles and stable_for >= settle
+
+
+@dataclass(frozen=True)
+class SlotVerdict:
+    """The slots a launch counts on, or why it cannot start."""
+
+    slots: int  # the application's barrier task slots for this launch (num_proc defaults to them)
+    error: str | None = None  # the launch can never be scheduled (or num_proc cannot default): the message
+    warning: str | None = None  # the launch goes on, but not every executor asked for has registered
+
+
+def judge_slots(
+    num_proc: int | None,
+    *,
+    executors: int,
+    slots: int,
+    target: ExecutorTarget,
+    settled: bool,
+    waited: float,
+    master: str,
+    task_cpus: int,
+    default_parallelism: str | None = None,
+    wait_setting: str = "HVD_SPARK_EXECUTOR_WAIT",
+) -> SlotVerdict:
+    """Decides a launch's task slots from the executors that registered.
+
+    Args:
+        num_proc: the ranks asked for; None: as many as there are slots.
+        executors, slots: the executors registered and their barrier task slots (Spark's own count,
+            ``maxNumConcurrentTasks`` of the default resource profile).
+        target: what the application asked for (:func:`executor_target`).
+        settled: whether the count is complete (:func:`executors_settled`) or the wait ran out.
+        waited: seconds waited for them.
+        master, task_cpus, default_parallelism: for messages (``spark.default.parallelism`` as set).
+        wait_setting: the setting that makes the wait longer, for messages.
+
+    A launch that asks for more ranks than can ever be scheduled is refused: more than the slots
+    of a complete set of executors, or, while some are still missing, more than all the executors
+    asked for would have. One that may still fit goes on with a warning and its barrier tasks wait
+    for the rest within ``start_timeout``.
+    """
+    s = "" if executors == 1 else "s"
+    asked = f" of the {target.executors} asked for ({target.source})" if target.executors is not None else ""
+    numbers = (
+        f"{executors} executor{s} registered{asked} with {slots} task slot{'' if slots == 1 else 's'} in all "
+        f"(spark.task.cpus={task_cpus}; master={master})"
+    )
+    if default_parallelism:
+        numbers += f"; spark.default.parallelism={default_parallelism} is not the executors' cores and does not count"
+    if waited >= 0.5:
+        numbers += f"; waited {waited:.0f}s for them"
+    fix = f"give the application {target.fix}, or lower spark.task.cpus"
+    if num_proc is None:
+        if slots >= 1:
+            warning = None
+            if not settled:
+                warning = f"num_proc defaults to the task slots registered so far ({slots}): {numbers}."
+            return SlotVerdict(slots, warning=warning)
+        return SlotVerdict(
+            0,
+            error=(
+                f"num_proc cannot default to the application's task slots: it has none yet ({numbers}). "
+                f"Pass num_proc, let hvd_spark wait longer for the executors ({wait_setting}), or {fix}."
+            ),
+        )
+    if slots >= num_proc:
+        return SlotVerdict(slots)
+    lower = f"Lower num_proc to at most {slots}, or {fix}." if slots >= 1 else f"Pass fewer ranks, or {fix}."
+    head = f"num_proc must be at most the number of task slots ({slots}) for a barrier stage. "
+    head += f"Received: num_proc={num_proc}."
+    never = "Spark starts all tasks of a barrier stage at once, so these ranks could never start."
+    if settled:
+        return SlotVerdict(slots, error=f"{head} The application has {numbers}. {never} {lower}")
+    each = target.slots_each
+    if executors >= 1:
+        each = -(-slots // executors)  # what the registered ones have (GPUs and standalone's whole Workers count)
+    bound = target.executors * each if target.executors is not None and each is not None else None
+    if bound is not None and num_proc > bound:
+        return SlotVerdict(
+            slots,
+            error=(
+                f"num_proc must be at most the number of task slots ({bound}) the application can have for a "
+                f"barrier stage. Received: num_proc={num_proc}. It asked for {target.executors} executors "
+                f"({target.source}) of {each} task slot{'' if each == 1 else 's'} each, and has {numbers}. "
+                f"{never} Lower num_proc to at most {bound}, or {fix}."
+            ),
+        )
+    return SlotVerdict(
+        max(num_proc, bound or 0),
+        warning=(
+            f"{num_proc} ranks need {num_proc} task slots and the application has {numbers}; the barrier "
+            "tasks wait for more executors to register (start_timeout)."
+        ),
+    )
 
 
 GPU_CONF_HELP = (

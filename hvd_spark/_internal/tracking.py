@@ -56,8 +56,10 @@ def describe(value) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k}: {describe(v)}" for k, v in value.items()) + "}"
     name = type(value).__name__
-    if name in ("Store",) and hasattr(value, "prefix"):
-        return str(value.prefix)
+    if name in ("Store",) and hasattr(value, "prefix"):  # never its storage options (credentials)
+        from hvd_spark._internal.secrets import url_without_credentials
+
+        return url_without_credentials(str(value.prefix))
     get_config = getattr(value, "get_config", None)
     if callable(get_config) and not hasattr(value, "layers"):  # optimizers, losses, metrics: their settings
         try:
@@ -78,6 +80,10 @@ def param_values(params: dict[str, Any]) -> dict[str, str]:
         if k in ("custom_objects",) or v is None:
             continue
         text = describe(v)
+        if k == "store":  # a URL given as a string: no password in it either
+            from hvd_spark._internal.secrets import url_without_credentials
+
+            text = url_without_credentials(text)
         out[k] = text if len(text) <= _MAX_PARAM else text[: _MAX_PARAM - 3] + "..."
     return out
 

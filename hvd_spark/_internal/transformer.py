@@ -139,10 +139,69 @@ def _null_error(col: str, nulls: int, n: int) -> ValueError:
     )
 
 
-def _first_null(names: list[str], nulls: list[int], n: int) -> None:
-    for name, count in zip(names, nulls):
+def _null_elements_error(col: str, rows: int, n: int) -> ValueError:
+    return ValueError(
+        f"Feature column '{col}' has {rows} rows with null elements in a batch of {n} rows; transform() "
+        "needs a value in every element (handleInvalid='keep' gives such rows null predictions, 'skip' "
+        "leaves them out)."
+    )
+
+
+def _first_null(names: list[str], nulls: list[int], n: int, holed: list[int] | None = None) -> None:
+    """Raises for the first column with a null value, or with rows that hold null elements (``holed``)."""
+    for i, (name, count) in enumerate(zip(names, nulls)):
         if count:
             raise _null_error(name, count, n)
+        if holed and holed[i]:
+            raise _null_elements_error(name, holed[i], n)
+
+
+def null_element_rows(arr) -> np.ndarray | None:
+    """For a pyarrow list array: a bool mask of the rows that hold a null element (at any depth), or
+    None when there is none (also for a non-list array). Vectorized: each null element's row comes
+    from ``list_parent_indices``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type)):
+        return None
+    values = arr.flatten()  # the values of the rows, whatever the slice and the null rows
+    deeper = null_element_rows(values)
+    if values.null_count == 0 and deeper is None:
+        return None
+    bad = np.asarray(pc.is_null(values).to_numpy(zero_copy_only=False), dtype=bool)
+    if deeper is not None:
+        bad |= deeper
+    if not bad.any():
+        return None
+    parents = np.asarray(pc.list_parent_indices(arr).to_numpy(zero_copy_only=False))
+    return np.bincount(parents[bad], minlength=len(arr)) > 0
+
+
+def _output_arrays(arrays: list[np.ndarray], outputs: list[TensorSpec], valid: np.ndarray) -> list:
+    """The predictions of the valid rows (``arrays``, row-major) as one pyarrow array per output over all
+    rows: ``double`` for a single value, ``list<double>`` otherwise; the other rows null. A NaN the
+    model gave stays NaN (not null): it is its output."""
+    import pyarrow as pa
+
+    n, m = len(valid), int(valid.sum())
+    nulls = None if m == n else ~valid
+    out = []
+    for spec, arr in zip(outputs, arrays):
+        if _is_scalar(spec):
+            full = arr[:, 0]
+            if m < n:  # scatter the predictions to their rows; the others stay empty and null
+                full = np.zeros(n, dtype=np.float64)
+                full[valid] = arr[:, 0]
+            out.append(pa.array(full, type=pa.float64(), mask=nulls))
+        else:
+            sizes = np.where(valid, arr.shape[1], 0)
+            offsets = pa.array(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32))
+            flat = pa.array(arr.reshape(-1), type=pa.float64())
+            out.append(pa.ListArray.from_arrays(offsets, flat, mask=None if nulls is None else pa.array(nulls)))
+    return out
 
 
 def predict_batches(
@@ -157,28 +216,31 @@ def predict_batches(
 ) -> Iterator:
     """Pure batching (pandas): predicts each batch in chunks and yields a Series (one output) or a DataFrame.
 
-    A row with a null feature raises (naming the column), or with ``keep_invalid`` gets null outputs.
+    Each frame holds the ``k`` feature columns, then one status column per feature, computed by Spark
+    (:func:`feature_status`: 0 a value, 1 null, 2 an array with null elements), since pandas cannot
+    tell a null from a NaN. A row with a null feature or null elements raises (naming the column), or
+    with ``keep_invalid`` gets null outputs. A NaN value is a value: the model gets it.
+
+    A single-value output is an Arrow-backed Series, so that a NaN the model gave stays NaN (pyspark
+    turns a NaN of a numpy-backed Series into a null). A list output is an object Series of arrays
+    (None for an invalid row): pyspark turns the NaNs inside into null elements, which
+    ``TFTransformer._transform`` turns back into NaN (the model never outputs a null).
     """
+    k = len(feature_cols)
     for frame in frames:
         n = len(frame)
-        missing = frame[feature_cols].isna()
+        status = frame.iloc[:, k : 2 * k].to_numpy(dtype=np.int8)
         if not keep_invalid:
-            _first_null(feature_cols, [int(missing[c].sum()) for c in feature_cols], n)
-        valid = ~missing.any(axis=1).to_numpy()
+            _first_null(feature_cols, (status == 1).sum(axis=0).tolist(), n, (status == 2).sum(axis=0).tolist())
+        valid = ~(status != 0).any(axis=1)
         rows = frame if valid.all() else frame[valid]
-        arrays = _predict_columns(
-            model, [rows[c].to_numpy() for c in feature_cols], len(rows), inputs, outputs, batch_size, feature_cols
-        )
-        columns = {}
-        for name, spec, arr in zip(output_cols, outputs, arrays):
-            values = list(arr[:, 0]) if _is_scalar(spec) else list(arr)
-            if len(rows) < n:  # null outputs for the rows kept without a prediction
-                full: list = [None] * n
-                for i, v in zip(np.flatnonzero(valid), values):
-                    full[i] = v
-                values = full
-            columns[name] = pd.Series(values, dtype="float64" if _is_scalar(spec) else object)
-        yield columns[output_cols[0]] if len(output_cols) == 1 else pd.DataFrame(columns)
+        columns = [rows.iloc[:, i].to_numpy() for i in range(k)]
+        arrays = _predict_columns(model, columns, len(rows), inputs, outputs, batch_size, feature_cols)
+        series = [
+            pd.Series(pd.arrays.ArrowExtensionArray(a)) if _is_scalar(spec) else a.to_pandas()
+            for spec, a in zip(outputs, _output_arrays(arrays, outputs, valid))
+        ]
+        yield series[0] if len(series) == 1 else pd.DataFrame(dict(zip(output_cols, series)))
 
 
 def predict_arrow_batches(
@@ -194,7 +256,8 @@ def predict_arrow_batches(
     """Pure batching (Arrow): each StructArray of feature columns -> an Arrow array of predictions.
 
     List features are reshaped from their flat values and list outputs built from flat values
-    and offsets: no per-row Python on either side. Nulls as in :func:`predict_batches`.
+    and offsets: no per-row Python on either side. A null feature, or an array with a null element,
+    makes the row invalid, as in :func:`predict_batches`; a NaN value goes to the model.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -204,33 +267,41 @@ def predict_arrow_batches(
             struct = struct.combine_chunks()
         n = len(struct)
         cols = [struct.field(i) for i in range(struct.type.num_fields)]
+        holes = [null_element_rows(c) for c in cols]
         if not keep_invalid:
-            _first_null(feature_cols, [c.null_count for c in cols], n)
+            _first_null(
+                feature_cols, [c.null_count for c in cols], n, [0 if h is None else int(h.sum()) for h in holes]
+            )
         valid = np.ones(n, dtype=bool)
-        for c in cols:
+        for c, h in zip(cols, holes):
             if c.null_count:
                 valid &= np.asarray(pc.is_valid(c).to_numpy(zero_copy_only=False), dtype=bool)
+            if h is not None:
+                valid &= ~h
         if not valid.all():
             keep = pa.array(valid)
             cols = [c.filter(keep) for c in cols]
-        m = int(valid.sum())
-        arrays = _predict_columns(model, cols, m, inputs, outputs, batch_size, feature_cols)
-        nulls = None if m == n else pa.array(~valid)
-        out = []
-        for spec, arr in zip(outputs, arrays):
-            if m < n:  # scatter the predictions to their rows; the others stay empty and null
-                full = np.zeros((n, arr.shape[1]), dtype=np.float64)
-                full[valid] = arr
-                arr = full
-            if _is_scalar(spec):
-                out.append(pa.array(arr[:, 0], type=pa.float64(), mask=None if nulls is None else ~valid))
-            else:
-                width = arr.shape[1]
-                sizes = np.where(valid, width, 0)
-                offsets = pa.array(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32))
-                flat = pa.array(arr[valid].reshape(-1), type=pa.float64())
-                out.append(pa.ListArray.from_arrays(offsets, flat, mask=nulls))
+        arrays = _predict_columns(model, cols, int(valid.sum()), inputs, outputs, batch_size, feature_cols)
+        out = _output_arrays(arrays, outputs, valid)
         yield out[0] if len(out) == 1 else pa.StructArray.from_arrays(out, names=list(output_cols))
+
+
+def _has_null_element(array_col):
+    """Spark expression: whether an array column holds a null element (null for a null array)."""
+    from pyspark.sql import functions as F
+
+    return F.exists(array_col, lambda x: x.isNull())
+
+
+def feature_status(info, expr):
+    """Spark expression of a feature's status for :func:`predict_batches`: 0 a value (NaN included),
+    1 null, 2 an array holding a null element."""
+    from pyspark.sql import functions as F
+
+    status = F.when(expr.isNull(), F.lit(1))
+    if info.kind == "array":
+        status = status.when(_has_null_element(expr), F.lit(2))
+    return status.otherwise(F.lit(0)).cast("tinyint")
 
 
 def arrow_udfs_available() -> bool:
@@ -264,8 +335,16 @@ class TFTransformer(
     Output columns are ``double`` for a single-value output and ``array<double>`` otherwise
     (higher-rank outputs are flattened, row-major).
 
-    A row with a null feature is refused by default, naming the column (``handleInvalid="error"``);
-    ``"keep"`` gives it null predictions, ``"skip"`` leaves it out of the result.
+    A row with a null feature, or with an array feature holding a null element, is invalid: refused by
+    default, naming the column (``handleInvalid="error"``); ``"keep"`` gives it null predictions,
+    ``"skip"`` leaves it out of the result. A NaN is a value, not a null: the model gets it, the same
+    with the Arrow and the pandas UDF. A NaN the model outputs stays NaN in its output column, and a
+    classifier's ``prediction``, ``probability`` and ``rawPrediction`` are null for that row: a NaN
+    never becomes a class.
+
+    ``storage_options`` (fsspec options to read ``model_url``, such as an S3 endpoint and keys) are
+    not a Spark ML Param: never saved, never shown by ``explainParams()``. A loaded transformer reads
+    its saved model file with none; see :meth:`setStorageOptions` to give credentials again.
 
     Example:
         >>> model = estimator.fit(train_df)            # doctest: +SKIP
@@ -274,7 +353,6 @@ class TFTransformer(
     """
 
     model_url = _param("model_url", "URL of the trained model (.keras) on shared storage.", TypeConverters.toString)
-    storage_options = _param("storage_options", "fsspec options to read model_url.")
     input_specs = _param("input_specs", "The model's inputs: shape (without batch axis) and dtype.")
     output_specs = _param("output_specs", "The model's outputs: shape (without batch axis) and dtype.")
     history = _param("history", "Training history: metric name -> value per epoch.")
@@ -325,7 +403,6 @@ class TFTransformer(
             from_logits=False,
             batch_size=4096,
             history={},
-            storage_options={},
             custom_objects=None,
             output_cols=None,
             label_cols=None,
@@ -345,7 +422,6 @@ class TFTransformer(
                 run_id=run_id,
                 batch_size=batch_size,
                 custom_objects=custom_objects,
-                storage_options=storage_options,
                 inference_udf=inference_udf,
                 task=task,
                 from_logits=from_logits,
@@ -357,8 +433,27 @@ class TFTransformer(
             if v is not None
         }
         self._set(**kwargs)
+        self._storage_options: dict = {}
+        self.setStorageOptions(storage_options)
         self._keras_model = None
         self._fit_summary: FitSummary | None = None
+
+    # --- storage options: a plain attribute, not a Param (credentials are never saved or shown) ---
+    def setStorageOptions(self, value: dict | None) -> "TFTransformer":
+        """Sets the fsspec options to read ``model_url`` (e.g. an S3 endpoint and keys) and returns ``self``.
+
+        They are not a Spark ML Param: ``save`` never writes them and ``explainParams()`` never shows
+        them. A loaded transformer reads its own saved model file with none; give them again here
+        (or through the environment, e.g. ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, or a
+        profile) when it needs credentials."""
+        if value is not None and not isinstance(value, dict):
+            raise TypeError(f"storage_options must be a dict. Received: {type(value).__name__}.")
+        self._storage_options = dict(value or {})
+        return self
+
+    def getStorageOptions(self) -> dict:
+        """The fsspec options to read ``model_url`` (a copy)."""
+        return dict(self._storage_options)
 
     # --- Spark ML's classifier columns ---
     def setPredictionCol(self, value: str) -> "TFTransformer":
@@ -374,8 +469,8 @@ class TFTransformer(
         return self._set(rawPredictionCol=value)
 
     def setHandleInvalid(self, value: str) -> "TFTransformer":
-        """What a row with a null feature gets: ``"error"`` (default), ``"keep"`` (null predictions) or
-        ``"skip"`` (the row is left out)."""
+        """What a row with a null feature (or an array feature with a null element) gets: ``"error"``
+        (default), ``"keep"`` (null predictions) or ``"skip"`` (the row is left out)."""
         return self._set(handleInvalid=value)
 
     def _classifier_cols(self) -> dict[str, str]:
@@ -419,7 +514,7 @@ class TFTransformer(
 
             co = self.getOrDefault(self.custom_objects)
             self._keras_model = _load_uncached(
-                self.getModelUrl(), self.getOrDefault(self.storage_options), cloudpickle.dumps(co) if co else None
+                self.getModelUrl(), self.getStorageOptions(), cloudpickle.dumps(co) if co else None
             )
         return self._keras_model
 
@@ -438,11 +533,12 @@ class TFTransformer(
         return path
 
     # --- Spark ---
-    def _output_type(self):
+    def _output_type(self, contains_null: bool = False):
+        """The UDF's return type (``contains_null``: list outputs may hold null elements, the pandas UDF's NaNs)."""
         from pyspark.sql import types as T
 
         outs = self._outputs()
-        types = [T.DoubleType() if _is_scalar(s) else T.ArrayType(T.DoubleType(), containsNull=False) for s in outs]
+        types = [T.DoubleType() if _is_scalar(s) else T.ArrayType(T.DoubleType(), contains_null) for s in outs]
         if len(outs) == 1:
             return types[0]
         return T.StructType([T.StructField(n, t, True) for n, t in zip(self.getOutputCols(), types)])
@@ -518,7 +614,7 @@ class TFTransformer(
         entries = stack_for_single_input(self.getFeatureCols(), inputs)
         feature_cols = [column_label(c) for c in entries]  # a stacked group by its name: [a, b, c]
         output_cols = self.getOutputCols()
-        url, opts = self.getModelUrl(), dict(self.getOrDefault(self.storage_options) or {})
+        url, opts = self.getModelUrl(), self.getStorageOptions()
         co = self.getOrDefault(self.custom_objects)
         co_bytes = cloudpickle.dumps(co) if co else None
         batch_size = int(self.getOrDefault(self.batch_size))
@@ -526,8 +622,9 @@ class TFTransformer(
         num_threads = task_cpus(session_conf(dataset.sparkSession))
         names = [f"_f{i}" for i in range(len(feature_cols))]
         key = _model_version(url, opts)
+        arrow = self._use_arrow_udf()
 
-        if self._use_arrow_udf():
+        if arrow:
             import pyarrow as pa
             from pyspark.sql.functions import arrow_udf
 
@@ -548,21 +645,33 @@ class TFTransformer(
                 device = _task_device()
                 model = _load_cached(key, url, opts, co_bytes, num_threads, device)
                 rows = batch_size if device is None or batch_set else max(batch_size, GPU_BATCH_SIZE)
-                renamed = (f.set_axis(feature_cols, axis=1) for f in frames)
                 with _on(device):
-                    yield from predict_batches(model, renamed, inputs, outputs, feature_cols, output_cols, rows, keep)
+                    yield from predict_batches(model, frames, inputs, outputs, feature_cols, output_cols, rows, keep)
 
-            udf = pandas_udf(predict, returnType=self._output_type())  # type: ignore[call-overload]
+            udf = pandas_udf(predict, returnType=self._output_type(True))  # type: ignore[call-overload]
         infos = [column_info(dataset, c, "feature") for c in entries]
-        packed = F.struct(*[feature_expr(info).alias(n) for info, n in zip(infos, names)])
+        exprs = [feature_expr(info) for info in infos]
+        fields = [e.alias(n) for e, n in zip(exprs, names)]
+        if not arrow:  # pandas turns a null into NaN: Spark says which rows are null (or hold null elements)
+            fields += [feature_status(info, e).alias(f"_s{i}") for i, (info, e) in enumerate(zip(infos, exprs))]
+        packed = F.struct(*fields)
         if invalid == "skip":
             present = [col(p).isNotNull() for info in infos for p in (info.parts or [info.name])]
+            present += [~_has_null_element(col(info.name)) for info in infos if info.kind == "array" and not info.parts]
             dataset = dataset.where(functools.reduce(operator.and_, present))
+
+        def nan_back(column, spec):  # the pandas UDF's list outputs hold their NaNs as null elements
+            if arrow or _is_scalar(spec):
+                return column
+            return F.transform(column, lambda x: F.coalesce(x, F.lit(float("nan"))))
+
         if len(output_cols) == 1:
-            return self._with_classifier_cols(dataset.withColumn(output_cols[0], udf(packed)), output_cols[0])
+            result = dataset.withColumn(output_cols[0], nan_back(udf(packed), outputs[0]))
+            return self._with_classifier_cols(result, output_cols[0])
         tmp = "__hvd_spark_pred"
         out = dataset.withColumn(tmp, udf(packed))
-        return out.select("*", *[F.col(tmp).getField(c).alias(c) for c in output_cols]).drop(tmp)
+        fields = [nan_back(F.col(tmp).getField(c), spec).alias(c) for c, spec in zip(output_cols, outputs)]
+        return out.select("*", *fields).drop(tmp)
 
     def _with_classifier_cols(self, df, out: str):
         """Adds a classifier's prediction (class index, double), probability and rawPrediction (Vectors)
@@ -588,15 +697,18 @@ class TFTransformer(
             # SQL text: F.array_position takes a Column as its value only from Spark 4.0 on.
             quoted = "`" + out.replace("`", "``") + "`"
             pred = F.expr(f"CAST(array_position({quoted}, array_max({quoted})) - 1 AS DOUBLE)")
+            no_class = o.isNull() | F.exists(o, lambda x: F.isnan(x))  # array_max takes NaN as the largest
         else:  # binary: the output is the probability (or logit) of class 1
             p1 = 1.0 / (1.0 + F.exp(-o)) if logits else o
             raw = F.array(-o, o) if logits else F.array(1.0 - o, o)
             prob = F.array(1.0 - p1, p1)
             pred = (p1 > 0.5).cast("double")
+            no_class = o.isNull() | F.isnan(o)  # Spark orders NaN above every number: NaN > 0.5
         exprs = {"prediction": pred, "probability": array_to_vector(prob), "rawPrediction": array_to_vector(raw)}
-        # A row kept without a prediction (handleInvalid="keep") has nulls in these columns too.
+        # A row kept without a prediction (handleInvalid="keep"), or whose output holds a NaN, has nulls in
+        # these columns too: a NaN never becomes a class.
         return df.select(
-            "*", *[F.when(o.isNull(), F.lit(None)).otherwise(exprs[kind]).alias(name) for kind, name in cols.items()]
+            "*", *[F.when(no_class, F.lit(None)).otherwise(exprs[kind]).alias(name) for kind, name in cols.items()]
         )
 
     # --- persistence (save / load come from MLWritable / MLReadable) ---
@@ -614,6 +726,7 @@ class TFTransformer(
     def copy(self, extra=None):
         that = super().copy(extra)
         that._keras_model = self._keras_model
+        that._storage_options = dict(self._storage_options)
         return that
 
 

@@ -90,7 +90,9 @@ def train(cfg: RunConfig) -> dict:
     from hvd_spark._internal.keras_hvd import (
         BroadcastStateCallback,
         EventCallback,
+        ExactValidationCallback,
         MetricAverageCallback,
+        RankRandomnessCallback,
         StateAgreementCallback,
         make_distributed,
         synchronize_batch_norm,
@@ -116,13 +118,9 @@ def train(cfg: RunConfig) -> dict:
 
     user_callbacks = cloudpickle.loads(cfg.callbacks) if cfg.callbacks else []
     state_cb = StateAgreementCallback()
-    callbacks: list = [startup, _Ticks(), BroadcastStateCallback(), state_cb, MetricAverageCallback(), *user_callbacks]
+    ticks = _Ticks()
     tmp = tempfile.mkdtemp(prefix="hvd_spark-rank-")
     store = Store.from_config(cfg.store)
-    if rank == 0:
-        callbacks.append(_CheckpointCallback(store, cfg.run_id, cfg.history_so_far, tmp))
-        callbacks.append(_tensorboard(store, cfg.run_id, tmp))
-        callbacks.append(EventCallback(cfg.epochs, send_event, cfg.steps_per_epoch, cfg.progress_interval))
     try:
         with (
             rank_dataset(
@@ -135,6 +133,22 @@ def train(cfg: RunConfig) -> dict:
             ) as train_ds,
             _maybe_val(cfg, rank, data_kw) as val_ds,
         ):
+            callbacks: list = [
+                startup,
+                ticks,
+                BroadcastStateCallback(),
+                RankRandomnessCallback(cfg.seed, rank),  # after the broadcast, which copies rank 0's generators
+                state_cb,  # before validation and checkpoints: layer state agrees
+                MetricAverageCallback(),
+            ]
+            if cfg.val_files is not None:  # every validation row once per evaluation, metrics summed over ranks
+                steps = None if cfg.validation_exact else cfg.validation_steps
+                callbacks.append(ExactValidationCallback(val_ds, steps, [ticks]))
+            callbacks += user_callbacks
+            if rank == 0:
+                callbacks.append(_CheckpointCallback(store, cfg.run_id, cfg.history_so_far, tmp, cfg.lease, cfg.epochs))
+                callbacks.append(_tensorboard(store, cfg.run_id, tmp))
+                callbacks.append(EventCallback(cfg.epochs, send_event, cfg.steps_per_epoch, cfg.progress_interval))
             startup.mark("data")
             send_event({"kind": "start", "rank": rank, "initial_epoch": cfg.initial_epoch}) if rank == 0 else None
             t0 = time.time()
@@ -143,8 +157,6 @@ def train(cfg: RunConfig) -> dict:
                 epochs=cfg.epochs,
                 initial_epoch=cfg.initial_epoch,
                 steps_per_epoch=cfg.steps_per_epoch,
-                validation_data=val_ds,
-                validation_steps=cfg.validation_steps if val_ds is not None else None,
                 callbacks=callbacks,
                 verbose=2 if (cfg.verbose >= 2 and rank == 0) else 0,
                 shuffle=False,
@@ -165,7 +177,7 @@ def train(cfg: RunConfig) -> dict:
 
             final = os.path.join(tmp, "model.keras")
             save_model_file(model, final)
-            store._upload_file(final, store.model_path(cfg.run_id))
+            store._upload_file(final, cfg.final_model)
             ckpt_cb = next(c for c in callbacks if isinstance(c, _CheckpointCallback))
             result["epoch_logs"] = ckpt_cb.history
         return result
@@ -234,9 +246,10 @@ class _NullContext:
 
 
 def _maybe_val(cfg: RunConfig, rank: int, data_kw: dict):
+    """This rank's validation rows, read once per evaluation (None: it has none; other ranks do)."""
     from hvd_spark._internal.reader import rank_dataset
 
-    if not cfg.val_files:
+    if not cfg.val_files or not cfg.val_files[rank]:
         return _NullContext()
     return rank_dataset(
         cfg.val_files[rank],
@@ -244,6 +257,7 @@ def _maybe_val(cfg: RunConfig, rank: int, data_kw: dict):
         shuffle=False,
         shuffle_buffer_size=1,
         seed=cfg.seed,
+        passes=1,
         **data_kw,
     )
 
@@ -270,13 +284,50 @@ class _CheckpointCallback(keras.callbacks.Callback):
     """Rank 0: after each epoch, the model (weights, optimizer state, epoch, metrics) to the store.
 
     The ``.keras`` file is uploaded first and the ``.json`` after it, each atomically; a
-    checkpoint counts as complete once its JSON exists.
+    checkpoint counts as complete once its JSON exists. Before writing, the run's writer lease must
+    still be this fit's (``lease``: its path and token) and the epoch's checkpoint must not exist:
+    a fit that lost its run to another (a stalled or cancelled one) stops with ``RunInUseError``
+    instead of writing into it, and a run never holds more epochs than asked.
     """
 
-    def __init__(self, store, run_id: str, history_so_far: Sequence[dict], tmp: str):
+    def __init__(
+        self,
+        store,
+        run_id: str,
+        history_so_far: Sequence[dict],
+        tmp: str,
+        lease: tuple[str, str] | None = None,
+        epochs: int | None = None,
+    ):
         super().__init__()
         self.store, self.run_id, self.tmp = store, run_id, tmp
+        self.lease, self.epochs = lease, epochs
         self.history: list[dict] = [dict(h) for h in history_so_far]
+
+    def _check_still_ours(self, epoch: int, meta_path: str) -> None:
+        from hvd_spark.errors import RunInUseError
+
+        if self.epochs is not None and epoch > self.epochs:
+            raise RunInUseError(f"run '{self.run_id}' asked for {self.epochs} epochs; not writing epoch {epoch}.")
+        if self.lease is not None:
+            path, token = self.lease
+            try:
+                held = self.store._read_json(path)
+            except FileNotFoundError:
+                held = None
+            if held is None or held.get("token") != token:
+                who = f"host {held.get('host')}, pid {held.get('pid')}" if held else "nobody (released)"
+                raise RunInUseError(
+                    f"run '{self.run_id}' is no longer this fit's to write: its writer lease is held by {who}. "
+                    f"The checkpoint of epoch {epoch} was not written.",
+                    run_id=self.run_id,
+                )
+        if self.store._exists(meta_path):
+            raise RunInUseError(
+                f"the checkpoint of epoch {epoch} of run '{self.run_id}' was written by another fit meanwhile; "
+                "not overwriting it.",
+                run_id=self.run_id,
+            )
 
     def on_epoch_end(self, epoch, logs=None):
         from hvd_spark._internal.events import mark_progress
@@ -287,9 +338,10 @@ class _CheckpointCallback(keras.callbacks.Callback):
         logs = {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}
         self.history = self.history[:epoch] + [logs]
         model_name, meta_name = checkpoint_names(epoch + 1)
+        ckpt_dir = self.store.checkpoints_path(self.run_id)
+        self._check_still_ours(epoch + 1, f"{ckpt_dir}/{meta_name}")
         local = os.path.join(self.tmp, model_name)
         save_model_file(self.model, local)
-        ckpt_dir = self.store.checkpoints_path(self.run_id)
         self.store._upload_file(local, f"{ckpt_dir}/{model_name}")
         self.store._write_json(
             f"{ckpt_dir}/{meta_name}", {"epoch": epoch + 1, "logs": logs, "history": self.history, "time": time.time()}

@@ -158,3 +158,273 @@ def test_transform_places_the_model_on_its_tasks_gpu(addresses, visible, device)
     from hvd_spark._internal.transformer import gpu_device
 
     assert gpu_device(addresses, visible) == device
+
+
+# --- Slots that exist (issue 24 point 7): the decision on the executors that registered ---
+
+
+def test_only_local_masters_are_read_from_the_url():
+    from hvd_spark._internal.topology import is_local_master, slots_from_master_url
+
+    for master in ("local", "local[2]", "local[*]", "local[3, 2]", "local-cluster[2,1,1024]"):
+        assert slots_from_master_url(master), master
+    for master in ("spark://h:7077", "yarn", "k8s://https://api:6443"):
+        assert not slots_from_master_url(master), master
+    assert is_local_master("local[2]") and not is_local_master("local-cluster[2,1,1024]")
+
+
+@pytest.mark.parametrize(
+    "master,conf,refused",
+    [
+        ("spark://h:7077", {"spark.dynamicAllocation.enabled": "true"}, True),
+        ("yarn", {"spark.dynamicAllocation.enabled": "True"}, True),
+        ("local-cluster[2,1,1024]", {"spark.dynamicAllocation.enabled": "true"}, True),
+        ("local[2]", {"spark.dynamicAllocation.enabled": "true"}, False),  # Spark ignores it on local masters
+        ("local[2]", {"spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.testing": "true"}, True),
+        ("yarn", {"spark.dynamicAllocation.enabled": "false"}, False),
+        ("yarn", {}, False),
+    ],
+)
+def test_dynamic_allocation_is_refused_as_spark_refuses_barrier_stages(master, conf, refused):
+    from hvd_spark._internal.topology import barrier_refusal
+
+    message = barrier_refusal(master, conf)
+    assert (message is not None) == refused
+    if refused:
+        assert "spark.dynamicAllocation.enabled=false" in message and f"master={master}" in message
+
+
+@pytest.mark.parametrize(
+    "master,conf,cpus,expected",
+    [
+        ("yarn", {}, 1, (2, 1, False)),  # Spark's default: 2 executors of 1 core
+        ("yarn", {"spark.executor.instances": "4", "spark.executor.cores": "4"}, 2, (4, 2, False)),
+        ("k8s://https://api:6443", {"spark.executor.instances": "3"}, 1, (3, 1, False)),
+        ("spark://h:7077", {"spark.cores.max": "8", "spark.executor.cores": "2"}, 1, (4, 2, True)),
+        ("spark://h:7077", {"spark.executor.instances": "5"}, 1, (None, None, True)),  # not read by standalone
+        ("spark://h:7077", {"spark.executor.cores": "4"}, 2, (None, 2, True)),
+    ],
+)
+def test_executor_target_from_the_conf(master, conf, cpus, expected):
+    from hvd_spark._internal.topology import executor_target
+
+    target = executor_target(master, conf, cpus)
+    assert (target.executors, target.slots_each, target.settles) == expected
+
+
+def test_executors_settle_on_enough_slots_all_asked_for_or_a_standalone_count_that_holds_still():
+    from hvd_spark._internal.topology import executor_target, executors_settled
+
+    yarn = executor_target("yarn", {"spark.executor.instances": "4"})
+    standalone = executor_target("spark://h:7077", {})
+    assert executors_settled(2, 2, 2, yarn, 0.0, 5.0)  # enough for num_proc
+    assert not executors_settled(None, 2, 2, yarn, 60.0, 5.0)  # YARN grants the other 2 later
+    assert executors_settled(None, 4, 4, yarn, 0.0, 5.0)
+    assert not executors_settled(None, 2, 4, standalone, 1.0, 5.0)
+    assert executors_settled(None, 2, 4, standalone, 5.0, 5.0)
+    assert not executors_settled(None, 0, 0, standalone, 60.0, 5.0)  # nothing registered never settles
+
+
+def _judge(num_proc, executors, slots, master="spark://h:7077", conf=None, settled=True, waited=0.0, **kw):
+    from hvd_spark._internal.topology import executor_target, judge_slots
+
+    conf = {"spark.cores.max": "2", "spark.executor.cores": "1"} if conf is None else conf
+    cpus = kw.pop("task_cpus", 1)
+    target = executor_target(master, conf, cpus)
+    return judge_slots(
+        num_proc,
+        executors=executors,
+        slots=slots,
+        target=target,
+        settled=settled,
+        waited=waited,
+        master=master,
+        task_cpus=cpus,
+        **kw,
+    )
+
+
+def test_more_ranks_than_a_complete_set_of_executors_has_is_refused_with_the_numbers():
+    # The standalone cluster of tests/test_cluster.py: 1 Worker of 2 cores, spark.default.parallelism=8.
+    verdict = _judge(3, 2, 2, default_parallelism="8", waited=3.2)
+    assert verdict.error and verdict.error.startswith(
+        "num_proc must be at most the number of task slots (2) for a barrier stage. Received: num_proc=3."
+    )
+    for part in (
+        "2 executors registered of the 2 asked for (spark.cores.max=2 / spark.executor.cores=1)",
+        "with 2 task slots in all (spark.task.cpus=1; master=spark://h:7077)",
+        "spark.default.parallelism=8 is not the executors' cores",
+        "waited 3s",
+        "could never start",
+        "Lower num_proc to at most 2",
+        "spark.cores.max",
+    ):
+        assert part in verdict.error, part
+    assert _judge(2, 2, 2, default_parallelism="8") == _judge(None, 2, 2, default_parallelism="8")
+    assert _judge(None, 2, 2).slots == 2 and _judge(None, 2, 2).warning is None
+
+
+def test_missing_executors_refuse_only_what_all_of_them_could_not_hold():
+    yarn = {"spark.executor.instances": "4", "spark.executor.cores": "2"}
+    # 1 of 4 executors after the wait, 2 slots each: 8 slots once all are there.
+    fits = _judge(6, 1, 2, master="yarn", conf=yarn, settled=False, waited=30)
+    assert fits.error is None and fits.slots == 8 and "wait for more executors" in fits.warning
+    never = _judge(9, 1, 2, master="yarn", conf=yarn, settled=False, waited=30)
+    assert never.error and "task slots (8) the application can have" in never.error
+    assert "asked for 4 executors (spark.executor.instances=4) of 2 task slots each" in never.error
+    # Nothing registered yet: the conf alone bounds it (YARN: spark.executor.cores, default 1).
+    assert _judge(3, 0, 0, master="yarn", conf={}, settled=False, waited=30).error  # 2 x 1 slot
+    assert _judge(2, 0, 0, master="yarn", conf={}, settled=False, waited=30).slots == 2
+    # A standalone application whose executors' size the conf does not tell: no bound, it waits.
+    unknown = _judge(3, 0, 0, conf={}, settled=False, waited=30)
+    assert unknown.error is None and unknown.slots == 3 and unknown.warning
+
+
+def test_num_proc_defaults_to_registered_slots_and_needs_some():
+    partial = _judge(None, 1, 2, master="yarn", conf={"spark.executor.instances": "4"}, settled=False, waited=30)
+    assert partial.slots == 2 and "defaults to the task slots registered so far (2)" in partial.warning
+    none = _judge(None, 0, 0, master="yarn", conf={}, settled=False, waited=30, wait_setting="HVD_SPARK_EXECUTOR_WAIT")
+    assert none.error and "has none yet" in none.error and "HVD_SPARK_EXECUTOR_WAIT" in none.error
+
+
+class _FakeConnectConf(dict):
+    def get(self, key, default=None):
+        return super().get(key, default)
+
+
+class _FakeConnectSession:
+    """Looks like a Spark Connect session to hvd_spark (its module), with a conf and nothing else."""
+
+    session_id = "fake"
+
+    def __init__(self, conf):
+        self.conf = _FakeConnectConf(conf)
+
+    def range(self, *args):
+        raise AssertionError("the slots must not be counted from range() when spark.default.parallelism is set")
+
+
+_FakeConnectSession.__module__ = "pyspark.sql.connect.session"
+
+
+def test_connect_with_default_parallelism_set_asks_for_num_proc():
+    from hvd_spark._internal.launcher import resolve_launch_options
+
+    spark = _FakeConnectSession({"spark.master": "spark://h:7077", "spark.default.parallelism": "8"})
+    with pytest.raises(ValueError, match=r"num_proc is required on this Spark Connect session.*spark.default.para"):
+        resolve_launch_options(spark, num_proc=None)
+    assert resolve_launch_options(spark, num_proc=3).num_proc == 3  # Spark's own barrier check has the last word
+
+
+def test_connect_with_dynamic_allocation_is_refused_before_any_work():
+    from hvd_spark._internal.launcher import resolve_launch_options
+
+    spark = _FakeConnectSession({"spark.master": "yarn", "spark.dynamicAllocation.enabled": "true"})
+    with pytest.raises(ValueError, match=r"Spark does not run barrier stages with dynamic allocation"):
+        resolve_launch_options(spark, num_proc=2)
+
+
+class _FakeScheduler:
+    """The JVM side ``_registered_slots`` reads through py4j, with executors that register over time:
+    ``timeline`` is ``[(seconds after creation, executors, slots), ...]``."""
+
+    def __init__(self, timeline):
+        import time
+
+        self._t0, self._timeline = time.monotonic(), timeline
+
+    def _now(self):
+        import time
+
+        elapsed = time.monotonic() - self._t0
+        return max(((n, s) for at, n, s in self._timeline if at <= elapsed), default=(0, 0))
+
+    def resourceProfileManager(self):  # noqa: N802 (the JVM's names)
+        return self
+
+    def defaultResourceProfile(self):  # noqa: N802
+        return "default"
+
+    def getExecutorIds(self):  # noqa: N802
+        return _Size(self._now()[0])
+
+    def maxNumConcurrentTasks(self, profile):  # noqa: N802
+        return self._now()[1]
+
+
+class _Size:
+    def __init__(self, n):
+        self.n = n
+
+    def size(self):
+        return self.n
+
+
+class _FakeContext:
+    def __init__(self, master, timeline, app="app-1"):
+        self.master, self.applicationId, self.defaultParallelism = master, app, 8
+        scheduler = _FakeScheduler(timeline) if timeline is not None else None
+        self._jsc = type("J", (), {"sc": lambda _self: scheduler if scheduler else 1 / 0})()
+
+
+def test_the_launch_waits_for_the_executors_then_counts_their_slots(monkeypatch, caplog):
+    import logging
+    import time
+
+    from hvd_spark._internal import launcher
+
+    standalone = {"spark.cores.max": "2", "spark.executor.cores": "1", "spark.default.parallelism": "8"}
+    with caplog.at_level(logging.INFO, logger="hvd_spark"):
+        t = time.monotonic()
+        assert (
+            launcher._registered_slots(
+                _FakeContext("spark://h:7077", [(0.3, 1, 1), (0.5, 2, 2)]), standalone, None, None
+            )
+            == 2
+        )
+        assert 0.5 <= time.monotonic() - t < 3
+    assert "waiting up to 30s for the executors to register (2 asked for: spark.cores.max=2" in caplog.text
+    assert "2 executors registered with 2 task slots" in caplog.text
+    t = time.monotonic()
+    with pytest.raises(ValueError, match=r"task slots \(2\).*num_proc=3.*2 executors registered.*spark.task.cpus=1"):
+        launcher._registered_slots(_FakeContext("spark://h:7077", [(0.2, 2, 2)]), standalone, 3, None)
+    assert time.monotonic() - t < 3
+    # No JVM access: defaultParallelism / spark.task.cpus, as before.
+    assert launcher._registered_slots(_FakeContext("spark://h:7077", None), {"spark.task.cpus": "2"}, None, None) == 4
+
+
+def test_a_standalone_count_that_holds_still_is_complete_and_remembered(monkeypatch):
+    import time
+
+    from hvd_spark._internal import launcher, settings
+
+    monkeypatch.setattr(settings, "EXECUTORS_SETTLE", 0.5)
+    sc = _FakeContext("spark://h:7077", [(0.0, 3, 6)], app="app-settle")
+    t = time.monotonic()
+    assert launcher._registered_slots(sc, {}, None, None) == 6
+    assert 0.5 <= time.monotonic() - t < 3
+    t = time.monotonic()
+    assert launcher._registered_slots(sc, {}, None, None) == 6  # known complete: no second wait
+    assert time.monotonic() - t < 0.2
+
+
+def test_missing_yarn_executors_bound_the_ranks_after_the_wait(monkeypatch, caplog):
+    import logging
+
+    from hvd_spark._internal import launcher
+
+    monkeypatch.setenv("HVD_SPARK_EXECUTOR_WAIT", "0.5")
+    yarn = {"spark.executor.instances": "4", "spark.executor.cores": "2"}
+
+    def sc():
+        return _FakeContext("yarn", [(0.0, 1, 2)])
+
+    with caplog.at_level(logging.WARNING, logger="hvd_spark"):
+        assert launcher._registered_slots(sc(), yarn, 6, None) == 8  # the 4 executors asked for would hold 6
+    assert "the barrier tasks wait for more executors" in caplog.text
+    with pytest.raises(ValueError, match=r"task slots \(8\) the application can have"):
+        launcher._registered_slots(sc(), yarn, 9, None)
+    assert launcher._registered_slots(sc(), yarn, None, None) == 2
+    # start_timeout bounds the wait too.
+    monkeypatch.setenv("HVD_SPARK_EXECUTOR_WAIT", "600")
+    assert launcher._registered_slots(sc(), yarn, 6, 0.3) == 8
