@@ -62,7 +62,7 @@ def test_identity_of_other_sources(spark):
     from pyspark.sql import functions as F
 
     local = spark.createDataFrame([(1.0, 0), (2.0, 1)], "x double, y int")
-    assert data_mod.data_identity(local).established  # the rows are in the plan
+    assert data_mod.data_identity(local).established  # local rows: in the plan, or an RDD of this application
     other = spark.createDataFrame([(1.0, 0), (3.0, 1)], "x double, y int")
     assert data_mod.data_identity(other).digest != data_mod.data_identity(local).digest
     sampled = spark.range(100).withColumn("r", F.rand(1))
@@ -71,6 +71,31 @@ def test_identity_of_other_sources(spark):
     assert data_mod.data_identity(sampled).digest != ident.digest  # never reused
     assert data_mod.data_identity(sampled, "always").established
     assert not data_mod.data_identity(local, "never").established
+    dated = spark.range(10).withColumn("age", F.datediff(F.current_date(), F.lit("2020-01-01")))
+    assert not data_mod.data_identity(dated).established  # the optimizer folds current_date() to a literal
+
+
+def test_a_cache_over_files_is_not_taken_for_unchanged_data(spark, tmp_path):
+    """A cached DataFrame over files keeps the data of when it was filled; the plan and inputFiles()
+    do not show it, so its data is written anew for each fit (and a cache of local data is this
+    application's)."""
+    src = str(tmp_path / "src")
+    xor_frame(spark, 60).write.parquet(src)
+    cached = spark.read.parquet(src).cache()
+    try:
+        cached.count()
+        ident = data_mod.data_identity(cached)
+        assert not ident.established and "cached" in ident.reason, ident
+        same_plan = data_mod.data_identity(spark.read.parquet(src))  # Spark substitutes the cache here too
+        assert not same_plan.established, same_plan
+    finally:
+        cached.unpersist()
+    local = xor_frame(spark, 60).cache()
+    try:
+        local.count()
+        assert data_mod.data_identity(local).established
+    finally:
+        local.unpersist()
 
 
 def _relu_model(activation="relu", rate=None):
@@ -216,7 +241,7 @@ def test_a_fit_that_loses_its_run_stops_before_its_next_checkpoint(spark, tmp_pa
     store = str(tmp_path / "store")
     df = xor_frame(spark, 256)
     lease = os.path.join(store, "runs", "taken", "_writer.json")
-    est = xor_estimator(store, epochs=6, run_id="taken", callbacks=[_TakeOverAt(lease, epoch=2)])
+    est = xor_estimator(store, epochs=6, run_id="taken", callbacks=[_TakeOverAt(lease, epoch=3)])
     with pytest.raises(RunInUseError, match="taken over"):
         est.fit(df)
     assert [c.epoch for c in Store(store).checkpoints("taken")] == [1, 2]
@@ -225,26 +250,35 @@ def test_a_fit_that_loses_its_run_stops_before_its_next_checkpoint(spark, tmp_pa
 
 
 class _TakeOverAt(keras.callbacks.Callback):
+    """Rank 1 takes the run's lease over after the first step of epoch ``epoch`` (1-based): that step's
+    allreduce needs rank 0, which wrote the previous epoch's checkpoint before it."""
+
     def __init__(self, lease: str, epoch: int):
         super().__init__()
-        self.lease, self.epoch = lease, epoch
+        self.lease, self.epoch, self.current = lease, epoch, 0
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current = epoch + 1
+
+    def on_train_batch_end(self, batch, logs=None):
         import horovod.tensorflow as hvd
 
-        if epoch + 1 == self.epoch and hvd.rank() == 1:
+        if self.current == self.epoch and batch == 0 and hvd.rank() == 1:
             with open(self.lease + ".tmp", "w") as f:
                 json.dump({"token": "another", "host": "elsewhere", "pid": -1, "heartbeat": time.time() + 3600}, f)
             os.replace(self.lease + ".tmp", self.lease)
 
 
 def _rank_processes():
+    """Rank processes: fresh ones by their command line, warm-forked ones by their process name."""
     import psutil
 
+    from hvd_spark._internal.warm import RANK_NAME
+
     out = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "name"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "hvd_spark-rank" in cmd or "hvd_spark._internal.child" in cmd:
+        if "hvd_spark._internal.child" in cmd or p.info["name"] == RANK_NAME:
             out.append(p.pid)
     return out
 

@@ -229,7 +229,8 @@ def test_resume_counts_epochs_exactly(spark, tmp_path):
 
     # A different model in the same run_id is refused before any work.
     other = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3), keras.layers.Dense(1, activation="sigmoid")])
-    with pytest.raises(ValueError, match="run_id 'resume-me' .* holds a different model"):
+    differs = "run_id 'resume-me' .* was trained with another model.*model_class: 'Functional' -> 'Sequential'"
+    with pytest.raises(ValueError, match=differs):
         HorovodEstimator(epochs=6, **dict(kw, model=other)).fit(df)
 
 

@@ -14,6 +14,7 @@ import logging
 import operator
 import posixpath
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -243,8 +244,10 @@ def check_stats(
     outputs: Sequence[TensorSpec],
     validation,
     num_proc: int,
+    class_indices: Sequence[bool] | None = None,
 ) -> None:
-    """Raises ValueError for the first problem in the statistics (before anything is written)."""
+    """Raises ValueError for the first problem in the statistics (before any rank starts).
+    ``class_indices[i]``: output ``i`` is trained with a sparse cross-entropy (its labels are class indices)."""
     rows = stats["rows"]
     if rows == 0:
         raise ValueError(
@@ -262,10 +265,11 @@ def check_stats(
     for info, spec in zip(features, inputs):
         s = stats["columns"][info.name]
         check_feature_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind)
-    for info, spec in zip(labels, outputs):
+    for i, (info, spec) in enumerate(zip(labels, outputs)):
         s = stats["columns"][info.name]
         check_label_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind)
-        check_class_indices(info, spec, s)
+        if class_indices is not None and i < len(class_indices) and class_indices[i]:
+            check_class_indices(info, spec, s)
     if isinstance(validation, str) and stats["val_nulls"]:
         raise ValueError(
             f"validation column '{validation}' has {stats['val_nulls']} rows that are null or not 0/1. "
@@ -282,8 +286,8 @@ def check_stats(
 
 
 def check_class_indices(info: ColumnInfo, spec: TensorSpec, s: dict) -> None:
-    """A scalar label of an output with several units is a class index (sparse cross-entropy): every
-    value must be a whole number in ``[0, units)``. Raises ValueError naming the column and a value."""
+    """A scalar label of an output trained with a sparse cross-entropy is a class index: every value must
+    be a whole number in ``[0, units)``. Raises ValueError naming the column and a value."""
     units = spec.elements
     if info.kind != "scalar" or units is None or units < 2 or s.get("min") is None:
         return
@@ -336,38 +340,56 @@ class DataIdentity:
 
 def plan_leaves(plan: str) -> list[str]:
     """The leaf operators of a logical plan as ``explain`` prints it: one node a line, children
-    indented below their parent. What an ``InMemoryRelation`` caches (printed below it) is part of it."""
+    indented below their parent. The leaves of what an ``InMemoryRelation`` caches (its physical plan,
+    printed below it) come with a ``"cached: "`` prefix."""
     nodes = []
     for line in plan.splitlines():
         stripped = line.lstrip(" :|+-")
-        if stripped:
+        if stripped and not stripped.startswith("=="):  # AQE's "== Final Plan ==" headings are not nodes
             nodes.append((len(line) - len(stripped), stripped))
-    leaves, skip_deeper = [], None
+    leaves, cache_depth = [], None
     for i, (depth, text) in enumerate(nodes):
-        if skip_deeper is not None:
-            if depth > skip_deeper:
-                continue
-            skip_deeper = None
+        if cache_depth is not None and depth <= cache_depth:
+            cache_depth = None
         if text.startswith("InMemoryRelation"):
-            leaves.append(text)
-            skip_deeper = depth
+            cache_depth = depth  # what it caches follows, as a physical plan: its leaves are marked
             continue
         if i + 1 >= len(nodes) or nodes[i + 1][0] <= depth:
-            leaves.append(text)
+            leaves.append(("cached: " if cache_depth is not None else "") + text)
     return leaves
 
 
-def _optimized_plan(df) -> str:
-    """The optimized logical plan as text, through the public ``explain`` (classic and Connect)."""
+_EXPLAIN_LOCK = threading.Lock()
+
+
+def _explain_text(df) -> str:
+    """``df.explain(extended=True)``'s text. ``explain`` only prints it, and capturing stdout is not
+    thread-safe (fits run from several threads in a tuning sweep), so the text is asked for the way
+    ``explain`` asks for it (Connect: ``_explain_string``; classic: the JVM's ``explainString``),
+    falling back to a captured ``explain`` under a lock."""
+    from hvd_spark._internal.sessions import is_connect
+
+    try:
+        if is_connect(df.sparkSession):
+            return str(df._explain_string(extended=True))
+        return str(df._sc._jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), "extended"))
+    except Exception as e:  # noqa: BLE001 - another pyspark's internals: the public call below
+        logger.debug("explain text through pyspark's internals failed (%s); capturing explain()", e)
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    with _EXPLAIN_LOCK, contextlib.redirect_stdout(buf):
         df.explain(extended=True)
-    text = buf.getvalue()
+    return buf.getvalue()
+
+
+def _explained(df) -> tuple[str, str]:
+    """The query's plans as ``explain(extended=True)`` prints them (public, classic and Connect): the
+    whole text, and its optimized logical plan."""
+    text = _explain_text(df)
     start = text.find("== Optimized Logical Plan ==")
     end = text.find("== Physical Plan ==")
     if start < 0:
-        return text
-    return text[start + len("== Optimized Logical Plan ==") : end if end > start else None]
+        return text, text
+    return text, text[start + len("== Optimized Logical Plan ==") : end if end > start else None]
 
 
 def classify_leaves(leaves: Sequence[str]) -> tuple[set[str], list[str]]:
@@ -377,6 +399,15 @@ def classify_leaves(leaves: Sequence[str]) -> tuple[set[str], list[str]]:
     kinds: set[str] = set()
     unknown = []
     for leaf in leaves:
+        if leaf.startswith("cached: "):
+            # A cache over files or another source keeps the data of when it was filled, and neither
+            # inputFiles() nor the plan shows that: only caches of RDDs and local data are this session's.
+            physical = re.sub(r"^\*\(\d+\)\s*", "", leaf[len("cached: ") :])
+            if re.match(r"(Scan ExistingRDD|ExistingRDD|LocalTableScan|Range|Scan OneRowRelation)\b", physical):
+                kinds.add("session")
+            else:
+                unknown.append(f"a cached DataFrame over {physical}")
+            continue
         name = re.split(r"[\s\[(]", leaf, maxsplit=1)[0]
         if name == "Relation":
             fmt = leaf.rsplit(" ", 1)[-1].strip().lower()
@@ -429,8 +460,8 @@ def data_identity(df, reuse: str = "auto") -> DataIdentity:
         return DataIdentity(f"never-{uuid.uuid4().hex}", False, "reuse_data='never'")
     if reuse == "always":
         return DataIdentity(f"plan-{plan}", True, "reuse_data='always' (the query plan only)")
-    text = _optimized_plan(df)
-    kinds, unknown = classify_leaves(plan_leaves(text))
+    whole, optimized = _explained(df)
+    kinds, unknown = classify_leaves(plan_leaves(optimized))
     if unknown:
         return DataIdentity(
             f"unknown-{uuid.uuid4().hex}",
@@ -438,7 +469,7 @@ def data_identity(df, reuse: str = "auto") -> DataIdentity:
             f"its source {unknown[0][:120]!r} has no identity hvd_spark can check (only files, data in the plan, "
             "RDDs and caches of this application do)",
         )
-    nondet = _NONDETERMINISTIC.search(text)
+    nondet = _NONDETERMINISTIC.search(whole)  # the analyzed plan still names current_date() & co.
     if nondet:
         return DataIdentity(
             f"nondeterministic-{uuid.uuid4().hex}",
@@ -476,10 +507,14 @@ def dataset_key(df, infos: Sequence[ColumnInfo], validation, seed: int, identity
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:24]
 
 
+MAX_FILES = 256  # files per split at most (unless num_proc is larger): small data makes small files
+
+
 def num_files(num_proc: int, slots: int) -> int:
     """Files per split: a multiple of ``num_proc`` (ranks get equal shares: the rows are dealt round
-    robin), as many as the application's task slots so that the write runs on all of them."""
-    return num_proc * max(1, slots // max(1, num_proc))
+    robin), as many as the application's task slots (the write runs on all of them), at most about
+    ``MAX_FILES``."""
+    return num_proc * max(1, min(slots, MAX_FILES) // max(1, num_proc))
 
 
 ROW_GROUP_BYTES = 64 * 1024 * 1024  # row groups of the Parquet that tasks write through the store
@@ -692,6 +727,31 @@ def _remove_dead_attempts(store: Store, folder: str, meta: dict | None) -> None:
             store._rm(posixpath.join(folder, name))
 
 
+def _observed(observation, infos: Sequence[ColumnInfo], prepared, store: Store, written: dict) -> dict:
+    """The statistics observed while writing; where the session cannot observe (Spark Connect on
+    pyspark 3.5, lost observed metrics), computed from the files written (local and Hadoop stores)
+    or, for object stores, from a second pass over the input (with a warning)."""
+    try:
+        return stats_from(observation.get, infos)
+    except Exception as e:  # noqa: BLE001 - any failure to observe: the fallback below
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    from pyspark.sql import functions as F
+
+    spark = prepared.sparkSession
+    if store.spark_writes:
+        parts = [
+            spark.read.parquet(*[u for u, _ in written[split]]).withColumn(VAL_COL, F.lit(split == "val"))
+            for split in ("train", "val")
+            if written[split]
+        ]
+        if parts:
+            logger.info("statistics of the written files (the session could not observe them: %s)", reason)
+            frame = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+            return stats_from(frame.agg(*stats_aggs(infos)).collect()[0].asDict(), infos)
+    logger.warning("the session could not observe the data's statistics (%s): computing them in a second pass", reason)
+    return column_stats(prepared, infos)
+
+
 def _write_attempt(
     prepared,
     store: Store,
@@ -730,7 +790,7 @@ def _write_attempt(
             }
         else:
             written = _write_through_store(part, store, path, row_bytes)
-        stats = stats_from(observation.get, infos)
+        stats = _observed(observation, infos, prepared, store, written)
         rows = {split: sum(r for _, r in files) for split, files in written.items()}
         if rows["train"] + rows["val"] != stats["rows"]:  # a task counted twice (observed metrics of a retry)
             logger.warning(

@@ -206,13 +206,23 @@ class DriverService:
                 del self.rank_conns[rank]
             self._lock.notify_all()
 
-    def wait_until_stopped(self, timeout: float) -> list[str]:
+    def wait_until_stopped(self, timeout: float, silent_after: float | None = None) -> list[str]:
         """Waits until every task's and every rank process's connection has closed (their processes
-        exited), at most ``timeout`` seconds; returns what is still connected ("rank 0", "task 1")."""
+        exited), at most ``timeout`` seconds; returns what is still connected ("rank 0", "task 1").
+        Tasks not heard from for ``silent_after`` seconds (gone with their host), and their ranks, are
+        not waited for."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while True:
-                alive = [f"rank {r}" for r in sorted(self.rank_conns)] + [f"task {p}" for p in sorted(self.tasks)]
+                now = time.monotonic()
+                gone = {
+                    p
+                    for p in self.tasks
+                    if silent_after is not None and now - self.last_heard.get(p, now) > silent_after
+                }
+                gone_ranks = {self.rank_of_partition.get(p) for p in gone}
+                alive = [f"rank {r}" for r in sorted(self.rank_conns) if r not in gone_ranks]
+                alive += [f"task {p}" for p in sorted(self.tasks) if p not in gone]
                 left = deadline - time.monotonic()
                 if not alive or left <= 0:
                     return alive

@@ -553,8 +553,13 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             logger.debug("data identity: %s", identity.reason)
         key = data_mod.dataset_key(prepared, columns, c.validation, seed, identity)
 
+        from hvd_spark._internal.model_info import class_index_outputs
+
+        loss = c.p["loss"] if c.p["loss"] is not None else getattr(c.model, "loss", None)
+        indices = class_index_outputs(loss, c.outputs)
+
         def check(stats: dict) -> None:
-            data_mod.check_stats(stats, f_infos, l_infos, w_info, c.inputs, c.outputs, c.validation, num_proc)
+            data_mod.check_stats(stats, f_infos, l_infos, w_info, c.inputs, c.outputs, c.validation, num_proc, indices)
 
         row_values = sum((s.elements or 1) for s in c.inputs) + sum((s.elements or 1) for s in c.outputs) + 1
         meta = data_mod.materialize(

@@ -624,27 +624,28 @@ def _launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, des
     job = _Stage(stage, f"{group}-submit", inheritable=True)
     cancelled = False
     try:
-        while job.alive():
-            service.wait(0.2)
-            supervisor.step()
-            if supervisor.should_cancel() and not cancelled:
-                # Tasks that do not react to the abort are cancelled through Spark.
-                logger.warning("cancelling Spark job group %s", group)
-                sc.cancelJobGroup(group)
-                cancelled = True
-            if cancelled and supervisor.should_give_up():
-                logger.error("Spark job group %s did not stop after cancellation", group)
-                break
-    except KeyboardInterrupt:
-        supervisor.interrupt("interrupted on the driver")
-        sc.cancelJobGroup(group)
-        _wait_for_ranks(service, group)
-        raise
-    finally:
+        try:
+            while job.alive():
+                service.wait(0.2)
+                supervisor.step()
+                if supervisor.should_cancel() and not cancelled:
+                    # Tasks that do not react to the abort are cancelled through Spark.
+                    logger.warning("cancelling Spark job group %s", group)
+                    sc.cancelJobGroup(group)
+                    cancelled = True
+                if cancelled and supervisor.should_give_up():
+                    logger.error("Spark job group %s did not stop after cancellation", group)
+                    break
+        except KeyboardInterrupt:
+            supervisor.interrupt("interrupted on the driver")
+            sc.cancelJobGroup(group)
+            _wait_for_ranks(service, group)
+            raise
         if job.error is not None and not job.alive():  # failed or cancelled: its ranks must be gone first
             if not cancelled:
                 supervisor.interrupt("the Spark job ended with an error")
             _wait_for_ranks(service, group)
+    finally:
         service.stop()
     if job.error is not None and not cancelled and _was_cancelled(job.error):
         raise JobCancelledError(
@@ -662,10 +663,19 @@ def _launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, des
     )
 
 
+_SPARK_CANCELLED = re.compile(
+    r"Job \d+ cancelled|cancelled job group|cancellation of all jobs|SPARK_JOB_CANCELLED|"
+    r"cancelled because SparkContext was shut down|Job aborted due to stage cancellation|"
+    r"Stage \d+ cancelled|cancelled as part of cancellation",
+    re.IGNORECASE,
+)
+
+
 def _was_cancelled(error: BaseException) -> bool:
-    """Whether a barrier stage's error says that Spark cancelled its job (not that a task failed)."""
-    text = str(error).lower()
-    return "cancelled" in text or "canceled" in text
+    """Whether a barrier stage's error is Spark's cancellation of its job (not a task's failure whose
+    text happens to mention a cancelled operation): Spark's own wording, before any task traceback."""
+    head = str(error).split("Traceback (most recent call last)", 1)[0]
+    return bool(_SPARK_CANCELLED.search(head[:4000]))
 
 
 def _wait_for_ranks(service, group: str) -> None:
@@ -673,7 +683,9 @@ def _wait_for_ranks(service, group: str) -> None:
     connection to the driver closed), or after ``settings.STOP_WAIT`` seconds, naming what is left."""
     from hvd_spark._internal import settings
 
-    left = service.wait_until_stopped(settings.STOP_WAIT)
+    # Tasks silent for two heartbeats (a lost host, a dead executor: their connections may stay half
+    # open) and their ranks are not waited for.
+    left = service.wait_until_stopped(settings.STOP_WAIT, silent_after=2 * settings.HEARTBEAT_INTERVAL + 1)
     if left:
         logger.error(
             "%s of Spark job group %s still running %.0fs after the job ended; they stop when they next reach "

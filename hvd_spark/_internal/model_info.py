@@ -103,9 +103,14 @@ def _layer_config(layer) -> dict:
 
 
 def _strip_names(obj, names: dict[str, str]):
-    """``obj`` (a Keras config) without ``name`` entries, layer names elsewhere replaced by positions."""
+    """``obj`` (a Keras config) without the names of its layers and models (``name`` entries that hold
+    one; a dtype policy's ``name`` stays), layer names elsewhere replaced by their positions."""
     if isinstance(obj, dict):
-        return {k: _strip_names(v, names) for k, v in obj.items() if k != "name"}
+        return {
+            k: _strip_names(v, names)
+            for k, v in obj.items()
+            if not (k == "name" and (not names or (isinstance(v, str) and v in names)))
+        }
     if isinstance(obj, (list, tuple)):
         return [_strip_names(v, names) for v in obj]
     if isinstance(obj, str):
@@ -147,7 +152,11 @@ def architecture_diff(old: dict, new: dict, limit: int = 3) -> list[str]:
             return
         if isinstance(a, dict) and isinstance(b, dict):
             label = a.get("class_name") if isinstance(a.get("class_name"), str) else None
-            for k in sorted(set(a) | set(b), key=str):
+            keys = sorted(set(a) | set(b), key=str)
+            if not path:  # what a person recognizes first: the model's kind, optimizer, loss, then its layers
+                first = ["model_class", "optimizer", "loss", "columns", "config", "weights"]
+                keys = [k for k in first if k in keys] + [k for k in keys if k not in first]
+            for k in keys:
                 if a.get(k, _MISSING) != b.get(k, _MISSING):
                     sub = path + ([f"{k} ({label})"] if label and k == "config" else [k])
                     walk(a.get(k, _MISSING), b.get(k, _MISSING), sub, a)
@@ -189,6 +198,21 @@ CLASSIFICATION_LOSSES = {
     "binary_focal_crossentropy": "binary",
 }
 TASKS = ("auto", "classification", "regression")
+SPARSE_LOSSES = ("sparse_categorical_crossentropy", "sparse_categorical_focal_crossentropy")
+
+
+def class_index_outputs(loss, outputs: list[TensorSpec]) -> list[bool]:
+    """Per output: whether its loss is a sparse cross-entropy, whose labels are class indices. ``loss``
+    is one loss for every output, a list in the outputs' order or a dict by output name (or key)."""
+
+    def sparse(one) -> bool:
+        return loss_identity(one)[0] in SPARSE_LOSSES
+
+    if isinstance(loss, dict):
+        return [sparse(loss.get(s.key or "", loss.get(s.name))) for s in outputs]
+    if isinstance(loss, (list, tuple)):
+        return [sparse(loss[i]) if i < len(loss) else False for i in range(len(outputs))]
+    return [sparse(loss)] * len(outputs)
 
 
 def loss_identity(loss) -> tuple[str | None, bool]:

@@ -102,6 +102,7 @@ def arrow_batches(
     storage_options: dict | None = None,
     passes: int | None = None,
     window_rows: int = 0,
+    first_pass: int = 0,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Yields the rows of ``files`` as {column: array} chunks, ``passes`` times (None: forever); each
     pass holds every row exactly once.
@@ -110,7 +111,8 @@ def arrow_batches(
     of consecutive row groups holding at least ``window_rows`` rows (0: within each row group), so
     rows of different row groups share batches; the generator is seeded with ``seed`` and the pass
     number, so ranks (which get different seeds) and passes differ, and a rerun with the same seed
-    repeats exactly. A window never spans two passes.
+    repeats exactly. A window never spans two passes. ``first_pass`` numbers the first pass (a resumed
+    run starts at its epoch, so it does not replay the first epochs' order).
     """
     parquet = [_open_parquet(f, storage_options) for f in files]
     units = [
@@ -124,7 +126,7 @@ def arrow_batches(
     names = list(names)
     n_pass = 0
     while passes is None or n_pass < passes:
-        rng = np.random.default_rng([seed, n_pass])
+        rng = np.random.default_rng([seed, first_pass + n_pass])
         order = rng.permutation(len(units)) if shuffle else range(len(units))
         window: list[dict[str, np.ndarray]] = []
         held = 0
@@ -162,7 +164,7 @@ def _arrow_signature(files: Sequence[str], names: Sequence[str], storage_options
 
 
 @contextlib.contextmanager
-def _arrow_source(files, names, shuffle, seed, storage_options, passes=None, window_rows=0):
+def _arrow_source(files, names, shuffle, seed, storage_options, passes=None, window_rows=0, first_pass=0):
     files = list(files)
     sig = _arrow_signature(files, names, storage_options)
     ds = tf.data.Dataset.from_generator(
@@ -174,6 +176,7 @@ def _arrow_source(files, names, shuffle, seed, storage_options, passes=None, win
             storage_options=storage_options,
             passes=passes,
             window_rows=window_rows,
+            first_pass=first_pass,
         ),
         output_signature=sig,
     )
@@ -231,6 +234,7 @@ def rank_dataset(
     storage_options: dict | None = None,
     workers: int = 2,
     passes: int | None = None,
+    first_pass: int = 0,
 ):
     """Yields a ``tf.data.Dataset`` of ``(x, y)`` or ``(x, y, sample_weight)`` batches: endless, or
     ``passes`` passes over the files (validation: one, so that each row counts once)."""
@@ -240,7 +244,7 @@ def rank_dataset(
     if reader == "petastorm":
         source = _petastorm_source(files, names, shuffle, seed, workers, passes)
     elif reader == "arrow":
-        source = _arrow_source(files, names, shuffle, seed, storage_options, passes, shuffle_buffer_size)
+        source = _arrow_source(files, names, shuffle, seed, storage_options, passes, shuffle_buffer_size, first_pass)
     else:
         raise ValueError(f"reader must be one of {list(READERS)}. Received: reader={reader!r}.")
     with source as ds:

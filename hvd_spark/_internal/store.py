@@ -503,7 +503,8 @@ class Store:
                     "last_used": max(created, used or 0.0),
                     "train_rows": meta.get("train_rows"),
                     "val_rows": meta.get("val_rows"),
-                    "in_use": bool(live),
+                    # A fit that reused it a moment ago takes its reading lease right after.
+                    "in_use": bool(live) or (used is not None and time.time() - used < settings.LEASE_STALE),
                 }
             )
         return sorted(out, key=lambda d: d["last_used"])

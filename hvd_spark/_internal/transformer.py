@@ -159,7 +159,7 @@ def _first_null(names: list[str], nulls: list[int], n: int, holed: list[int] | N
 def null_element_rows(arr) -> np.ndarray | None:
     """For a pyarrow list array: a bool mask of the rows that hold a null element (at any depth), or
     None when there is none (also for a non-list array). Vectorized: each null element's row comes
-    from ``list_parent_indices``."""
+    from the rows' lengths (null rows hold no values)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -176,7 +176,9 @@ def null_element_rows(arr) -> np.ndarray | None:
         bad |= deeper
     if not bad.any():
         return None
-    parents = np.asarray(pc.list_parent_indices(arr).to_numpy(zero_copy_only=False))
+    # The row of each flattened value: flatten() leaves out what null rows hold, so count per row.
+    lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    parents = np.repeat(np.arange(len(arr)), lengths)
     return np.bincount(parents[bad], minlength=len(arr)) > 0
 
 

@@ -31,6 +31,13 @@ def _weights_digest(model) -> str:
     return h.hexdigest()
 
 
+def _rank_seed(seed: int, rank: int) -> int:
+    """The data-order seed of ``rank``: distinct for every (seed, rank) pair."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(rank), 0xDA7A]).generate_state(1)[0])
+
+
 def _build_model(cfg: RunConfig, custom_objects):
     """The model to train: the latest checkpoint when resuming, else the user's model (compiled)."""
     from hvd_spark._internal.serde import load_model_file, loads_keras_obj, model_from_bytes
@@ -128,7 +135,8 @@ def train(cfg: RunConfig) -> dict:
                 batch_size=cfg.batch_size,
                 shuffle=cfg.shuffle,
                 shuffle_buffer_size=cfg.shuffle_buffer_size,
-                seed=cfg.seed + 1000 * rank,
+                seed=_rank_seed(cfg.seed, rank),
+                first_pass=cfg.initial_epoch,  # a resumed run goes on with new orders, not the first epochs'
                 **data_kw,
             ) as train_ds,
             _maybe_val(cfg, rank, data_kw) as val_ds,
