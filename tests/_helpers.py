@@ -47,3 +47,34 @@ def xor_estimator(store, **params):
     params = {**defaults, **params}
     params.setdefault("model", small_model())
     return HorovodEstimator(**params)
+
+
+def run_result_script(script: str, *args: str, cwd, env=None, timeout: float = 600) -> dict:
+    """Runs ``script`` in a fresh Python (a SparkContext per process) with ``args`` and returns the JSON of
+    its last ``RESULT `` line; fails the test with its output when it exits non-zero or prints none."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = env or dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def rank_processes() -> list[int]:
+    """hvd_spark's rank processes: fresh ones by their command line, warm-forked ones by their name."""
+    import psutil
+
+    from hvd_spark._internal.warm import RANK_NAME
+
+    found = []
+    for p in psutil.process_iter(["cmdline", "name"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "hvd_spark._internal.child" in cmd or p.info["name"] == RANK_NAME:
+            found.append(p.pid)
+    return found

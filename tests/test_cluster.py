@@ -3,13 +3,13 @@
 A SparkContext per process only, so the run happens in a fresh Python process.
 """
 
-import json
 import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from _helpers import run_result_script  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 
@@ -63,10 +63,7 @@ def test_allreduce_on_local_cluster(tmp_path):
 
 def _check_allreduce_script(script, env, cwd):
     """Runs SCRIPT in a fresh process and checks: right sums, ordered ranks, two executors."""
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    data = json.loads(lines[-1][len("RESULT ") :])
+    data = run_result_script(script, cwd=cwd, env=env)
     assert [r["rank"] for r in data["results"]] == [0, 1]
     assert all(r["size"] == 2 and r["sum"] == [3.0] for r in data["results"])
     # The barrier tasks ran in two different executors.
@@ -165,7 +162,8 @@ def test_allreduce_on_standalone_cluster(tmp_path):
         assert slots["over"] is not None and slots["over"].startswith("ValueError: "), slots
         for part in ("task slots (2)", "num_proc=3", "2 executors registered", "2 task slots", "spark.task.cpus=1"):
             assert part in slots["over"], (part, slots["over"])
-        assert slots["over_seconds"] < 15, slots  # start_timeout is 60 s
+        # A ValueError, not the JobTimeoutError that waiting start_timeout (60 s) for slots would end in:
+        # refused at once (its time is printed in slots["over_seconds"]; speed is not asserted here).
     finally:
         for p in procs:
             try:
@@ -225,18 +223,7 @@ def test_split_after_a_shuffle_on_local_cluster_evaluates_the_input_once(tmp_pat
     upstream (a Python UDF counted by an accumulator) runs once per row, and the metadata counts the rows
     of the files written. Before: the split flag was F.rand over three evaluations of the input (stats,
     train write, val write): half the validation rows were also in training, 15% were in neither."""
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
-    proc = subprocess.run(
-        [sys.executable, "-c", SPLIT_SCRIPT, str(tmp_path / "store")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    data = json.loads(lines[-1][len("RESULT ") :])
+    data = run_result_script(SPLIT_SCRIPT, str(tmp_path / "store"), cwd=tmp_path)
     train, val = data["ids"]["train"], data["ids"]["val"]
     assert len(train) == len(set(train)) and len(val) == len(set(val))  # no row written twice
     assert not set(train) & set(val)  # no row in both splits

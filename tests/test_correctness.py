@@ -16,7 +16,7 @@ from hvd_spark import HorovodEstimator, JobCancelledError, RunInUseError, Store
 from hvd_spark._internal import data as data_mod
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _helpers import xor_estimator, xor_frame  # noqa: E402
+from _helpers import rank_processes, xor_estimator, xor_frame  # noqa: E402
 
 
 def _meta(store: str, key: str) -> dict:
@@ -269,20 +269,6 @@ class _TakeOverAt(keras.callbacks.Callback):
             os.replace(self.lease + ".tmp", self.lease)
 
 
-def _rank_processes():
-    """Rank processes: fresh ones by their command line, warm-forked ones by their process name."""
-    import psutil
-
-    from hvd_spark._internal.warm import RANK_NAME
-
-    out = []
-    for p in psutil.process_iter(["cmdline", "name"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "hvd_spark._internal.child" in cmd or p.info["name"] == RANK_NAME:
-            out.append(p.pid)
-    return out
-
-
 def test_a_cancelled_fit_returns_after_its_ranks_stopped_and_never_overshoots(spark, tmp_path):
     """Before: after cancelAllJobs() fit raised at once and released the run while the ranks wrote more
     checkpoints; a re-fit started right away could return their model with more epochs than asked."""
@@ -308,7 +294,7 @@ def test_a_cancelled_fit_returns_after_its_ranks_stopped_and_never_overshoots(sp
     assert not thread.is_alive()
     assert errors and isinstance(errors[0], JobCancelledError), errors
     assert str(errors[0]).splitlines()[0].startswith("the Spark job of HorovodEstimator.fit was cancelled")
-    assert _rank_processes() == []  # its ranks have stopped before fit returned
+    assert rank_processes() == []  # its ranks have stopped before fit returned
     epochs = [c.epoch for c in s.checkpoints("cancel")]
     time.sleep(3)
     assert [c.epoch for c in s.checkpoints("cancel")] == epochs  # nothing written after fit returned

@@ -8,13 +8,10 @@ What is simulated: the GPUs themselves (TensorFlow here is the CPU build, so a r
 decision is unit-tested in tests/fast/test_topology.py).
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from _helpers import run_result_script  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 
@@ -90,18 +87,7 @@ def test_each_rank_gets_exactly_its_tasks_gpu_on_local_cluster(tmp_path):
     script = tmp_path / "discover.sh"
     script.write_text(DISCOVERY)
     script.chmod(0o755)
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(script), str(tmp_path / "store")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    out = json.loads(lines[-1][len("RESULT ") :])
+    out = run_result_script(SCRIPT, str(script), str(tmp_path / "store"), cwd=tmp_path)
     assert sorted(a for task in out["assigned"] for a in task) == ["0", "1"]  # one fake GPU per executor
     ranks = out["default"]
     assert all(r["sum"] == [2.0] for r in ranks)  # the ranks trained together

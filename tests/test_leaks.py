@@ -14,21 +14,12 @@ import keras
 import numpy as np
 import psutil
 import pytest
+from _helpers import rank_processes  # noqa: E402
 
 import hvd_spark
 from hvd_spark import HorovodEstimator
-from hvd_spark._internal.warm import RANK_NAME
 
 ROUNDS = 20
-
-
-def _rank_processes() -> list[int]:
-    found = []
-    for p in psutil.process_iter(["cmdline", "name"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "hvd_spark._internal.child" in cmd or p.info["name"] == RANK_NAME:
-            found.append(p.pid)
-    return found
 
 
 def _warm_servers() -> list[int]:
@@ -46,7 +37,7 @@ def _state() -> dict:
         "fds": len(os.listdir("/proc/self/fd")),
         "listening": sorted(c.laddr.port for c in me.net_connections("inet") if c.status == psutil.CONN_LISTEN),
         "tmp": sorted(glob.glob(os.path.join(tempfile.gettempdir(), "hvd_spark-*"))),
-        "ranks": _rank_processes(),
+        "ranks": rank_processes(),
         "servers": _warm_servers(),
     }
 

@@ -584,19 +584,14 @@ class Store:
         if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) or older_than < 0:
             raise ValueError(f"older_than must be a number of seconds >= 0. Received: older_than={older_than!r}.")
         cutoff = time.time() - older_than
+        entries = [(d, d["last_used"], self._data_path(d["key"])) for d in (self.datasets() if datasets else [])]
+        entries += [(r, r["last_active"], self.run_path(r["run_id"])) for r in (self.runs() if runs else [])]
         removed = []
-        if datasets:
-            for d in self.datasets():
-                if not d["in_use"] and d["last_used"] < cutoff:
-                    if not dry_run:
-                        self._rm(self._data_path(d["key"]))
-                    removed.append(d["url"])
-        if runs:
-            for r in self.runs():
-                if not r["in_use"] and r["last_active"] < cutoff:
-                    if not dry_run:
-                        self._rm(self.run_path(r["run_id"]))
-                    removed.append(r["url"])
+        for entry, last, path in entries:
+            if not entry["in_use"] and last < cutoff:
+                if not dry_run:
+                    self._rm(path)
+                removed.append(entry["url"])
         return removed
 
     def _run_in_use(self, run_id: str) -> dict[str, Any] | None:
