@@ -37,8 +37,8 @@ def make_files(folder, rows, width, files=4):
 
 
 def reader_rate(reader, paths, rows, width, batch):
-    from hvd_spark._internal.reader import rank_dataset
-    from hvd_spark._internal.specs import ColumnInfo, TensorSpec
+    from hvd_spark._internal.common.specs import ColumnInfo, TensorSpec
+    from hvd_spark._internal.rank.reader import rank_dataset
 
     feats = [ColumnInfo("features", "array", "float", False, stored="features")]
     labels = [ColumnInfo("label", "scalar", "bigint", True, stored="label")]
@@ -95,7 +95,7 @@ def main(quick: bool):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     rows, width = (100_000 if quick else 400_000), 64
     repeats = 3 if quick else 5
-    from hvd_spark._internal.reader import petastorm_available
+    from hvd_spark._internal.rank.reader import petastorm_available
 
     readers = ["arrow"] + (["petastorm"] if petastorm_available() else [])
     with tempfile.TemporaryDirectory() as d:

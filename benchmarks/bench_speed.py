@@ -82,7 +82,7 @@ def _kill_warm_servers() -> int:
     killed = 0
     for p in psutil.process_iter(["cmdline", "uids"]):
         cmd = p.info["cmdline"] or []
-        if cmd[1:3] == ["-m", "hvd_spark._internal.warm"] and p.info["uids"].real == os.getuid():
+        if cmd[1:3] == ["-m", "hvd_spark._internal.task.warm"] and p.info["uids"].real == os.getuid():
             p.kill()
             killed += 1
     time.sleep(0.5)

@@ -15,9 +15,9 @@ Public API:
     run with ``run``.
 """
 
-from hvd_spark._internal.contracts import FitSummary, RankSummary
-from hvd_spark._internal.events import mark_progress
-from hvd_spark._internal.store import Checkpoint, Store
+from hvd_spark._internal.common.contracts import FitSummary, RankSummary
+from hvd_spark._internal.common.events import mark_progress
+from hvd_spark._internal.data.store import Checkpoint, Store
 from hvd_spark._run import run
 from hvd_spark._session import local_session
 from hvd_spark.errors import (
@@ -31,8 +31,8 @@ from hvd_spark.errors import (
 )
 
 _LAZY = {
-    "HorovodEstimator": "hvd_spark._internal.estimator",
-    "TFTransformer": "hvd_spark._internal.transformer",
+    "HorovodEstimator": "hvd_spark._internal.ml.estimator",
+    "TFTransformer": "hvd_spark._internal.infer.transformer",
 }
 
 

@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from typing import Any
 
-from hvd_spark._internal.launcher import launch
+from hvd_spark._internal.driver.launcher import launch
 
 
 def run(
@@ -90,12 +90,12 @@ def run(
         >>> hvd_spark.run(allreduce, num_proc=2)   # doctest: +SKIP
         [[3.0], [3.0]]
     """
-    from hvd_spark._internal.logs import ensure_visible
+    from hvd_spark._internal.common.logs import ensure_visible
 
     ensure_visible(verbose)
     channel = None
     if store is not None:
-        from hvd_spark._internal.store import Store
+        from hvd_spark._internal.data.store import Store
 
         store = Store.create(store)
         channel = (store, store._path("jobs"))

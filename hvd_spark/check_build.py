@@ -9,7 +9,7 @@ import sys
 
 def build_report() -> dict:
     """Returns the versions and the Horovod capabilities of this environment."""
-    from hvd_spark._internal.logs import tf_notices_dropped
+    from hvd_spark._internal.common.logs import tf_notices_dropped
 
     with tf_notices_dropped():  # TF's start-up notices say nothing about the build
         import tensorflow as tf

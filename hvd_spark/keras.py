@@ -33,7 +33,8 @@ estimator uses on its ranks:
 Importing this module imports Keras and TensorFlow; Horovod is imported when a function runs.
 """
 
-from hvd_spark._internal.keras_hvd import (
+from hvd_spark._internal.common.serde import save_model_file as save_model
+from hvd_spark._internal.rank.keras_hvd import (
     BroadcastStateCallback,
     MetricAverageCallback,
     StateAgreementCallback,
@@ -42,7 +43,6 @@ from hvd_spark._internal.keras_hvd import (
     reconcile_variables,
     synchronize_batch_norm,
 )
-from hvd_spark._internal.serde import save_model_file as save_model
 
 __all__ = [
     "make_distributed",

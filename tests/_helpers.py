@@ -70,11 +70,11 @@ def rank_processes() -> list[int]:
     """hvd_spark's rank processes: fresh ones by their command line, warm-forked ones by their name."""
     import psutil
 
-    from hvd_spark._internal.warm import RANK_NAME
+    from hvd_spark._internal.task.warm import RANK_NAME
 
     found = []
     for p in psutil.process_iter(["cmdline", "name"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "hvd_spark._internal.child" in cmd or p.info["name"] == RANK_NAME:
+        if "hvd_spark._internal.rank.entry" in cmd or p.info["name"] == RANK_NAME:
             found.append(p.pid)
     return found

@@ -7,7 +7,7 @@ import keras
 import pytest
 
 from hvd_spark import HorovodEstimator
-from hvd_spark._internal.reader import petastorm_available
+from hvd_spark._internal.rank.reader import petastorm_available
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ SCRIPT = textwrap.dedent("""
 SLOTS_CHECK = textwrap.indent(
     textwrap.dedent("""
         import time
-        from hvd_spark._internal.launcher import resolve_launch_options
+        from hvd_spark._internal.driver.launcher import resolve_launch_options
         default_num_proc = resolve_launch_options(spark, num_proc=None).num_proc
         t = time.monotonic()
         try:
@@ -178,8 +178,8 @@ SPLIT_SCRIPT = textwrap.dedent("""
     import json, sys
     import hvd_spark
     from hvd_spark import Store
-    from hvd_spark._internal import data as data_mod
-    from hvd_spark._internal.specs import with_stored_names
+    from hvd_spark._internal.data import materialize as data_mod
+    from hvd_spark._internal.common.specs import with_stored_names
     from pyspark.sql import functions as F
 
     spark = hvd_spark.local_session("local-cluster[2,1,1024]", conf={"spark.executor.memory": "1g"})

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from hvd_spark import HorovodEstimator
-from hvd_spark._internal import data as data_mod
-from hvd_spark._internal.specs import with_stored_names
+from hvd_spark._internal.common.specs import with_stored_names
+from hvd_spark._internal.data import materialize as data_mod
 
 NAMES = ["class", "wine features", "class label", "od280/od315", "_features", "x.y", "a`b", "über", "1st", "__x__"]
 
@@ -32,7 +32,7 @@ def _frame(spark, names, n=96, seed=0):
 
 
 def test_stored_names_are_identifiers_and_shared():
-    from hvd_spark._internal.specs import ColumnInfo
+    from hvd_spark._internal.common.specs import ColumnInfo
 
     f = [ColumnInfo(n, "scalar", "double", False) for n in NAMES]
     (features, labels, weights) = with_stored_names(f, [f[0]], [None])

@@ -19,9 +19,9 @@ import pandas as pd
 import pytest
 
 from hvd_spark import HorovodEstimator, Store
-from hvd_spark._internal import data as data_mod
-from hvd_spark._internal import settings
-from hvd_spark._internal.specs import with_stored_names
+from hvd_spark._internal.common import settings
+from hvd_spark._internal.common.specs import with_stored_names
+from hvd_spark._internal.data import materialize as data_mod
 
 
 def _regression_frame(spark, n=240, seed=0):
@@ -155,7 +155,7 @@ OTHER_DRIVER = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import hvd_spark
     from hvd_spark import Store
-    from hvd_spark._internal import data as data_mod
+    from hvd_spark._internal.data import materialize as data_mod
     from test_concurrent_fits import _prepared
     spark = hvd_spark.local_session("local[1]", app_name="other-driver")
     df = spark.read.parquet({src!r})

@@ -76,8 +76,8 @@ def _test_frame(connect, rows):
 
 @pytest.mark.parametrize("udf", ["arrow", "pandas"])
 def test_transform_through_connect_equals_classic(connect, classic, udf):
-    from hvd_spark._internal.sessions import is_connect
-    from hvd_spark._internal.transformer import arrow_udfs_available
+    from hvd_spark._internal.driver.sessions import is_connect
+    from hvd_spark._internal.infer.transformer import arrow_udfs_available
 
     if udf == "arrow" and not arrow_udfs_available():
         pytest.skip("Arrow UDFs need pyspark >= 4.1")

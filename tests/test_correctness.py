@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hvd_spark import HorovodEstimator, JobCancelledError, RunInUseError, Store
-from hvd_spark._internal import data as data_mod
+from hvd_spark._internal.data import materialize as data_mod
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _helpers import rank_processes, xor_estimator, xor_frame  # noqa: E402

@@ -13,8 +13,8 @@ import pytest
 from _helpers import xor_estimator, xor_frame
 
 from hvd_spark import HorovodEstimator, Store, TFTransformer
-from hvd_spark._internal.model_info import model_specs
-from hvd_spark._internal.specs import specs_to_dicts
+from hvd_spark._internal.common.specs import specs_to_dicts
+from hvd_spark._internal.ml.model_info import model_specs
 
 SECRETS = {"key": "AKIA-KEY-4c1d", "secret": "SECRET-9f2e", "token": "TOKEN-77ab"}
 OPTIONS = {

@@ -90,7 +90,7 @@ def test_transform_matches_keras_predict(fitted, digits):
 
 @pytest.mark.parametrize("udf", ["arrow", "pandas"])
 def test_transform_udf_kinds_agree_with_keras(fitted, digits, udf):
-    from hvd_spark._internal.transformer import arrow_udfs_available
+    from hvd_spark._internal.infer.transformer import arrow_udfs_available
 
     if udf == "arrow" and not arrow_udfs_available():
         pytest.skip("Arrow UDFs need pyspark >= 4.1")
@@ -106,7 +106,7 @@ def test_transform_udf_kinds_agree_with_keras(fitted, digits, udf):
 def test_transform_of_bad_rows_names_the_column(fitted, spark, udf):
     """A row of the wrong length (which a flat reshape could silently mix with its neighbours), a null,
     and a scalar column for an array input: errors that name the column and the input."""
-    from hvd_spark._internal.transformer import arrow_udfs_available
+    from hvd_spark._internal.infer.transformer import arrow_udfs_available
 
     if udf == "arrow" and not arrow_udfs_available():
         pytest.skip("Arrow UDFs need pyspark >= 4.1")
@@ -236,7 +236,7 @@ def test_resume_counts_epochs_exactly(spark, tmp_path):
 
 @pytest.mark.parametrize("reader", ["arrow", "petastorm"])
 def test_both_readers_train_to_identical_weights_across_ranks(spark, tmp_path, reader):
-    from hvd_spark._internal.reader import petastorm_available
+    from hvd_spark._internal.rank.reader import petastorm_available
 
     if reader == "petastorm" and not petastorm_available():
         pytest.skip("Petastorm needs pyarrow 12 (the Spark 3.5 line)")

@@ -115,7 +115,7 @@ class CrashBeforeCheckpointJson(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if epoch != 2 or os.environ.get("HVD_SPARK_RANK") != "0" or os.path.exists(self.marker):
             return
-        from hvd_spark._internal.store import Store as S
+        from hvd_spark._internal.data.store import Store as S
 
         original, marker = S._write_json, self.marker
 
@@ -160,7 +160,7 @@ xor_estimator({store!r}, epochs=500, run_id="killed", verbose=0).fit(xor_frame(s
 
 def _job_processes(root: int) -> dict[int, str]:
     """The driver's process tree, and the rank processes and warm servers anywhere (pid -> command)."""
-    from hvd_spark._internal.warm import RANK_NAME
+    from hvd_spark._internal.task.warm import RANK_NAME
 
     found = {}
     with contextlib.suppress(psutil.Error):

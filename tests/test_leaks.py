@@ -26,7 +26,7 @@ def _warm_servers() -> list[int]:
     return [
         p.pid
         for p in psutil.process_iter(["cmdline"])
-        if "hvd_spark._internal.warm" in " ".join(p.info["cmdline"] or [])
+        if "hvd_spark._internal.task.warm" in " ".join(p.info["cmdline"] or [])
     ]
 
 

@@ -7,7 +7,7 @@ import pytest
 
 mlflow = pytest.importorskip("mlflow", reason="the 'mlflow' extra is not installed on this line")
 
-from hvd_spark._internal.tracking import TAG_PREFIX, FitTracker, check_mode, describe, param_values  # noqa: E402
+from hvd_spark._internal.driver.tracking import TAG_PREFIX, FitTracker, check_mode, describe, param_values  # noqa: E402
 
 
 @pytest.fixture()

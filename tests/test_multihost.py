@@ -333,10 +333,10 @@ def test_host_lost_for_good_fails_the_restart_naming_the_host(cluster, tmp_path)
         cluster.wait_for_workers(2, 120)
 
 
-def _rank_processes(ns, marker="hvd_spark._internal.child"):
+def _rank_processes(ns, marker="hvd_spark._internal.rank.entry"):
     """Processes in namespace ``ns`` whose command line holds ``marker`` (default: hvd_spark's ranks:
     fresh ones by their command line, those forked by a warm server by their name)."""
-    from hvd_spark._internal.warm import RANK_NAME
+    from hvd_spark._internal.task.warm import RANK_NAME
 
     pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
     found = []
@@ -348,7 +348,7 @@ def _rank_processes(ns, marker="hvd_spark._internal.child"):
                 comm = f.read().strip()
         except OSError:
             continue  # exited meanwhile
-        if marker.encode() in cmdline or (marker == "hvd_spark._internal.child" and comm == RANK_NAME):
+        if marker.encode() in cmdline or (marker == "hvd_spark._internal.rank.entry" and comm == RANK_NAME):
             found.append(int(pid))
     return found
 

@@ -6,8 +6,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hvd_spark._internal.reader import arrow_batches, column_values, petastorm_available, rank_dataset, to_model_inputs
-from hvd_spark._internal.specs import ColumnInfo, TensorSpec
+from hvd_spark._internal.common.specs import ColumnInfo, TensorSpec
+from hvd_spark._internal.rank.reader import (
+    arrow_batches,
+    column_values,
+    petastorm_available,
+    rank_dataset,
+    to_model_inputs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +138,7 @@ def test_rank_dataset_batches_shapes_and_covers_rows(parquet_files):
 
 @pytest.mark.skipif(not petastorm_available(), reason="Petastorm needs pyarrow 12 (the Spark 3.5 line)")
 def test_arrow_and_petastorm_give_the_same_rows(parquet_files):
-    from hvd_spark._internal.reader import _petastorm_source
+    from hvd_spark._internal.rank.reader import _petastorm_source
 
     names = ["c0", "c1"]
     arrow = sorted(

@@ -11,7 +11,7 @@ from _helpers import horovod_mpi_built
 
 import hvd_spark
 from hvd_spark import JobTimeoutError, RankFailedError
-from hvd_spark._internal.logs import is_tf_notice
+from hvd_spark._internal.common.logs import is_tf_notice
 
 # The functions below run in the ranks' processes, which cannot import this test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

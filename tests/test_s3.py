@@ -95,7 +95,7 @@ class KillStoreDuringCheckpoint(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if epoch != 2 or os.environ.get("HVD_SPARK_RANK") != "0":
             return
-        from hvd_spark._internal.store import Store as S
+        from hvd_spark._internal.data.store import Store as S
 
         name = "_upload_file" if self.when == "model" else "_write_json"
         original, pid = getattr(S, name), self.server_pid

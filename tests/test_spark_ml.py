@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import hvd_spark
-from hvd_spark._internal.params import camel
+from hvd_spark._internal.ml.params import camel
 
 # What horovod.spark.keras.KerasEstimator users call (its docs and examples).
 HOROVOD_NAMES = [
@@ -49,7 +49,7 @@ def test_transformer_setters_are_the_ones_users_may_change():
 
 
 def _spec(*shape):
-    from hvd_spark._internal.specs import TensorSpec
+    from hvd_spark._internal.common.specs import TensorSpec
 
     return TensorSpec("out", tuple(shape), "float32")
 
@@ -57,7 +57,7 @@ def _spec(*shape):
 def test_a_classifier_is_recognized_by_its_loss_and_output_width():
     import keras
 
-    from hvd_spark._internal.model_info import prediction_task
+    from hvd_spark._internal.ml.model_info import prediction_task
 
     assert prediction_task("auto", "sparse_categorical_crossentropy", [_spec(10)]) == ("multiclass", False)
     assert prediction_task("auto", keras.losses.SparseCategoricalCrossentropy(from_logits=True), [_spec(3)]) == (

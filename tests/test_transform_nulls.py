@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from hvd_spark import TFTransformer
-from hvd_spark._internal.model_info import model_specs
-from hvd_spark._internal.specs import specs_to_dicts
-from hvd_spark._internal.transformer import arrow_udfs_available
+from hvd_spark._internal.common.specs import specs_to_dicts
+from hvd_spark._internal.infer.transformer import arrow_udfs_available
+from hvd_spark._internal.ml.model_info import model_specs
 
 UDFS = ["arrow", "pandas"]
 

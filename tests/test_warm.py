@@ -1,4 +1,4 @@
-"""Warm ranks (hvd_spark/_internal/warm.py): real Spark, real fork servers, real Horovod over Gloo.
+"""Warm ranks (hvd_spark/_internal/task/warm.py): real Spark, real fork servers, real Horovod over Gloo.
 
 What must hold: a later job's ranks come from the server the first job started (TF already
 imported), each job still runs in processes of its own (nothing of the previous job is left in
@@ -20,7 +20,7 @@ from hvd_spark import HorovodEstimator
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from digits import digits_frames, digits_model  # noqa: E402
 
-SERVER = "hvd_spark._internal.warm"
+SERVER = "hvd_spark._internal.task.warm"
 
 
 def _servers() -> list[psutil.Process]:

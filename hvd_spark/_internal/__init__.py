@@ -1,1 +1,47 @@
-"""Implementation modules of hvd_spark. Nothing here is public API."""
+"""Implementation of hvd_spark, one package per place where code runs. Nothing here is public API.
+
+- ``common``: pure records, rules and settings that every process shares (no Spark, no TF, no Horovod).
+- ``driver``: the Spark driver (or, on Spark Connect, the job's coordinator task): launch a barrier
+  job, serve its tasks and ranks, watch it, show progress, track it.
+- ``task``: inside a Spark barrier task (Spark's Python worker): rendezvous, start and watch the
+  rank's process, warm fork servers, mpirun and its agent.
+- ``rank``: inside one rank's own process: the entry point, Keras training with Horovod, the reader.
+- ``infer``: the transformer, on the driver (params) and in Spark's Python UDF workers (prediction).
+- ``data``: the store and the data written to it (driver side; no TF).
+- ``ml``: the Spark ML front on the driver: the estimator, its params, fit planning, persistence.
+"""
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
+# Models saved before the packages above record their class as ``hvd_spark._internal.estimator``
+# or ``...transformer`` (Spark ML's metadata names the defining module); saves now record
+# ``hvd_spark.HorovodEstimator`` / ``hvd_spark.TFTransformer``. These names keep old saves loadable.
+_SAVED_NAMES = {
+    "hvd_spark._internal.estimator": "hvd_spark._internal.ml.estimator",
+    "hvd_spark._internal.transformer": "hvd_spark._internal.infer.transformer",
+}
+
+
+class _SavedNameLoader(importlib.abc.Loader):
+    def __init__(self, target: str):
+        self.target = target
+
+    def create_module(self, spec):
+        return importlib.import_module(self.target)
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+class _SavedNameFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _SAVED_NAMES:
+            return None
+        return importlib.util.spec_from_loader(fullname, _SavedNameLoader(_SAVED_NAMES[fullname]))
+
+
+if not any(isinstance(f, _SavedNameFinder) for f in sys.meta_path):
+    sys.meta_path.append(_SavedNameFinder())

@@ -1,42 +1,68 @@
-"""The rules between layers, checked in fresh interpreters: the driver's launcher and the store
-load no Keras or TensorFlow (nor Spark ML), the rank side loads no pyspark, and the package root
-loads none of them. A new top-level import that breaks a rule fails here."""
+"""The rules between the places where code runs, checked in fresh interpreters, one package at a
+time: every module of a package is imported and must load none of that package's forbidden
+libraries. A new module lands in a package and gets its rule; a new top-level import that breaks
+the rule fails here."""
 
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
+import hvd_spark
+
 HEAVY = ("tensorflow", "keras", "horovod", "pyspark", "pyspark.ml", "petastorm")
+INTERNAL = pathlib.Path(hvd_spark.__file__).parent / "_internal"
 
-CASES = [
-    # module, modules it must not load
-    ("hvd_spark", HEAVY),
-    ("hvd_spark.errors", HEAVY),
-    ("hvd_spark._internal.launcher", ("tensorflow", "keras", "horovod", "pyspark.ml", "petastorm")),
-    ("hvd_spark._internal.store", HEAVY),
-    ("hvd_spark._internal.specs", HEAVY),
-    ("hvd_spark._internal.contracts", HEAVY),
-    ("hvd_spark._internal.outcomes", HEAVY),
-    ("hvd_spark._internal.restarts", HEAVY),
-    ("hvd_spark._internal.data", ("tensorflow", "keras", "horovod", "petastorm")),
-    ("hvd_spark._internal.driver_service", HEAVY),
-    ("hvd_spark._internal.topology", HEAVY),
-    ("hvd_spark._internal.progress", HEAVY),
-    ("hvd_spark._internal.tracking", HEAVY),  # MLflow (which loads a part of pyspark) only inside functions
-    ("hvd_spark._internal.task", ("tensorflow", "keras", "pyspark")),
-    ("hvd_spark._internal.child", ("tensorflow", "keras", "pyspark")),
-    # the rank side (one interpreter: each of these imports TensorFlow, which takes seconds)
-    (
-        "hvd_spark._internal.worker, hvd_spark._internal.reader, hvd_spark._internal.keras_hvd, hvd_spark.keras",
-        ("pyspark",),
-    ),
-]
+# package (under hvd_spark._internal), libraries none of its modules may load at import
+PACKAGES = {
+    "common": HEAVY,
+    "driver": ("tensorflow", "keras", "horovod", "pyspark.ml", "petastorm"),
+    "task": ("tensorflow", "keras", "pyspark"),
+    "rank": ("pyspark",),
+    "infer": ("horovod", "petastorm"),
+    "data": ("tensorflow", "keras", "horovod", "petastorm"),
+    "ml": ("horovod", "petastorm"),
+}
+# modules with a stricter rule than their package's
+MODULES = {
+    "hvd_spark": HEAVY,
+    "hvd_spark.errors": HEAVY,
+    "hvd_spark._internal.data.store": HEAVY,  # ranks read and write the store
+    "hvd_spark._internal.driver.service": HEAVY,
+    "hvd_spark._internal.driver.progress": HEAVY,
+    "hvd_spark._internal.driver.tracking": HEAVY,  # MLflow (which loads a part of pyspark) only inside functions
+    "hvd_spark._internal.rank.entry": ("tensorflow", "keras", "pyspark"),  # runs any function given to run()
+}
 
 
-@pytest.mark.parametrize("module,forbidden", CASES, ids=[c[0] for c in CASES])
-def test_import_loads_nothing_forbidden(module, forbidden):
-    code = f"import sys, {module}\nprint(' '.join(m for m in {forbidden!r} if m in sys.modules))"
+def _modules(package: str) -> list[str]:
+    return sorted(
+        f"hvd_spark._internal.{package}.{p.stem}" for p in (INTERNAL / package).glob("*.py") if p.stem != "__init__"
+    )
+
+
+def _loaded(modules: list[str], forbidden: tuple[str, ...]) -> list[str]:
+    code = f"import sys, {', '.join(modules)}\nprint(' '.join(m for m in {forbidden!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "", f"importing {module} loaded {out.stdout.split()}"
+    return out.stdout.split()
+
+
+def test_every_module_is_in_a_package_with_a_rule():
+    loose = sorted(p.name for p in INTERNAL.glob("*.py") if p.stem != "__init__")
+    assert loose == [], f"modules outside a package: {loose}"
+    packages = sorted(p.name for p in INTERNAL.iterdir() if (p / "__init__.py").exists())
+    assert packages == sorted(PACKAGES)
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_package_loads_nothing_forbidden(package):
+    modules = _modules(package)
+    assert modules
+    assert _loaded(modules, PACKAGES[package]) == [], f"importing {package}'s modules loaded forbidden libraries"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_module_loads_nothing_forbidden(module):
+    assert _loaded([module], MODULES[module]) == []

@@ -3,8 +3,8 @@ once, through a store folder; without a store the records are kept, rank output 
 
 import logging
 
-from hvd_spark._internal import channel
-from hvd_spark._internal.store import Store
+from hvd_spark._internal.common import channel
+from hvd_spark._internal.data.store import Store
 
 
 def test_live_channel_delivers_in_order_once_and_is_removed(tmp_path):

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from hvd_spark._internal.contracts import FitSummary, RankSummary
-from hvd_spark._internal.restarts import should_restart
+from hvd_spark._internal.common.contracts import FitSummary, RankSummary
+from hvd_spark._internal.common.restarts import should_restart
 from hvd_spark.errors import HvdSparkError, JobTimeoutError, LaunchError, RankFailedError, RankStalledError
 
 
@@ -39,8 +39,8 @@ def test_rank_summary_from_a_rank_result_and_frozen_records():
 def test_run_config_pickles_and_changes_per_attempt():
     import pickle
 
-    from hvd_spark._internal.contracts import DataSpec, RunConfig
-    from hvd_spark._internal.specs import ColumnInfo, TensorSpec
+    from hvd_spark._internal.common.contracts import DataSpec, RunConfig
+    from hvd_spark._internal.common.specs import ColumnInfo, TensorSpec
 
     data = DataSpec(
         (ColumnInfo("x", "array", "float", False, stored="c0"),),
@@ -79,7 +79,7 @@ def test_run_config_pickles_and_changes_per_attempt():
 
 
 def test_pick_failure_prefers_the_cause_over_lost_peers():
-    from hvd_spark._internal.outcomes import RankOutcome, pick_failure
+    from hvd_spark._internal.common.outcomes import RankOutcome, pick_failure
 
     lost_peer = RankOutcome(
         0,
@@ -98,7 +98,7 @@ def test_pick_failure_prefers_the_cause_over_lost_peers():
 
 
 def test_outcome_travels_as_a_fail_message_and_back():
-    from hvd_spark._internal.outcomes import RankOutcome
+    from hvd_spark._internal.common.outcomes import RankOutcome
 
     rec = RankOutcome(2, "error", type="ValueError", message="x" * 5000, traceback="tb", time=7.0, pickled=b"p")
     msg = rec.to_message()
@@ -110,7 +110,7 @@ def test_outcome_travels_as_a_fail_message_and_back():
 
 
 def _aborted(rank, *tail):
-    from hvd_spark._internal.outcomes import ABORTED, RankOutcome
+    from hvd_spark._internal.common.outcomes import ABORTED, RankOutcome
 
     return RankOutcome(rank, ABORTED, tail=tuple(tail))
 
@@ -118,8 +118,8 @@ def _aborted(rank, *tail):
 def test_a_stall_report_names_the_silent_rank_first_with_where_each_rank_was():
     import pickle
 
-    from hvd_spark._internal.outcomes import STATE_PREFIX
-    from hvd_spark._internal.supervisor import JobReport, Problem, conclude
+    from hvd_spark._internal.common.outcomes import STATE_PREFIX
+    from hvd_spark._internal.driver.supervisor import JobReport, Problem, conclude
 
     problem = Problem("stalled: no rank made progress", [0, 1], stalled_hosts={0: "10.0.0.1", 1: "10.0.0.2"})
     records = [
@@ -136,7 +136,7 @@ def test_a_stall_report_names_the_silent_rank_first_with_where_each_rank_was():
 
 
 def test_a_stall_with_every_rank_in_user_code_names_no_suspect():
-    from hvd_spark._internal.supervisor import JobReport, Problem, conclude
+    from hvd_spark._internal.driver.supervisor import JobReport, Problem, conclude
 
     problem = Problem("stalled", [0, 1], stalled_hosts={0: "h", 1: "h"})
     records = [_aborted(r, "Stack (most recent call first):", '  File "x.py", line 3 in fit') for r in (0, 1)]

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from hvd_spark._internal.driver_service import KIND, DriverService, Kind, TaskClient
+from hvd_spark._internal.driver.service import KIND, DriverService, Kind, TaskClient
 
 
 def _until(cond, timeout=10.0):
@@ -89,7 +89,7 @@ def test_a_task_that_stops_sending_is_reported_silent_with_its_host(service):
 
 
 def test_a_task_cut_off_from_the_driver_stops_its_rank():
-    from hvd_spark._internal.task import _Watch
+    from hvd_spark._internal.task.barrier import _Watch
 
     svc = DriverService(1, bind="127.0.0.1")
     svc.start()
@@ -108,7 +108,7 @@ def test_a_task_cut_off_from_the_driver_stops_its_rank():
 
 
 def test_tf_notices_are_recognized_and_the_users_level_wins(monkeypatch):
-    from hvd_spark._internal import logs
+    from hvd_spark._internal.common import logs
 
     assert logs.is_tf_notice(
         "I0000 00:00:1795399587.622207    3804 port.cc:153] oneDNN custom operations are on. You may see ..."
@@ -131,7 +131,7 @@ def test_tf_notices_written_to_fd_2_during_an_import_are_dropped(monkeypatch, ca
     import os
     import sys
 
-    from hvd_spark._internal import logs
+    from hvd_spark._internal.common import logs
 
     notice = b"I0000 00:00:1795399587.622207    3804 port.cc:153] oneDNN custom operations are on.\n"
     monkeypatch.delitem(sys.modules, "tensorflow", raising=False)  # as in a fresh Python worker
@@ -161,7 +161,7 @@ def _gather_in_thread(client, round_name, info, results, silence=30.0):
 
 
 def test_gather_returns_every_task_s_info_in_partition_order(service):
-    from hvd_spark._internal.driver_service import JobAborted
+    from hvd_spark._internal.driver.service import JobAborted
 
     addr = f"127.0.0.1:{service.port}"
     first = TaskClient(addr, service.token, {"role": "task", "partition": 1})

@@ -11,9 +11,10 @@ import time
 
 import pytest
 
-from hvd_spark._internal import mpi_agent, settings
-from hvd_spark._internal.task import mpirun_command, split_tagged
-from hvd_spark._internal.topology import assign_ranks
+from hvd_spark._internal.common import settings
+from hvd_spark._internal.common.topology import assign_ranks
+from hvd_spark._internal.task import mpi_agent
+from hvd_spark._internal.task.barrier import mpirun_command, split_tagged
 
 
 def test_split_tagged_reassembles_pieces_of_several_ranks():
@@ -29,7 +30,7 @@ def test_mpirun_command_lays_out_ranks_per_host_and_uses_the_agent():
     joined = " ".join(cmd)
     assert cmd[:3] == ["mpirun", "-np", "3"]
     assert "-H 10.0.0.2:2,10.0.0.3:1" in joined  # contiguous per host, rank 0's host first
-    assert f"plm_rsh_agent {sys.executable} -m hvd_spark._internal.mpi_agent" in joined
+    assert f"plm_rsh_agent {sys.executable} -m hvd_spark._internal.task.mpi_agent" in joined
     assert "oob_tcp_if_include 10.0.0.0/24" in joined and "btl_tcp_if_include 10.0.0.0/24" in joined
     # The user's interface choice wins over the subnet.
     mine = " ".join(mpirun_command(ranks, {"OMPI_MCA_btl_tcp_if_exclude": "docker0"}, "10.0.0.0/24"))
@@ -42,7 +43,7 @@ def test_mpirun_command_lays_out_ranks_per_host_and_uses_the_agent():
 def _agent(host, command, hosts, token):
     env = dict(os.environ, **{mpi_agent.ENV_HOSTS: json.dumps(hosts), settings.ENV_JOB_TOKEN: token})
     return subprocess.Popen(
-        [sys.executable, "-m", "hvd_spark._internal.mpi_agent", host, *command],
+        [sys.executable, "-m", "hvd_spark._internal.task.mpi_agent", host, *command],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

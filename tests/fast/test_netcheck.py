@@ -2,7 +2,7 @@
 
 import socket
 
-from hvd_spark._internal import netcheck
+from hvd_spark._internal.task import netcheck
 
 TWO_HOSTS = ["10.77.0.2", "10.77.0.3"]
 

@@ -5,8 +5,8 @@ import logging
 
 import pytest
 
-from hvd_spark._internal import progress
-from hvd_spark._internal.progress import FitProgress, interactive, render_bar
+from hvd_spark._internal.driver import progress
+from hvd_spark._internal.driver.progress import FitProgress, interactive, render_bar
 
 
 class _Clock:

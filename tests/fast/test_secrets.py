@@ -3,8 +3,8 @@
 import pytest
 
 import hvd_spark
-from hvd_spark._internal.secrets import is_secret_name, redacted, split_secrets, url_without_credentials
-from hvd_spark._internal.tracking import describe, param_values
+from hvd_spark._internal.common.secrets import is_secret_name, redacted, split_secrets, url_without_credentials
+from hvd_spark._internal.driver.tracking import describe, param_values
 
 OPTIONS = {
     "key": "AKIA-KEY-VALUE",

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from hvd_spark._internal.specs import (
+from hvd_spark._internal.common.specs import (
     ColumnInfo,
     TensorSpec,
     assign_files,
@@ -14,7 +14,7 @@ from hvd_spark._internal.specs import (
     steps_per_epoch,
     with_stored_names,
 )
-from hvd_spark._internal.store import Checkpoint, Store, checkpoint_names, validate_run_id
+from hvd_spark._internal.data.store import Checkpoint, Store, checkpoint_names, validate_run_id
 
 
 def test_tensor_spec_elements_and_dims():
@@ -103,7 +103,7 @@ def test_run_id_is_checked(bad):
 
 
 def test_exclusive_lease_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
-    from hvd_spark._internal.store import LeaseHeldError
+    from hvd_spark._internal.data.store import LeaseHeldError
 
     store = Store(str(tmp_path / "store"))
     path = store._path("runs", "r", "_writer.json")

@@ -2,8 +2,8 @@
 
 import pytest
 
-from hvd_spark._internal.settings import parse_bool, parse_seconds
-from hvd_spark._internal.topology import assign_ranks, horovod_env, task_cpus, task_slots
+from hvd_spark._internal.common.settings import parse_bool, parse_seconds
+from hvd_spark._internal.common.topology import assign_ranks, horovod_env, task_cpus, task_slots
 
 
 def test_assign_ranks_single_host():
@@ -100,7 +100,7 @@ def test_task_cpus_from_conf():
 
 
 def test_a_gpu_rank_sees_exactly_its_tasks_gpus_with_memory_growth():
-    from hvd_spark._internal.topology import gpu_env
+    from hvd_spark._internal.common.topology import gpu_env
 
     env = gpu_env(["2", "3"], True, {})
     assert env == {"CUDA_VISIBLE_DEVICES": "2,3", "TF_FORCE_GPU_ALLOW_GROWTH": "true", "HVD_SPARK_GPUS": "2,3"}
@@ -110,7 +110,7 @@ def test_a_gpu_rank_sees_exactly_its_tasks_gpus_with_memory_growth():
 
 
 def test_a_cpu_job_hides_the_gpus_of_its_tasks_and_leaves_gpu_less_tasks_alone():
-    from hvd_spark._internal.topology import gpu_env
+    from hvd_spark._internal.common.topology import gpu_env
 
     assert gpu_env(["0"], False, {}) == {"CUDA_VISIBLE_DEVICES": ""}
     assert gpu_env(None, False, {}) == {}
@@ -118,7 +118,7 @@ def test_a_cpu_job_hides_the_gpus_of_its_tasks_and_leaves_gpu_less_tasks_alone()
 
 
 def test_gpus_asked_for_and_none_assigned_name_the_spark_conf_keys():
-    from hvd_spark._internal.topology import gpu_env
+    from hvd_spark._internal.common.topology import gpu_env
 
     with pytest.raises(ValueError, match=r"use_gpu=True, but Spark assigned no GPU to this barrier task") as e:
         gpu_env(None, True, {})
@@ -127,7 +127,7 @@ def test_gpus_asked_for_and_none_assigned_name_the_spark_conf_keys():
 
 
 def test_nccl_carries_gpu_collectives_only_when_built_and_not_chosen_by_the_user():
-    from hvd_spark._internal.topology import gpu_operations
+    from hvd_spark._internal.common.topology import gpu_operations
 
     gpu = {"HVD_SPARK_GPUS": "0"}
     assert gpu_operations(True, gpu) == {"HOROVOD_GPU_OPERATIONS": "NCCL"}
@@ -138,7 +138,7 @@ def test_nccl_carries_gpu_collectives_only_when_built_and_not_chosen_by_the_user
 
 @pytest.mark.parametrize("raw,amount", [(None, 0.0), ("1", 1.0), ("0.5", 0.5)])
 def test_task_gpu_amount_reads_the_spark_conf(raw, amount):
-    from hvd_spark._internal.topology import task_gpu_amount
+    from hvd_spark._internal.common.topology import task_gpu_amount
 
     conf = {} if raw is None else {"spark.task.resource.gpu.amount": raw}
     assert task_gpu_amount(conf) == amount
@@ -155,7 +155,7 @@ def test_task_gpu_amount_reads_the_spark_conf(raw, amount):
 )
 def test_transform_places_the_model_on_its_tasks_gpu(addresses, visible, device):
     pytest.importorskip("pyspark")
-    from hvd_spark._internal.transformer import gpu_device
+    from hvd_spark._internal.infer.transformer import gpu_device
 
     assert gpu_device(addresses, visible) == device
 
@@ -164,7 +164,7 @@ def test_transform_places_the_model_on_its_tasks_gpu(addresses, visible, device)
 
 
 def test_only_local_masters_are_read_from_the_url():
-    from hvd_spark._internal.topology import is_local_master, slots_from_master_url
+    from hvd_spark._internal.common.topology import is_local_master, slots_from_master_url
 
     for master in ("local", "local[2]", "local[*]", "local[3, 2]", "local-cluster[2,1,1024]"):
         assert slots_from_master_url(master), master
@@ -186,7 +186,7 @@ def test_only_local_masters_are_read_from_the_url():
     ],
 )
 def test_dynamic_allocation_is_refused_as_spark_refuses_barrier_stages(master, conf, refused):
-    from hvd_spark._internal.topology import barrier_refusal
+    from hvd_spark._internal.common.topology import barrier_refusal
 
     message = barrier_refusal(master, conf)
     assert (message is not None) == refused
@@ -206,14 +206,14 @@ def test_dynamic_allocation_is_refused_as_spark_refuses_barrier_stages(master, c
     ],
 )
 def test_executor_target_from_the_conf(master, conf, cpus, expected):
-    from hvd_spark._internal.topology import executor_target
+    from hvd_spark._internal.common.topology import executor_target
 
     target = executor_target(master, conf, cpus)
     assert (target.executors, target.slots_each, target.settles) == expected
 
 
 def test_executors_settle_on_enough_slots_all_asked_for_or_a_standalone_count_that_holds_still():
-    from hvd_spark._internal.topology import executor_target, executors_settled
+    from hvd_spark._internal.common.topology import executor_target, executors_settled
 
     yarn = executor_target("yarn", {"spark.executor.instances": "4"})
     standalone = executor_target("spark://h:7077", {})
@@ -226,7 +226,7 @@ def test_executors_settle_on_enough_slots_all_asked_for_or_a_standalone_count_th
 
 
 def _judge(num_proc, executors, slots, master="spark://h:7077", conf=None, settled=True, waited=0.0, **kw):
-    from hvd_spark._internal.topology import executor_target, judge_slots
+    from hvd_spark._internal.common.topology import executor_target, judge_slots
 
     conf = {"spark.cores.max": "2", "spark.executor.cores": "1"} if conf is None else conf
     cpus = kw.pop("task_cpus", 1)
@@ -308,7 +308,7 @@ _FakeConnectSession.__module__ = "pyspark.sql.connect.session"
 
 
 def test_connect_with_default_parallelism_set_asks_for_num_proc():
-    from hvd_spark._internal.launcher import resolve_launch_options
+    from hvd_spark._internal.driver.launcher import resolve_launch_options
 
     spark = _FakeConnectSession({"spark.master": "spark://h:7077", "spark.default.parallelism": "8"})
     with pytest.raises(ValueError, match=r"num_proc is required on this Spark Connect session.*spark.default.para"):
@@ -317,7 +317,7 @@ def test_connect_with_default_parallelism_set_asks_for_num_proc():
 
 
 def test_connect_with_dynamic_allocation_is_refused_before_any_work():
-    from hvd_spark._internal.launcher import resolve_launch_options
+    from hvd_spark._internal.driver.launcher import resolve_launch_options
 
     spark = _FakeConnectSession({"spark.master": "yarn", "spark.dynamicAllocation.enabled": "true"})
     with pytest.raises(ValueError, match=r"Spark does not run barrier stages with dynamic allocation"):
@@ -371,7 +371,7 @@ def test_the_launch_waits_for_the_executors_then_counts_their_slots(monkeypatch,
     import logging
     import time
 
-    from hvd_spark._internal import launcher
+    from hvd_spark._internal.driver import launcher
 
     standalone = {"spark.cores.max": "2", "spark.executor.cores": "1", "spark.default.parallelism": "8"}
     with caplog.at_level(logging.INFO, logger="hvd_spark"):
@@ -396,7 +396,8 @@ def test_the_launch_waits_for_the_executors_then_counts_their_slots(monkeypatch,
 def test_a_standalone_count_that_holds_still_is_complete_and_remembered(monkeypatch):
     import time
 
-    from hvd_spark._internal import launcher, settings
+    from hvd_spark._internal.common import settings
+    from hvd_spark._internal.driver import launcher
 
     monkeypatch.setattr(settings, "EXECUTORS_SETTLE", 0.5)
     sc = _FakeContext("spark://h:7077", [(0.0, 3, 6)], app="app-settle")
@@ -411,7 +412,7 @@ def test_a_standalone_count_that_holds_still_is_complete_and_remembered(monkeypa
 def test_missing_yarn_executors_bound_the_ranks_after_the_wait(monkeypatch, caplog):
     import logging
 
-    from hvd_spark._internal import launcher
+    from hvd_spark._internal.driver import launcher
 
     monkeypatch.setenv("HVD_SPARK_EXECUTOR_WAIT", "0.5")
     yarn = {"spark.executor.instances": "4", "spark.executor.cores": "2"}

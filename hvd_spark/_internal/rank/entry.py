@@ -1,4 +1,4 @@
-"""Entry point of one rank's process: ``python -m hvd_spark._internal.child [WORKDIR]``.
+"""Entry point of one rank's process: ``python -m hvd_spark._internal.rank.entry [WORKDIR]``.
 
 Reads ``WORKDIR/payload.pkl`` (``fn, args, kwargs``, cloudpickled), runs the function and
 writes ``result-<rank>.pkl`` on success or ``error-<rank>.pkl`` (an ``outcomes.RankOutcome``:
@@ -14,7 +14,7 @@ import sys
 import time
 import traceback
 
-from hvd_spark._internal.outcomes import ERROR, RankOutcome
+from hvd_spark._internal.common.outcomes import ERROR, RankOutcome
 
 
 def _rank() -> int:
@@ -90,7 +90,7 @@ def _gpu_operations() -> None:
     """On a rank with GPUs: NCCL for Horovod's GPU collectives when Horovod has it (before ``hvd.init``)."""
     if not os.environ.get("HVD_SPARK_GPUS"):
         return
-    from hvd_spark._internal.topology import gpu_operations
+    from hvd_spark._internal.common.topology import gpu_operations
 
     try:
         import horovod.tensorflow as hvd
@@ -113,7 +113,7 @@ def entry(workdir: str) -> int:
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(line_buffering=True)
-    from hvd_spark._internal.events import report_init_when_done
+    from hvd_spark._internal.common.events import report_init_when_done
 
     _gpu_operations()
     report_init_when_done()

@@ -7,7 +7,7 @@ Plain frozen dataclasses: no Spark, Keras or Horovod, so they are cheap to impor
 from dataclasses import dataclass
 from typing import Any
 
-from hvd_spark._internal.specs import ColumnInfo, TensorSpec
+from hvd_spark._internal.common.specs import ColumnInfo, TensorSpec
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from pyspark.ml.param import TypeConverters
 from pyspark.ml.param.shared import HasHandleInvalid, HasPredictionCol, HasProbabilityCol, HasRawPredictionCol
 from pyspark.ml.util import MLReadable, MLWritable
 
-from hvd_spark._internal.contracts import FitSummary
-from hvd_spark._internal.params import ColumnParams, _param, with_accessors
-from hvd_spark._internal.sessions import session_conf
-from hvd_spark._internal.specs import TensorSpec, column_label, stack_for_single_input, unpack
-from hvd_spark._internal.topology import task_cpus
+from hvd_spark._internal.common.contracts import FitSummary
+from hvd_spark._internal.common.specs import TensorSpec, column_label, stack_for_single_input, unpack
+from hvd_spark._internal.common.topology import task_cpus
+from hvd_spark._internal.driver.sessions import session_conf
+from hvd_spark._internal.ml.params import ColumnParams, _param, with_accessors
 
 _MODEL_CACHE: dict[str, Any] = {}
 _MODEL_LOCK = threading.Lock()
@@ -74,15 +74,15 @@ def _load_cached(
             return model
         import cloudpickle
 
-        from hvd_spark._internal.logs import tf_notices_dropped
+        from hvd_spark._internal.common.logs import tf_notices_dropped
 
         if device is not None:  # several Python workers share a GPU: each takes what it needs, not all
             os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
         with tf_notices_dropped():
             import tensorflow  # noqa: F401  # its start-up notices are not the user's business
 
-        from hvd_spark._internal.keras_hvd import set_threads
-        from hvd_spark._internal.serde import load_model_file
+        from hvd_spark._internal.common.serde import load_model_file
+        from hvd_spark._internal.rank.keras_hvd import set_threads
 
         set_threads(num_threads)
         custom_objects = cloudpickle.loads(custom_objects_bytes) if custom_objects_bytes else None
@@ -115,7 +115,7 @@ def _predict_columns(
 
     Returns one float64 array of shape (n, values per row) per model output.
     """
-    from hvd_spark._internal.reader import to_model_inputs
+    from hvd_spark._internal.rank.reader import to_model_inputs
 
     if n == 0:  # e.g. a batch whose rows all had a null feature (handleInvalid="keep")
         return [np.zeros((0, spec.elements or 1)) for spec in outputs]
@@ -524,7 +524,7 @@ class TFTransformer(
         """Writes the model as a ``.keras`` file (loadable with ``keras.models.load_model``)."""
         if not str(path).endswith(".keras"):
             raise ValueError(f"path must end with '.keras'. Received: {path!r}.")
-        from hvd_spark._internal.serde import save_model_file
+        from hvd_spark._internal.common.serde import save_model_file
 
         save_model_file(self.getModel(), path)
         return path
@@ -546,7 +546,7 @@ class TFTransformer(
         return T.StructType([T.StructField(n, t, True) for n, t in zip(self.getOutputCols(), types)])
 
     def _check_columns(self, df) -> None:
-        from hvd_spark._internal.data import column_info
+        from hvd_spark._internal.data.materialize import column_info
 
         features = self.getFeatureCols()
         if not features:
@@ -602,7 +602,7 @@ class TFTransformer(
         from pyspark.sql import functions as F
         from pyspark.sql.functions import pandas_udf
 
-        from hvd_spark._internal.data import col, column_info, feature_expr
+        from hvd_spark._internal.data.materialize import col, column_info, feature_expr
 
         self._check_columns(dataset)
         self._use_arrow_udf()  # a bad inference_udf fails here, before any Spark job
@@ -684,7 +684,7 @@ class TFTransformer(
         from pyspark.ml.functions import array_to_vector
         from pyspark.sql import functions as F
 
-        from hvd_spark._internal.data import col
+        from hvd_spark._internal.data.materialize import col
 
         o, logits = col(out), bool(self.getOrDefault(self.from_logits))
         if self.getOrDefault(self.task) == "multiclass":
@@ -716,12 +716,12 @@ class TFTransformer(
     # --- persistence (save / load come from MLWritable / MLReadable) ---
     @classmethod
     def read(cls):
-        from hvd_spark._internal.persistence import TransformerReader
+        from hvd_spark._internal.ml.persistence import TransformerReader
 
         return TransformerReader(cls)
 
     def write(self):
-        from hvd_spark._internal.persistence import TransformerWriter
+        from hvd_spark._internal.ml.persistence import TransformerWriter
 
         return TransformerWriter(self)
 
@@ -749,7 +749,11 @@ def _model_version(url: str, opts: dict) -> str:
 def _load_uncached(url, opts, co_bytes):
     import cloudpickle
 
-    from hvd_spark._internal.serde import load_model_file
+    from hvd_spark._internal.common.serde import load_model_file
 
     custom_objects = cloudpickle.loads(co_bytes) if co_bytes else None
     return load_model_file(url, custom_objects, compile=True, storage_options=opts)
+
+
+# Spark ML's saved metadata names the class by its module: the public name stays stable.
+TFTransformer.__module__ = "hvd_spark"

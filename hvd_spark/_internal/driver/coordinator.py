@@ -17,10 +17,10 @@ from typing import Any
 
 import cloudpickle
 
-from hvd_spark._internal.channel import ChannelWriter
-from hvd_spark._internal.driver_service import DriverService
-from hvd_spark._internal.outcomes import TaskSpec
-from hvd_spark._internal.supervisor import GIVE_UP_AFTER, Supervisor
+from hvd_spark._internal.common.channel import ChannelWriter
+from hvd_spark._internal.common.outcomes import TaskSpec
+from hvd_spark._internal.driver.service import DriverService
+from hvd_spark._internal.driver.supervisor import GIVE_UP_AFTER, Supervisor
 
 logger = logging.getLogger("hvd_spark")
 
@@ -47,7 +47,7 @@ class Coordinator:
     """The driver service and supervisor of a job, in the first barrier task."""
 
     def __init__(self, job: ConnectJob, host: str):
-        from hvd_spark._internal.store import Store
+        from hvd_spark._internal.data.store import Store
 
         store = Store.from_config(job.channel[0]) if job.channel else None
         self.writer = ChannelWriter(store, job.channel[1] if job.channel else None)
@@ -96,7 +96,7 @@ def run_connect_task(job: ConnectJob) -> list[tuple[str, bytes]]:
     """The body of one barrier task of a Connect launch: ``(kind, data)`` rows for the client."""
     from pyspark import BarrierTaskContext
 
-    from hvd_spark._internal.task import run_task
+    from hvd_spark._internal.task.barrier import run_task
 
     ctx = BarrierTaskContext.get()
     partition = ctx.partitionId()

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
-from hvd_spark._internal.specs import ColumnInfo, TensorSpec, pack
+from hvd_spark._internal.common.specs import ColumnInfo, TensorSpec, pack
 
 READERS = ("arrow", "petastorm")
 

@@ -57,7 +57,7 @@ def describe(value) -> str:
         return "{" + ", ".join(f"{k}: {describe(v)}" for k, v in value.items()) + "}"
     name = type(value).__name__
     if name in ("Store",) and hasattr(value, "prefix"):  # never its storage options (credentials)
-        from hvd_spark._internal.secrets import url_without_credentials
+        from hvd_spark._internal.common.secrets import url_without_credentials
 
         return url_without_credentials(str(value.prefix))
     get_config = getattr(value, "get_config", None)
@@ -81,7 +81,7 @@ def param_values(params: dict[str, Any]) -> dict[str, str]:
             continue
         text = describe(v)
         if k == "store":  # a URL given as a string: no password in it either
-            from hvd_spark._internal.secrets import url_without_credentials
+            from hvd_spark._internal.common.secrets import url_without_credentials
 
             text = url_without_credentials(text)
         out[k] = text if len(text) <= _MAX_PARAM else text[: _MAX_PARAM - 3] + "..."

@@ -3,7 +3,7 @@
 import hashlib
 import json
 
-from hvd_spark._internal.specs import TensorSpec
+from hvd_spark._internal.common.specs import TensorSpec
 
 
 def _struct_keys(struct, n: int) -> list[str] | None:

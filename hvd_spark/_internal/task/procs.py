@@ -24,7 +24,7 @@ def signal_name(rc: int) -> str:
 
 def kill_tree(proc, grace: float) -> None:
     """Stops a rank process and everything it started (its own process group). ``proc`` is a
-    ``subprocess.Popen`` or a :class:`~hvd_spark._internal.warm.WarmProcess`."""
+    ``subprocess.Popen`` or a :class:`~hvd_spark._internal.task.warm.WarmProcess`."""
     if proc.poll() is not None:
         return
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):

@@ -20,14 +20,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
-from hvd_spark._internal.specs import (
+from hvd_spark._internal.common.specs import (
     ColumnInfo,
     TensorSpec,
     check_feature_lengths,
     check_label_lengths,
     group_name,
 )
-from hvd_spark._internal.store import DATA_META, DATA_USED, Store
+from hvd_spark._internal.data.store import DATA_META, DATA_USED, Store
 
 logger = logging.getLogger("hvd_spark")
 
@@ -367,7 +367,7 @@ def _explain_text(df) -> str:
     thread-safe (fits run from several threads in a tuning sweep), so the text is asked for the way
     ``explain`` asks for it (Connect: ``_explain_string``; classic: the JVM's ``explainString``),
     falling back to a captured ``explain`` under a lock."""
-    from hvd_spark._internal.sessions import is_connect
+    from hvd_spark._internal.driver.sessions import is_connect
 
     try:
         if is_connect(df.sparkSession):
@@ -650,7 +650,7 @@ def materialize(
     * a writer that dies leaves an attempt folder without a ``_complete`` marker and a lease
       whose heartbeat stops; the next writer of that key removes such folders.
     """
-    from hvd_spark._internal import settings
+    from hvd_spark._internal.common import settings
 
     wait = settings.seconds_setting(
         wait, settings.ENV_MATERIALIZE_WAIT, None, settings.DEFAULT_MATERIALIZE_WAIT, "materialize_wait"
@@ -711,7 +711,7 @@ def _remove_dead_attempts(store: Store, folder: str, meta: dict | None) -> None:
 
     Complete attempts are kept even when not published (a fit may be reading them).
     """
-    from hvd_spark._internal import settings
+    from hvd_spark._internal.common import settings
 
     names = store._listdir(folder)
     live = {d.get("attempt") for d in store._live_leases(folder, _LEASE_PREFIX, settings.LEASE_STALE)}

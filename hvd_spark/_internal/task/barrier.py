@@ -19,11 +19,12 @@ import time
 
 import cloudpickle
 
-from hvd_spark._internal import logs, mpi_agent, netcheck, settings, warm
-from hvd_spark._internal.driver_service import KIND, Kind, TaskClient
-from hvd_spark._internal.outcomes import ABORTED, ERROR, OK, PROCESS_DIED, STATE_PREFIX, RankOutcome, TaskSpec
-from hvd_spark._internal.procs import die_with_parent, kill_tree, signal_name
-from hvd_spark._internal.topology import RankInfo, assign_ranks, gpu_env, horovod_env, threads_env
+from hvd_spark._internal.common import logs, settings
+from hvd_spark._internal.common.outcomes import ABORTED, ERROR, OK, PROCESS_DIED, STATE_PREFIX, RankOutcome, TaskSpec
+from hvd_spark._internal.common.topology import RankInfo, assign_ranks, gpu_env, horovod_env, threads_env
+from hvd_spark._internal.driver.service import KIND, Kind, TaskClient
+from hvd_spark._internal.task import mpi_agent, netcheck, warm
+from hvd_spark._internal.task.procs import die_with_parent, kill_tree, signal_name
 
 TAIL_LINES = 40
 ENV_WORKDIR = "HVD_SPARK_WORKDIR"  # where an MPI rank finds its payload and leaves its result
@@ -447,7 +448,12 @@ def _run_child(
     env["HVD_SPARK_RANK_STARTED"] = repr(time.time())  # the rank's start-up profile counts from here
     warm_proc = warm.spawn(env, workdir, spec.app, spec.start_timeout) if spec.warm else None
     rc, aborted = _run_watched(
-        [sys.executable, "-m", "hvd_spark._internal.child", workdir], env, workdir, watch, spec.abort_grace, warm_proc
+        [sys.executable, "-m", "hvd_spark._internal.rank.entry", workdir],
+        env,
+        workdir,
+        watch,
+        spec.abort_grace,
+        warm_proc,
     )
     return _outcome(workdir, rank, rc, aborted, list(watch.tails[rank])), watch
 
@@ -504,7 +510,7 @@ def mpirun_command(ranks: list[RankInfo], env: dict[str, str], network: str | No
             if not any(f"OMPI_MCA_{kind}_{x}" in env for x in ("include", "exclude")):
                 cmd += ["--mca", param, network]  # the user's own interface choice wins
     cmd += ["--oversubscribe", "--bind-to", "none", "--map-by", "slot", "--tag-output"]
-    return cmd + [sys.executable, "-m", "hvd_spark._internal.child"]
+    return cmd + [sys.executable, "-m", "hvd_spark._internal.rank.entry"]
 
 
 def _host_outcomes(workdir: str, ranks: list[RankInfo], host: str, rc: int | None, aborted: bool, watch: "_Watch"):

@@ -4,8 +4,8 @@ progress ticks that the stall watchdog reads."""
 import os
 import threading
 
-from hvd_spark._internal import settings
-from hvd_spark._internal.driver_service import KIND, Kind
+from hvd_spark._internal.common import settings
+from hvd_spark._internal.driver.service import KIND, Kind
 
 _client = None
 _lock = threading.Lock()
@@ -32,7 +32,7 @@ def _send_raw(message: dict) -> bool:
     with _lock:
         if _client is None:
             try:
-                from hvd_spark._internal.driver_service import TaskClient
+                from hvd_spark._internal.driver.service import TaskClient
 
                 _client = TaskClient(addr, token, {"role": "rank", "rank": rank}, timeout=10)
             except OSError:

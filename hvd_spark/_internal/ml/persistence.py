@@ -46,7 +46,7 @@ def _load_common(cls, path: str, sc):
 def _spark(io) -> Any:
     """What Spark's metadata reader / writer gets: the session on Spark Connect (no SparkContext
     there; pyspark >= 4.0 accepts it), the SparkContext on a classic session (any pyspark)."""
-    from hvd_spark._internal.sessions import is_connect
+    from hvd_spark._internal.driver.sessions import is_connect
 
     return io.sparkSession if is_connect(io.sparkSession) else io.sc
 
@@ -60,7 +60,7 @@ class _Writer(MLWriter):
         self.instance = instance
 
     def _handleOverwrite(self, path: str) -> None:
-        from hvd_spark._internal.sessions import is_connect
+        from hvd_spark._internal.driver.sessions import is_connect
 
         if not is_connect(self.sparkSession):
             super()._handleOverwrite(path)
@@ -77,7 +77,7 @@ def _json_params(instance, skip):
 def _config_without_secrets(store) -> dict:
     """The store's config as saved: no credentials among its storage options nor in its URL, and the
     names of what was left out (for the log line of the load)."""
-    from hvd_spark._internal.secrets import split_secrets, url_without_credentials
+    from hvd_spark._internal.common.secrets import split_secrets, url_without_credentials
 
     config = dict(store.to_config())
     config["storage_options"], removed = split_secrets(config.get("storage_options"))
@@ -102,8 +102,8 @@ def _log_removed(removed: list[str], store) -> None:
 
 class EstimatorWriter(_Writer):
     def saveImpl(self, path: str) -> None:
-        from hvd_spark._internal.serde import dumps_keras_obj, model_to_bytes
-        from hvd_spark._internal.store import Store
+        from hvd_spark._internal.common.serde import dumps_keras_obj, model_to_bytes
+        from hvd_spark._internal.data.store import Store
 
         inst = self.instance
         DefaultParamsWriter.saveMetadata(inst, path, _spark(self), paramMap=_json_params(inst, _OBJECT_PARAMS))
@@ -132,8 +132,8 @@ class EstimatorReader(MLReader):
         self.cls = cls
 
     def load(self, path: str):
-        from hvd_spark._internal.serde import loads_keras_obj, model_from_bytes
-        from hvd_spark._internal.store import Store
+        from hvd_spark._internal.common.serde import loads_keras_obj, model_from_bytes
+        from hvd_spark._internal.data.store import Store
 
         inst, objects, fs, root = _load_common(self.cls, path, _spark(self))
         custom = cloudpickle.loads(objects["custom_objects"][1]) if "custom_objects" in objects else None

@@ -1,7 +1,7 @@
 """mpirun across hosts without ssh: Open MPI's rsh agent, served by the job's own Spark tasks.
 
 ``mpirun`` (on rank 0's task) starts one ``orted`` daemon per other host by running its "rsh agent"
-as ``AGENT HOST COMMAND...``. hvd_spark's agent is ``python -m hvd_spark._internal.mpi_agent``: it
+as ``AGENT HOST COMMAND...``. hvd_spark's agent is ``python -m hvd_spark._internal.task.mpi_agent``: it
 looks ``HOST`` up in ``HVD_SPARK_MPI_HOSTS`` (JSON ``{host: "addr:port"}``, set by rank 0's task) and
 asks the :class:`CommandServer` that the first barrier task on that host runs to execute
 ``COMMAND`` with ``/bin/sh -c``. The server streams the command's output back and ends with its exit
@@ -24,9 +24,9 @@ import subprocess
 import sys
 import threading
 
-from hvd_spark._internal import settings
-from hvd_spark._internal.driver_service import read_lines, send_line
-from hvd_spark._internal.procs import die_with_parent, kill_tree
+from hvd_spark._internal.common import settings
+from hvd_spark._internal.driver.service import read_lines, send_line
+from hvd_spark._internal.task.procs import die_with_parent, kill_tree
 
 ENV_HOSTS = "HVD_SPARK_MPI_HOSTS"  # {host: "addr:port"} of every host's command server
 CONNECT_TIMEOUT = 30.0  # seconds for the agent to reach a host's command server
@@ -39,7 +39,7 @@ def agent_command() -> str:
             "backend='mpi' across hosts runs its rsh agent with this Python, and Open MPI splits the agent "
             f"on spaces: move the Python installation to a path without spaces. Received: {sys.executable!r}."
         )
-    return f"{sys.executable} -m hvd_spark._internal.mpi_agent"
+    return f"{sys.executable} -m hvd_spark._internal.task.mpi_agent"
 
 
 class CommandServer:
@@ -170,7 +170,7 @@ def run_remote(host: str, command: str, hosts: dict[str, str], token: str, out=N
 def main(argv: list[str]) -> int:
     # Open MPI calls: AGENT [agent args] HOST COMMAND... (the command is meant for a remote shell).
     if len(argv) < 2:
-        print("usage: python -m hvd_spark._internal.mpi_agent HOST COMMAND...", file=sys.stderr)
+        print("usage: python -m hvd_spark._internal.task.mpi_agent HOST COMMAND...", file=sys.stderr)
         return 2
     hosts = json.loads(os.environ.get(ENV_HOSTS) or "{}")
     token = os.environ.get(settings.ENV_JOB_TOKEN, "")

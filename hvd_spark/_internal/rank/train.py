@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 import keras
 
-from hvd_spark._internal import settings
-from hvd_spark._internal.contracts import RunConfig
-from hvd_spark._internal.keras_hvd import _is_number
+from hvd_spark._internal.common import settings
+from hvd_spark._internal.common.contracts import RunConfig
+from hvd_spark._internal.rank.keras_hvd import _is_number
 
 logger = logging.getLogger("hvd_spark.worker")
 
@@ -40,8 +40,8 @@ def _rank_seed(seed: int, rank: int) -> int:
 
 def _build_model(cfg: RunConfig, custom_objects):
     """The model to train: the latest checkpoint when resuming, else the user's model (compiled)."""
-    from hvd_spark._internal.serde import load_model_file, loads_keras_obj, model_from_bytes
-    from hvd_spark._internal.store import Store
+    from hvd_spark._internal.common.serde import load_model_file, loads_keras_obj, model_from_bytes
+    from hvd_spark._internal.data.store import Store
 
     if cfg.resume_ckpt:
         store = Store.from_config(cfg.store)
@@ -84,8 +84,8 @@ def train(cfg: RunConfig) -> dict:
     import cloudpickle
     import horovod.tensorflow as hvd
 
-    from hvd_spark._internal.events import mark_progress
-    from hvd_spark._internal.keras_hvd import set_threads
+    from hvd_spark._internal.common.events import mark_progress
+    from hvd_spark._internal.rank.keras_hvd import set_threads
 
     startup = _Startup(t_entry)
     mark_progress("hvd.init()")
@@ -93,8 +93,9 @@ def train(cfg: RunConfig) -> dict:
     startup.mark("horovod_init")
     set_threads(cfg.num_threads)
 
-    from hvd_spark._internal.events import send_event
-    from hvd_spark._internal.keras_hvd import (
+    from hvd_spark._internal.common.events import send_event
+    from hvd_spark._internal.data.store import Store
+    from hvd_spark._internal.rank.keras_hvd import (
         BroadcastStateCallback,
         EventCallback,
         ExactValidationCallback,
@@ -104,8 +105,7 @@ def train(cfg: RunConfig) -> dict:
         make_distributed,
         synchronize_batch_norm,
     )
-    from hvd_spark._internal.reader import rank_dataset
-    from hvd_spark._internal.store import Store
+    from hvd_spark._internal.rank.reader import rank_dataset
 
     rank, size = hvd.rank(), hvd.size()
     keras.utils.set_random_seed(cfg.seed)
@@ -181,7 +181,7 @@ def train(cfg: RunConfig) -> dict:
             "startup": startup.phases,
         }
         if rank == 0:
-            from hvd_spark._internal.serde import save_model_file
+            from hvd_spark._internal.common.serde import save_model_file
 
             final = os.path.join(tmp, "model.keras")
             save_model_file(model, final)
@@ -208,7 +208,7 @@ class _Startup(keras.callbacks.Callback):
         self._last = t_entry
 
     def mark(self, phase: str) -> None:
-        from hvd_spark._internal.events import mark_progress
+        from hvd_spark._internal.common.events import mark_progress
 
         mark_progress(f"start-up, after {phase}")
         now = time.time()
@@ -226,7 +226,7 @@ class _Ticks(keras.callbacks.Callback):
 
     def __init__(self):
         super().__init__()
-        from hvd_spark._internal.events import mark_progress
+        from hvd_spark._internal.common.events import mark_progress
 
         self._tick = mark_progress
         self._epoch = 0
@@ -255,7 +255,7 @@ class _NullContext:
 
 def _maybe_val(cfg: RunConfig, rank: int, data_kw: dict):
     """This rank's validation rows, read once per evaluation (None: it has none; other ranks do)."""
-    from hvd_spark._internal.reader import rank_dataset
+    from hvd_spark._internal.rank.reader import rank_dataset
 
     if not cfg.val_files or not cfg.val_files[rank]:
         return _NullContext()
@@ -338,9 +338,9 @@ class _CheckpointCallback(keras.callbacks.Callback):
             )
 
     def on_epoch_end(self, epoch, logs=None):
-        from hvd_spark._internal.events import mark_progress
-        from hvd_spark._internal.serde import save_model_file
-        from hvd_spark._internal.store import checkpoint_names
+        from hvd_spark._internal.common.events import mark_progress
+        from hvd_spark._internal.common.serde import save_model_file
+        from hvd_spark._internal.data.store import checkpoint_names
 
         mark_progress(f"saving the checkpoint of epoch {epoch + 1}")
         logs = {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}

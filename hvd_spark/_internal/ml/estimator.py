@@ -13,13 +13,10 @@ from pyspark import keyword_only
 from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 
-from hvd_spark._internal import data as data_mod
-from hvd_spark._internal import settings
-from hvd_spark._internal.contracts import DataSpec, FitSummary, RankSummary, RunConfig
-from hvd_spark._internal.params import EstimatorParams
-from hvd_spark._internal.progress import BATCH_INTERVAL, FitProgress, interactive
-from hvd_spark._internal.restarts import LOST_HOST_TYPES, RESTARTABLE, should_restart
-from hvd_spark._internal.specs import (
+from hvd_spark._internal.common import settings
+from hvd_spark._internal.common.contracts import DataSpec, FitSummary, RankSummary, RunConfig
+from hvd_spark._internal.common.restarts import LOST_HOST_TYPES, RESTARTABLE, should_restart
+from hvd_spark._internal.common.specs import (
     assign_files,
     match_columns,
     specs_to_dicts,
@@ -27,8 +24,11 @@ from hvd_spark._internal.specs import (
     steps_per_epoch,
     with_stored_names,
 )
-from hvd_spark._internal.store import Checkpoint, Store, validate_run_id
-from hvd_spark._internal.transformer import TFTransformer
+from hvd_spark._internal.data import materialize as data_mod
+from hvd_spark._internal.data.store import Checkpoint, Store, validate_run_id
+from hvd_spark._internal.driver.progress import BATCH_INTERVAL, FitProgress, interactive
+from hvd_spark._internal.infer.transformer import TFTransformer
+from hvd_spark._internal.ml.params import EstimatorParams
 from hvd_spark.errors import HvdSparkError, JobTimeoutError, RankFailedError, RankStalledError, RunInUseError
 
 logger = logging.getLogger("hvd_spark")
@@ -232,10 +232,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 )
         if p["run_id"] is not None:
             validate_run_id(p["run_id"])
-        from hvd_spark._internal.tracking import check_mode
+        from hvd_spark._internal.driver.tracking import check_mode
 
         p["mlflow"] = check_mode(p["mlflow"])
-        from hvd_spark._internal.reader import check_reader
+        from hvd_spark._internal.rank.reader import check_reader
 
         check_reader(p["reader"])
         if p["reuse_data"] not in data_mod.REUSE_MODES:
@@ -261,7 +261,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         """Step 1b: this fit becomes the run's only writer (a lease in the store, refreshed every
         10 s) until it returns; another fit of the same run meanwhile gets RunInUseError before any
         work. A lease whose fit died (no heartbeat for 60 s) is taken over, so the run resumes."""
-        from hvd_spark._internal.store import LeaseHeldError
+        from hvd_spark._internal.data.store import LeaseHeldError
 
         store, folder = c.store, c.store.run_path(run_id)
         path, stale = f"{folder}/_writer.json", settings.run_lease_stale()
@@ -317,8 +317,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
     def _open_tracking(self, c: "_Checked", plan: "_ResumePlan"):
         """MLflow (``mlflow`` param): the run this fit is logged in, or None."""
-        from hvd_spark._internal.secrets import url_without_credentials
-        from hvd_spark._internal.tracking import FitTracker
+        from hvd_spark._internal.common.secrets import url_without_credentials
+        from hvd_spark._internal.driver.tracking import FitTracker
 
         store, run_id = c.store, plan.run_id
         tags = {
@@ -346,7 +346,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     def _close_tracking(self, tracker, c: "_Checked", model: "TFTransformer") -> None:
         """Logs the epochs the events missed, the fit's summary and the model. A tracking failure here
         is a warning: the trained model is returned either way."""
-        from hvd_spark._internal.tracking import signature
+        from hvd_spark._internal.driver.tracking import signature
 
         history = model.getHistory()
         epochs = max((len(v) for v in history.values()), default=0)
@@ -372,10 +372,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     def _check(self, dataset) -> "_Checked":
         """Step 1: params, the model against the columns, launch options. Nothing is written before
         this returns, so every mistake found here leaves the store as it was."""
-        from hvd_spark._internal.launcher import prewarm, resolve_launch_options
-        from hvd_spark._internal.logs import TF_LOG_LEVEL, ensure_visible
-        from hvd_spark._internal.model_info import is_compiled, model_specs, prediction_task
-        from hvd_spark._internal.serde import model_custom_objects
+        from hvd_spark._internal.common.logs import TF_LOG_LEVEL, ensure_visible
+        from hvd_spark._internal.common.serde import model_custom_objects
+        from hvd_spark._internal.driver.launcher import prewarm, resolve_launch_options
+        from hvd_spark._internal.ml.model_info import is_compiled, model_specs, prediction_task
 
         p = self._check_params()
         ensure_visible(p["verbose"])
@@ -462,7 +462,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     def _plan_resume(self, c: "_Checked", run_id: str) -> "_ResumePlan":
         """Step 2: the run id, and the checkpoint to continue from (a run with checkpoints continues
         only with the same architecture and columns)."""
-        from hvd_spark._internal.model_info import (
+        from hvd_spark._internal.ml.model_info import (
             architecture,
             architecture_diff,
             architecture_fingerprint,
@@ -553,7 +553,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             logger.debug("data identity: %s", identity.reason)
         key = data_mod.dataset_key(prepared, columns, c.validation, seed, identity)
 
-        from hvd_spark._internal.model_info import class_index_outputs
+        from hvd_spark._internal.ml.model_info import class_index_outputs
 
         loss = c.p["loss"] if c.p["loss"] is not None else getattr(c.model, "loss", None)
         indices = class_index_outputs(loss, c.outputs)
@@ -577,7 +577,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
     def _plan_ranks(self, c: "_Checked", plan: "_ResumePlan", w: "_Written", lease=None) -> RunConfig:
         """Step 4: files per rank, steps per epoch, the run's record and the run configuration."""
-        from hvd_spark._internal.serde import dumps_keras_obj
+        from hvd_spark._internal.common.serde import dumps_keras_obj
 
         p, meta, num_proc = c.p, w.meta, c.options.num_proc
         train_files, _ = assign_files(meta["train_files"], num_proc)
@@ -659,9 +659,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
         Returns the ranks' results, the number of restarts and the seconds the attempts took.
         """
-        from hvd_spark._internal.launcher import launch
-        from hvd_spark._internal.serde import model_to_bytes
-        from hvd_spark._internal.worker import train
+        from hvd_spark._internal.common.serde import model_to_bytes
+        from hvd_spark._internal.driver.launcher import launch
+        from hvd_spark._internal.rank.train import train
 
         store, run_id, max_restarts = c.store, cfg.run_id, c.p["max_restarts"]
         t0 = time.time()
@@ -736,7 +736,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
     def _verify_and_build(self, c: "_Checked", w: "_Written", cfg: RunConfig, results, restarts, t_train, t_start):
         """Step 6: every rank ended with the same weights (what proves the averaging); the model."""
-        from hvd_spark._internal.keras_hvd import history_from
+        from hvd_spark._internal.rank.keras_hvd import history_from
 
         digests = {r["weights_digest"] for r in results}
         if len(digests) > 1:
@@ -783,7 +783,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         return model
 
     def _transformer(self, store, model_path, run_id, epoch_logs, inputs, outputs, p, history=None):
-        from hvd_spark._internal.keras_hvd import history_from
+        from hvd_spark._internal.rank.keras_hvd import history_from
 
         t = TFTransformer(
             model_url=store._url(model_path),
@@ -804,12 +804,12 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     # --- persistence (save / load come from MLWritable / MLReadable) ---
     @classmethod
     def read(cls):
-        from hvd_spark._internal.persistence import EstimatorReader
+        from hvd_spark._internal.ml.persistence import EstimatorReader
 
         return EstimatorReader(cls)
 
     def write(self):
-        from hvd_spark._internal.persistence import EstimatorWriter
+        from hvd_spark._internal.ml.persistence import EstimatorWriter
 
         return EstimatorWriter(self)
 
@@ -819,7 +819,7 @@ def _removed_after(store: Store, written: "_Written"):
     """While the fit trains, a lease in the data's folder says so (``Store.cleanup`` and
     ``remove_dataset`` leave it alone). Data written for one fit only (its input has no identity to
     reuse it by) is removed when the fit ends, whatever the outcome: nothing would ever read it again."""
-    from hvd_spark._internal.store import DATA_READER_PREFIX
+    from hvd_spark._internal.data.store import DATA_READER_PREFIX
 
     reader = f"{store._data_path(written.key)}/{DATA_READER_PREFIX}{uuid.uuid4().hex[:12]}.json"
     try:
@@ -886,3 +886,7 @@ class _Written:
     seed: int
     seconds: float
     ephemeral: bool = False  # written for this fit only (its input has no identity): removed at its end
+
+
+# Spark ML's saved metadata names the class by its module: the public name stays stable.
+HorovodEstimator.__module__ = "hvd_spark"

@@ -39,7 +39,7 @@ import tempfile
 import time
 from typing import Any
 
-from hvd_spark._internal import settings
+from hvd_spark._internal.common import settings
 
 logger = logging.getLogger("hvd_spark.warm")
 
@@ -54,10 +54,10 @@ PRELOAD = (
     "tensorflow",
     "keras",
     "horovod.tensorflow",
-    "hvd_spark._internal.worker",
-    "hvd_spark._internal.reader",
-    "hvd_spark._internal.keras_hvd",
-    "hvd_spark._internal.serde",
+    "hvd_spark._internal.rank.train",
+    "hvd_spark._internal.rank.reader",
+    "hvd_spark._internal.rank.keras_hvd",
+    "hvd_spark._internal.common.serde",
 )
 PER_JOB = (
     settings.ENV_RANK,
@@ -194,7 +194,7 @@ def ensure_server(env: dict[str, str], app: str = "", watch_pid: int | None = No
     watch = watch_pid if watch_pid is not None else os.getppid()
     with open(os.path.join(folder, f"{fp}.log"), "ab") as log:
         starter = subprocess.Popen(
-            [sys.executable, "-m", "hvd_spark._internal.warm", folder, fp, str(idle_seconds(env)), str(watch)],
+            [sys.executable, "-m", "hvd_spark._internal.task.warm", folder, fp, str(idle_seconds(env)), str(watch)],
             env=server_env(env),
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -370,7 +370,7 @@ class _Server:
             for fd in self._wake:
                 os.close(fd)
             os.setsid()
-            from hvd_spark._internal.procs import die_with_parent
+            from hvd_spark._internal.task.procs import die_with_parent
 
             die_with_parent()  # the server's end (it is killed, or its Spark worker is gone) ends its ranks
             _set_name(RANK_NAME)  # its command line is the server's: ps and /proc/<pid>/comm tell them apart
@@ -387,7 +387,7 @@ class _Server:
             os.environ["HVD_SPARK_WARM_RANK"] = "1"
             os.chdir(request["workdir"])
             _reseed()
-            from hvd_spark._internal import child
+            from hvd_spark._internal.rank import entry as child
 
             code = child.entry(request["workdir"])
         finally:

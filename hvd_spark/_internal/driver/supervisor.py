@@ -19,9 +19,8 @@ from typing import Any
 
 import cloudpickle
 
-from hvd_spark._internal import settings
-from hvd_spark._internal.driver_service import KIND, Kind
-from hvd_spark._internal.outcomes import (
+from hvd_spark._internal.common import settings
+from hvd_spark._internal.common.outcomes import (
     ERROR,
     HOST_UNREACHABLE,
     OK,
@@ -30,6 +29,7 @@ from hvd_spark._internal.outcomes import (
     RankOutcome,
     pick_failure,
 )
+from hvd_spark._internal.driver.service import KIND, Kind
 from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError, RankStalledError
 
 logger = logging.getLogger("hvd_spark")

@@ -143,7 +143,7 @@ class Store:
         raise TypeError(f"store must be a path, a URL or a hvd_spark.Store. Received: {type(store).__name__}.")
 
     def __repr__(self) -> str:  # never the storage options (credentials) nor a password in the URL
-        from hvd_spark._internal.secrets import url_without_credentials
+        from hvd_spark._internal.common.secrets import url_without_credentials
 
         return f"Store({url_without_credentials(self.prefix)!r})"
 
@@ -480,7 +480,7 @@ class Store:
         ``created`` and ``last_used`` (epoch seconds), ``train_rows``, ``val_rows`` and ``in_use`` (a
         fit is writing or training on it now). Later fits reuse an entry only while their input is
         provably the same (see ``reuse_data``), so entries of changed inputs are dead weight."""
-        from hvd_spark._internal import settings
+        from hvd_spark._internal.common import settings
 
         out = []
         root = self._path("data")
@@ -596,7 +596,7 @@ class Store:
 
     def _run_in_use(self, run_id: str) -> dict[str, Any] | None:
         """The writer lease of a fit training ``run_id`` now, or None."""
-        from hvd_spark._internal import settings
+        from hvd_spark._internal.common import settings
 
         try:
             held = self._read_json(posixpath.join(self.run_path(run_id), "_writer.json"))

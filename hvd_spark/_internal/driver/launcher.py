@@ -20,11 +20,9 @@ from typing import Any
 
 import cloudpickle
 
-from hvd_spark._internal import settings
-from hvd_spark._internal.outcomes import RankOutcome, TaskSpec
-from hvd_spark._internal.sessions import is_connect
-from hvd_spark._internal.supervisor import CANCEL_AFTER, GIVE_UP_AFTER, JobReport, Supervisor, conclude
-from hvd_spark._internal.topology import (
+from hvd_spark._internal.common import settings
+from hvd_spark._internal.common.outcomes import RankOutcome, TaskSpec
+from hvd_spark._internal.common.topology import (
     GPU_CONF_HELP,
     barrier_refusal,
     executor_target,
@@ -35,6 +33,8 @@ from hvd_spark._internal.topology import (
     task_gpu_amount,
     task_slots,
 )
+from hvd_spark._internal.driver.sessions import is_connect
+from hvd_spark._internal.driver.supervisor import CANCEL_AFTER, GIVE_UP_AFTER, JobReport, Supervisor, conclude
 from hvd_spark.errors import JobCancelledError, JobTimeoutError
 
 logger = logging.getLogger("hvd_spark")
@@ -521,12 +521,12 @@ def prewarm(spark, options: LaunchOptions, background: bool = False) -> threadin
         t = threading.Thread(target=prewarm, args=(spark, options), name="hvd_spark-prewarm", daemon=True)
         t.start()
         return t
-    from hvd_spark._internal.logs import rank_env_defaults
+    from hvd_spark._internal.common.logs import rank_env_defaults
 
     extra, threads, app, n = rank_env_defaults(options.env), int(options.num_threads), options.app, options.num_proc
 
     def start(_):
-        from hvd_spark._internal.task import prewarm as task_prewarm
+        from hvd_spark._internal.task.barrier import prewarm as task_prewarm
 
         try:
             yield task_prewarm(extra, threads, app)
@@ -557,7 +557,7 @@ def prewarm(spark, options: LaunchOptions, background: bool = False) -> threadin
 
 
 def _task_spec(options: LaunchOptions, payload: bytes, driver_addr: str, token: str) -> TaskSpec:
-    from hvd_spark._internal.logs import rank_env_defaults
+    from hvd_spark._internal.common.logs import rank_env_defaults
 
     return TaskSpec(
         driver_addr=driver_addr,
@@ -602,7 +602,7 @@ class _Stage:
 
 def _launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, description: str) -> list[Any]:
     """A classic session: the driver service and its supervisor run here, on the Spark driver."""
-    from hvd_spark._internal.driver_service import DriverService
+    from hvd_spark._internal.driver.service import DriverService
 
     num_proc = options.num_proc
     service = DriverService(num_proc, on_event=on_event)
@@ -611,7 +611,7 @@ def _launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, des
     group = f"hvd_spark-{uuid.uuid4().hex[:12]}"
 
     def task_fn(_):
-        from hvd_spark._internal.task import run_task
+        from hvd_spark._internal.task.barrier import run_task
 
         return run_task(spec)
 
@@ -681,7 +681,7 @@ def _was_cancelled(error: BaseException) -> bool:
 def _wait_for_ranks(service, group: str) -> None:
     """After a failed or cancelled job: returns once every task and rank process of it has exited (its
     connection to the driver closed), or after ``settings.STOP_WAIT`` seconds, naming what is left."""
-    from hvd_spark._internal import settings
+    from hvd_spark._internal.common import settings
 
     # Tasks silent for two heartbeats (a lost host, a dead executor: their connections may stay half
     # open) and their ranks are not waited for.
@@ -702,8 +702,8 @@ def _launch_connect(spark, payload: bytes, options: LaunchOptions, *, on_event, 
     channel's records and decides the result from the stage's rows."""
     import pandas as pd
 
-    from hvd_spark._internal.channel import ChannelReader, show
-    from hvd_spark._internal.coordinator import OUTCOME, RECORDS, REPORT, ConnectJob, run_connect_task
+    from hvd_spark._internal.common.channel import ChannelReader, show
+    from hvd_spark._internal.driver.coordinator import OUTCOME, RECORDS, REPORT, ConnectJob, run_connect_task
 
     num_proc = options.num_proc
     tag = f"hvd_spark-{uuid.uuid4().hex[:12]}"

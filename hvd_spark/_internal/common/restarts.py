@@ -1,6 +1,6 @@
 """The restart policy of a fit: which failed training attempts start again, from the latest checkpoint."""
 
-from hvd_spark._internal.outcomes import HOST_UNREACHABLE, TASK_LOST
+from hvd_spark._internal.common.outcomes import HOST_UNREACHABLE, TASK_LOST
 from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError
 
 # Failures of the distributed job itself: a rank that raised or whose process died, tasks that did

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from hvd_spark._internal import settings
+from hvd_spark._internal.common import settings
 
 logger = logging.getLogger("hvd_spark")
 

@@ -1,0 +1,4 @@
+"""Shared by every process: plain records that cross a boundary, pure decisions, settings.
+
+Loads no Spark, TensorFlow, Keras or Horovod, so any process can import it cheaply and the fast
+tests cover it without a cluster."""
