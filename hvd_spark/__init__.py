@@ -41,6 +41,9 @@ def __getattr__(name):
     if name in _LAZY:
         import importlib
 
+        from hvd_spark._internal.common.requirements import require
+
+        require(name, spark=True, tensorflow=True)
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'hvd_spark' has no attribute {name!r}")
 

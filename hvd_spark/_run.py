@@ -91,7 +91,9 @@ def run(
         [[3.0], [3.0]]
     """
     from hvd_spark._internal.common.logs import ensure_visible
+    from hvd_spark._internal.common.requirements import require
 
+    require("hvd_spark.run", spark=True)
     ensure_visible(verbose)
     channel = None
     if store is not None:

@@ -17,6 +17,9 @@ def local_session(master: str = "local[*]", *, app_name: str = "hvd_spark", conf
         app_name: the application name.
         conf: extra Spark conf entries.
     """
+    from hvd_spark._internal.common.requirements import require
+
+    require("local_session", spark=True)
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -34,14 +34,14 @@ Importing this module imports Keras and TensorFlow; Horovod is imported when a f
 """
 
 from hvd_spark._internal.common.serde import save_model_file as save_model
-from hvd_spark._internal.rank.keras_hvd import (
+from hvd_spark._internal.rank.batchnorm import synchronize_batch_norm
+from hvd_spark._internal.rank.callbacks import MetricAverageCallback
+from hvd_spark._internal.rank.optimizer import make_distributed
+from hvd_spark._internal.rank.state import (
     BroadcastStateCallback,
-    MetricAverageCallback,
     StateAgreementCallback,
     broadcast_variables,
-    make_distributed,
     reconcile_variables,
-    synchronize_batch_norm,
 )
 
 __all__ = [

@@ -4,6 +4,8 @@
 #   2. a virtual environment with the pinned stack (constraints/spark-<line>.txt);
 #   3. Horovod 0.28.1 built from its sdist against the installed TensorFlow, cached as a wheel;
 #   4. a check that prints which Horovod controllers and tensor operations are available.
+# It prints a few lines (what it does, the check); the full output of apt, pip and the Horovod build
+# goes to $HVD_SPARK_CACHE/logs/setup-<venv>.log, whose tail and path are printed when a step fails.
 #
 # Settings (environment):
 #   HVD_SPARK_SPARK   Spark line to install: 4.3 (default: pyarrow 26, numpy 2, hvd_spark's Arrow reader),
@@ -28,6 +30,21 @@ HOROVOD_BUILD="$HOROVOD_VERSION+hvdspark.1"
 
 log() { echo "[setup $(date +%H:%M:%S)] $*"; }
 t0=$(date +%s)
+mkdir -p "$CACHE/logs"
+LOG="$CACHE/logs/setup-$(basename "$VENV").log"
+echo "=== scripts/setup.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) venv=$VENV line=$SPARK_LINE" > "$LOG"
+failed() {
+  echo "setup: FAILED: $1. The last lines of the log:" >&2
+  tail -n 30 "$LOG" | sed 's/^/  | /' >&2
+  echo "setup: full log: $LOG" >&2
+  exit 1
+}
+# quiet WHAT CMD...: runs CMD with its output in the log; on failure prints the log's tail and path.
+quiet() {
+  local what=$1; shift
+  echo "--- $what: $*" >> "$LOG"
+  "$@" >> "$LOG" 2>&1 || failed "$what"
+}
 
 # --- 1. Debian packages ---------------------------------------------------------------------
 need_apt=()
@@ -40,8 +57,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     log "installing Debian packages: ${need_apt[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+    quiet "apt-get update" apt-get update
+    quiet "apt-get install" apt-get install -y --no-install-recommends "${need_apt[@]}"
   else
     log "WARNING: missing ${need_apt[*]} and cannot apt-get (not root): Spark needs Java; MPI is optional."
   fi
@@ -57,23 +74,24 @@ if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.hvd_spark-line" 2>/dev/null || 
 fi
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating virtual environment $VENV"
-  "$PY" -m venv "$VENV"
+  quiet "creating $VENV" "$PY" -m venv "$VENV"
   echo "$SPARK_LINE" > "$VENV/.hvd_spark-line"
 fi
 VPY="$VENV/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 stamp="$VENV/.hvd_spark-stamp"
 want=$(cat "$ROOT/pyproject.toml" "$CONSTRAINTS" | sha256sum | cut -c1-16)
-extras="test,bench"
-command -v mpicc >/dev/null 2>&1 && extras="$extras,mpi"
+# cpu: tensorflow-cpu; spark: the full pyspark (pyproject.toml describes the extras, docs/install.md
+# the other installs).
+extras="cpu,spark,test,bench"
 [ "$SPARK_LINE" = "3.5" ] && extras="$extras,petastorm"
 [ "$SPARK_LINE" = "4.0" ] && extras="$extras,connect"
 [ "$SPARK_LINE" = "4.3" ] && extras="$extras,connect,lint,mlflow,s3,test-s3"
 want="$want-$extras"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   log "installing the Spark $SPARK_LINE stack into $VENV (extras: $extras)"
-  "$VPY" -m pip install -q --upgrade pip "setuptools>=68,<80" wheel "cmake<4"
-  "$VPY" -m pip install -q -c "$CONSTRAINTS" -e "$ROOT[$extras]"
+  quiet "pip: build tools" "$VPY" -m pip install --upgrade pip "setuptools>=77,<80" wheel "cmake<4"
+  quiet "pip: the Spark $SPARK_LINE stack" "$VPY" -m pip install -c "$CONSTRAINTS" -e "$ROOT[$extras]"
   echo "$want" > "$stamp"
 else
   log "Python stack up to date in $VENV"
@@ -123,9 +141,10 @@ hvd_stamp="$VENV/.horovod-stamp"
 if [ "$have_hvd" != "yes" ] || [ "$(cat "$hvd_stamp" 2>/dev/null || true)" != "$wheel_dir" ]; then
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
     log "building Horovod $HOROVOD_BUILD against TensorFlow $tf_version (gloo, mpi=$with_mpi, nccl=$with_nccl); takes a few minutes"
+    log "  build output: $LOG"
     build=$(mktemp -d)
     trap 'rm -rf "$build"' EXIT
-    "$VPY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$build"
+    quiet "pip: Horovod's sdist" "$VPY" -m pip download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$build"
     tar xzf "$build/horovod-$HOROVOD_VERSION.tar.gz" -C "$build"
     src="$build/horovod-$HOROVOD_VERSION"
     # xla_mpi_ops.cc includes XLA headers that moved in TF >= 2.16; it only serves
@@ -150,23 +169,25 @@ if [ "$have_hvd" != "yes" ] || [ "$(cat "$hvd_stamp" 2>/dev/null || true)" != "$
       [ -n "${NCCL_HOME:-}" ] && gpu_flags+=("HOROVOD_NCCL_LIB=$NCCL_HOME/lib")
     fi
     mkdir -p "$wheel_dir.tmp"
-    env "${gpu_flags[@]}" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+    quiet "building Horovod" env "${gpu_flags[@]}" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
         HOROVOD_WITH_GLOO=1 "$mpi_flag=1" MAKEFLAGS="-j$(nproc)" \
         PATH="$VENV/bin:$PATH" \
-      "$VPY" -m pip wheel -q --no-build-isolation --no-deps -w "$wheel_dir.tmp" "$src"
+      "$VPY" -m pip wheel --no-build-isolation --no-deps -w "$wheel_dir.tmp" "$src"
     rm -rf "$wheel_dir" && mv "$wheel_dir.tmp" "$wheel_dir"
     rm -rf "$build"; trap - EXIT
   else
     log "using cached Horovod wheel from $wheel_dir"
   fi
-  "$VPY" -m pip install -q --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
+  quiet "pip: Horovod's wheel" "$VPY" -m pip install --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
   # Horovod's own requirements (without the pinned stack being touched).
-  "$VPY" -m pip install -q -c "$CONSTRAINTS" cloudpickle psutil pyyaml packaging
+  quiet "pip: Horovod's requirements" "$VPY" -m pip install -c "$CONSTRAINTS" cloudpickle psutil pyyaml packaging
   echo "$wheel_dir" > "$hvd_stamp"
 else
   log "Horovod $HOROVOD_VERSION already installed from $wheel_dir"
 fi
 
 # --- 4. check ---------------------------------------------------------------------------------
-"$VPY" -m hvd_spark.check_build
+echo "--- the build check" >> "$LOG"
+check=$("$VPY" -m hvd_spark.check_build 2>> "$LOG") || { echo "$check" >> "$LOG"; failed "the build check"; }
+echo "$check" | tee -a "$LOG"
 log "done in $(( $(date +%s) - t0 )) s; interpreter: $VPY"

@@ -1,5 +1,12 @@
 """Helpers shared by test modules (conftest.py files are not importable by name: there are two)."""
 
+import pytest
+
+# Parameters of features that exist on some Spark lines only: a value carries the marker that
+# tests/conftest.py uses to leave it out where the line lacks the feature (see LINE_FEATURES there).
+UDF_KINDS = [pytest.param("arrow", marks=pytest.mark.arrow_udf), "pandas"]
+READERS = ["arrow", pytest.param("petastorm", marks=pytest.mark.petastorm)]
+
 
 def horovod_mpi_built() -> bool:
     try:

@@ -11,10 +11,60 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def _petastorm() -> bool:
+    try:
+        import petastorm.reader  # noqa: F401
+
+        return True
+    except Exception:  # ImportError, or pyarrow >= 13's missing pyarrow.filesystem
+        return False
+
+
+def _arrow_udf() -> bool:
+    try:
+        from pyspark.sql.functions import arrow_udf  # noqa: F401
+
+        return True
+    except ImportError:
+        return False
+
+
+# Features that exist on some Spark lines only (README, "Spark lines"). A test or parameter marked
+# with one is not collected where the line lacks it: CI runs it on a line that has it, and a skip in
+# the report always means something went missing that this line should have.
+LINE_FEATURES = {
+    "petastorm": ("Petastorm 0.13.1, which needs pyarrow 12: the Spark 3.5 line", _petastorm),
+    "arrow_udf": ("Arrow UDFs (pyspark.sql.functions.arrow_udf): pyspark >= 4.1, the 4.3 line", _arrow_udf),
+}
+
+
+def pytest_configure(config):
+    for name, (what, _) in LINE_FEATURES.items():
+        config.addinivalue_line("markers", f"{name}: needs {what}; not collected on lines without it")
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Spark Connect tests last: a Connect client switches pyspark into Connect mode for the whole
-    process (SPARK_CONNECT_MODE_ENABLED), which classic tests after them would inherit."""
+    """Leaves out what this Spark line cannot run (LINE_FEATURES), then puts the Spark Connect tests
+    last: a Connect client switches pyspark into Connect mode for the whole process
+    (SPARK_CONNECT_MODE_ENABLED), which classic tests after them would inherit."""
+    missing = [
+        name
+        for name, (_, available) in LINE_FEATURES.items()
+        if any(item.get_closest_marker(name) for item in items) and not available()
+    ]
+    left_out = [item for item in items if any(item.get_closest_marker(name) for name in missing)]
+    if left_out:
+        items[:] = [item for item in items if item not in left_out]
+        config.hook.pytest_deselected(items=left_out)
+        config._hvd_spark_left_out = [
+            (LINE_FEATURES[name][0], sum(1 for item in left_out if item.get_closest_marker(name))) for name in missing
+        ]
     items.sort(key=lambda item: item.get_closest_marker("connect") is not None)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    for what, count in getattr(config, "_hvd_spark_left_out", []):
+        terminalreporter.write_line(f"not on this Spark line: {count} test(s) that need {what}")
 
 
 @pytest.fixture(scope="session")

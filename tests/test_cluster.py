@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent("""
 
 
 # Inserted into SCRIPT's try block for the standalone cluster: the slot count right after the session
-# started, and a launch of more ranks than slots (today's code would wait start_timeout for them).
+# started, and a launch of more ranks than slots (refused before any task starts, not after start_timeout).
 SLOTS_CHECK = textwrap.indent(
     textwrap.dedent("""
         import time
@@ -84,12 +84,14 @@ def _free_port():
 def test_allreduce_on_standalone_cluster(tmp_path):
     """A real standalone cluster (Master + Worker JVMs from the pip package's spark-class) on loopback.
 
-    Its one Worker has 2 cores and the application sets spark.default.parallelism=8 (issue 24 point 7):
-    the slots are those of the executors that registered (2), not 8. num_proc defaults to them, right
+    Its one Worker has 2 cores and the application sets spark.default.parallelism=8: the
+    slots are those of the executors that registered (2), not 8. num_proc defaults to them, right
     after the session starts (hvd_spark waits for the executors), and num_proc=3 is refused within
     seconds with the numbers in the message, far within start_timeout.
     """
+    import contextlib
     import signal
+    import socket
     import time
 
     import pyspark
@@ -125,7 +127,13 @@ def test_allreduce_on_standalone_cluster(tmp_path):
                 start_new_session=True,
             )
         )
-        time.sleep(3)
+        deadline = time.monotonic() + 120
+        while True:  # the Master accepts Workers once its port is open
+            assert procs[0].poll() is None, (tmp_path / "master.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the standalone Master did not open its port within 120 s"
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.2)
         procs.append(
             subprocess.Popen(
                 [

@@ -6,6 +6,7 @@ half-written folder is left behind, and files a fit reads are never removed unde
 """
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -113,7 +114,7 @@ def test_two_threads_materialize_the_same_data_once(spark, tmp_path):
     assert sum(r for _, r in metas[0]["train_files"]) == metas[0]["train_rows"]
 
 
-def test_dead_writer_leftovers_are_removed(spark, tmp_path):
+def test_dead_writer_leftovers_are_removed(spark, tmp_path, caplog):
     """What a driver killed mid-write leaves: an attempt folder without its _complete marker and a lease
     whose heartbeat stopped. The next fit removes both and writes the data itself."""
     prepared, infos = _prepared(spark, _regression_frame(spark))
@@ -131,9 +132,10 @@ def test_dead_writer_leftovers_are_removed(spark, tmp_path):
     os.makedirs(kept)
     open(os.path.join(kept, "_complete"), "wb").close()
 
-    t0 = time.monotonic()
-    meta = data_mod.materialize(prepared, store, "k2", infos, 12, 2)
-    assert time.monotonic() - t0 < settings.LEASE_STALE  # a stale lease is not waited for
+    with caplog.at_level(logging.INFO, logger="hvd_spark"):
+        meta = data_mod.materialize(prepared, store, "k2", infos, 12, 2)
+    assert "waiting for" not in caplog.text and "gave up waiting" not in caplog.text  # a stale lease is no writer
+    assert "a-20260101000000-deadbeef, left incomplete by a fit that stopped while writing it" in caplog.text
     attempts, leftovers = _attempts(str(tmp_path))
     assert attempts == {"k2": sorted([meta["attempt"], "a-20260101000000-0000cafe"])} and leftovers == []
     assert store._read_json(os.path.join(folder, data_mod.META_NAME))["attempt"] == meta["attempt"]

@@ -1,4 +1,4 @@
-"""Spark Connect (issue 12): a real local Connect server in its own process (tests/connect_server.py),
+"""Spark Connect: a real local Connect server in its own process (tests/connect_server.py),
 this test process only its client. Through Connect: fit of digits (held-out accuracy, per-epoch
 progress on the client, resume with exact epochs), fit's bad input before any work, hvd_spark.run
 with and without a live channel, a rank's error (the other rank aborted) and a timeout; a model
@@ -20,6 +20,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks' functi
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 sys.path.insert(0, os.path.dirname(__file__))
+from _helpers import UDF_KINDS  # noqa: E402
 
 
 def _probs(df):
@@ -74,13 +75,10 @@ def _test_frame(connect, rows):
     return connect.createDataFrame(rows[["features", "label", "row"]])
 
 
-@pytest.mark.parametrize("udf", ["arrow", "pandas"])
+@pytest.mark.parametrize("udf", UDF_KINDS)
 def test_transform_through_connect_equals_classic(connect, classic, udf):
     from hvd_spark._internal.driver.sessions import is_connect
-    from hvd_spark._internal.infer.transformer import arrow_udfs_available
 
-    if udf == "arrow" and not arrow_udfs_available():
-        pytest.skip("Arrow UDFs need pyspark >= 4.1")
     _, model, rows, expected = classic
     df = _test_frame(connect, rows)
     assert is_connect(df.sparkSession)

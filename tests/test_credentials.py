@@ -1,4 +1,4 @@
-"""Credentials in a store's storage options (issue 24, item 8): never written by ``save``, never shown
+"""Credentials in a store's storage options: never written by ``save``, never shown
 by ``explainParams()``, never logged; a loaded estimator or transformer given them again works.
 
 A local store's filesystem (fsspec's LocalFileSystem) takes any options and ignores them, so these

@@ -13,7 +13,7 @@ import hvd_spark
 from hvd_spark import HorovodEstimator, Store, TFTransformer
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-from _helpers import small_model, xor_estimator, xor_frame  # noqa: E402
+from _helpers import READERS, UDF_KINDS, small_model, xor_estimator, xor_frame  # noqa: E402
 from digits import digits_frames, digits_model  # noqa: E402
 
 
@@ -88,12 +88,8 @@ def test_transform_matches_keras_predict(fitted, digits):
     np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("udf", ["arrow", "pandas"])
+@pytest.mark.parametrize("udf", UDF_KINDS)
 def test_transform_udf_kinds_agree_with_keras(fitted, digits, udf):
-    from hvd_spark._internal.infer.transformer import arrow_udfs_available
-
-    if udf == "arrow" and not arrow_udfs_available():
-        pytest.skip("Arrow UDFs need pyspark >= 4.1")
     _, model, _ = fitted
     rows = digits[1].toPandas()
     x = np.stack(rows["features"].to_numpy()).reshape(-1, 8, 8, 1)
@@ -102,14 +98,10 @@ def test_transform_udf_kinds_agree_with_keras(fitted, digits, udf):
     np.testing.assert_allclose(_probs(chosen.transform(digits[1])), expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("udf", ["arrow", "pandas"])
+@pytest.mark.parametrize("udf", UDF_KINDS)
 def test_transform_of_bad_rows_names_the_column(fitted, spark, udf):
     """A row of the wrong length (which a flat reshape could silently mix with its neighbours), a null,
     and a scalar column for an array input: errors that name the column and the input."""
-    from hvd_spark._internal.infer.transformer import arrow_udfs_available
-
-    if udf == "arrow" and not arrow_udfs_available():
-        pytest.skip("Arrow UDFs need pyspark >= 4.1")
     _, model, _ = fitted
     model = model.copy({model.inference_udf: udf})
     rows = [([0.5] * 64, 0), ([0.5] * 60, 1), ([0.5] * 68, 2)]  # 192 values in 3 rows: reshapes, wrongly
@@ -234,12 +226,8 @@ def test_resume_counts_epochs_exactly(spark, tmp_path):
         HorovodEstimator(epochs=6, **dict(kw, model=other)).fit(df)
 
 
-@pytest.mark.parametrize("reader", ["arrow", "petastorm"])
+@pytest.mark.parametrize("reader", READERS)
 def test_both_readers_train_to_identical_weights_across_ranks(spark, tmp_path, reader):
-    from hvd_spark._internal.rank.reader import petastorm_available
-
-    if reader == "petastorm" and not petastorm_available():
-        pytest.skip("Petastorm needs pyarrow 12 (the Spark 3.5 line)")
     df = xor_frame(spark, 512, seed=4)
     keras.utils.set_random_seed(4)
     est = xor_estimator(

@@ -1,4 +1,4 @@
-"""Faults that break things for real (issue 14): a rank that stalls (SIGSTOP of its process, a
+"""Faults that break things for real: a rank that stalls (SIGSTOP of its process, a
 collective that one rank never joins) is found by the stall watchdog, reported with its host and
 where each rank was, and then restarted from the last checkpoint or failed; crash points: a rank
 dying between a checkpoint's model file and its JSON, and the driver killed (kill -9) mid-fit."""
@@ -65,7 +65,7 @@ def test_a_stopped_rank_is_found_by_the_stall_watchdog_and_the_fit_restarts(spar
     assert "stall_timeout=8s" in stall.getMessage()
     restart = next(r for r in caplog.records if "restarting (1 of max_restarts=1)" in r.getMessage())
     assert "rank(s) [1]" in restart.getMessage() and "process stopped" in restart.getMessage()
-    # For the issue's note: the time from the SIGSTOP to the watchdog's report.
+    # Shown with -s: the time from the SIGSTOP to the watchdog's report.
     print(f"stall detected {stall.created - stopped_at:.1f} s after the SIGSTOP (stall_timeout=8)")
 
 

@@ -1,4 +1,4 @@
-"""GPU scheduling to ranks, simulated (issue 15): no GPU exists on these machines.
+"""GPU scheduling to ranks, simulated: no GPU exists on these machines.
 
 What is real: Spark's resource scheduling on ``local-cluster`` (two Workers, two executor JVMs),
 with a fake GPU discovery script (an ``echo`` of JSON, as Spark's and horovod's own tests do) that

@@ -1,5 +1,5 @@
 """No leaks: 20 fits and 20 ``run`` calls (some failing) in one SparkSession leave no rank process,
-no hvd_spark thread, file descriptor, listening socket or temporary folder behind (issue 14, item 2).
+no hvd_spark thread, file descriptor, listening socket or temporary folder behind.
 
 Measured after a warm-up of the same calls, so that what Spark and the warm servers keep on purpose
 (Python workers, one warm server per environment) is in the baseline."""

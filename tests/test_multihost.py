@@ -254,9 +254,8 @@ def test_mpi_allreduce_across_two_hosts_without_ssh(cluster, tmp_path):
     assert all(_rank_processes(ns, "orted") == [] for ns in ("hvd-h2", "hvd-h3"))
 
 
+@pytest.mark.parametrize("cluster", ["shared"], indirect=True)  # once: on the shared-hostname set-up
 def test_mpi_rank_failing_on_the_remote_host_is_reported_and_stops_the_job(cluster, tmp_path):
-    if cluster.hostnames != "shared":
-        pytest.skip("runs once, on the shared-hostname set-up")
     out = _drive(cluster, MPI_FAILURE, workdir=tmp_path, timeout=300)
     # The error names the host the rank really ran on (its task's, not mpirun's).
     host = out["host"]
@@ -268,20 +267,19 @@ def test_mpi_rank_failing_on_the_remote_host_is_reported_and_stops_the_job(clust
 
 
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
+# Once, on the harder set-up (both hosts share a loopback hostname).
+@pytest.mark.parametrize("cluster", ["shared"], indirect=True)
 def test_fit_and_transform_across_two_hosts(cluster, tmp_path, backend):
-    if cluster.hostnames != "shared":
-        pytest.skip("the fit runs once, on the harder set-up (both hosts share a loopback hostname)")
     out = _drive(cluster, FIT, str(tmp_path / "store"), backend, workdir=tmp_path)
     assert sorted(out["hosts"]) == ["10.77.0.2", "10.77.0.3"]
     assert len(set(out["digests"])) == 1  # identical weights on both hosts
     assert out["accuracy"] >= 0.9, out
 
 
+@pytest.mark.parametrize("cluster", ["shared"], indirect=True)  # once: on the shared-hostname set-up
 def test_host_lost_mid_epoch_then_training_finishes_when_it_returns(cluster, tmp_path):
     """Host 10.77.0.3's Worker, executor and rank are killed mid-epoch 2; the host comes back; the fit
     restarts from the epoch-1 checkpoint and ends with exactly 4 epochs on both hosts."""
-    if cluster.hostnames != "shared":
-        pytest.skip("runs once, on the shared-hostname set-up")
     marker = tmp_path / "held"
     proc = _start_driver(cluster, HOSTLOSS, str(tmp_path / "store"), str(marker), "180", workdir=tmp_path)
     _wait_for(marker, proc, tmp_path)
@@ -312,11 +310,10 @@ def _wait_for(marker, proc, workdir, timeout=300):
         time.sleep(0.2)
 
 
+@pytest.mark.parametrize("cluster", ["shared"], indirect=True)  # once: on the shared-hostname set-up
 def test_host_lost_for_good_fails_the_restart_naming_the_host(cluster, tmp_path):
     """The same loss, but the host does not come back: the restarted attempt cannot get its slots and
     fails after start_timeout, naming the lost host."""
-    if cluster.hostnames != "shared":
-        pytest.skip("runs once, on the shared-hostname set-up")
     marker = tmp_path / "held"
     proc = _start_driver(cluster, HOSTLOSS, str(tmp_path / "store"), str(marker), "45", workdir=tmp_path)
     try:
@@ -353,11 +350,10 @@ def _rank_processes(ns, marker="hvd_spark._internal.rank.entry"):
     return found
 
 
+@pytest.mark.parametrize("cluster", ["shared"], indirect=True)  # once: on the shared-hostname set-up
 def test_host_that_stops_answering_is_named_and_nothing_hangs(cluster, tmp_path):
     """Host 10.77.0.3's link goes down mid-job (its packets dropped, its processes alive): the
     driver names the host and rank within the heartbeat timeout, and the cut-off host stops its rank."""
-    if cluster.hostnames != "shared":
-        pytest.skip("runs once, on the shared-hostname set-up")
     marker = tmp_path / "running"
     proc = _start_driver(cluster, DROPPED, str(marker), workdir=tmp_path)
     try:

@@ -10,7 +10,6 @@ from hvd_spark._internal.common.specs import ColumnInfo, TensorSpec
 from hvd_spark._internal.rank.reader import (
     arrow_batches,
     column_values,
-    petastorm_available,
     rank_dataset,
     to_model_inputs,
 )
@@ -136,7 +135,7 @@ def test_rank_dataset_batches_shapes_and_covers_rows(parquet_files):
     assert len(set(ids)) >= 250
 
 
-@pytest.mark.skipif(not petastorm_available(), reason="Petastorm needs pyarrow 12 (the Spark 3.5 line)")
+@pytest.mark.petastorm
 def test_arrow_and_petastorm_give_the_same_rows(parquet_files):
     from hvd_spark._internal.rank.reader import _petastorm_source
 

@@ -1,5 +1,5 @@
 """A store on ``s3://`` against a real S3 server (SeaweedFS on loopback, see s3_server.py), and its
-faults (issue 14, item 4): fit, resume, transform, save and load; the server killed during a
+faults: fit, resume, transform, save and load; the server killed during a
 checkpoint's upload and started again; the server down when a fit starts.
 
 Spark here has no S3 filesystem (no Hadoop AWS jars): everything goes through the store's own

@@ -1,4 +1,4 @@
-"""The exposure of a job's network services (issue 14, item 6), with real ranks:
+"""The exposure of a job's network services, with real ranks:
 
 - Horovod's Gloo rendezvous (HTTP without authentication) serves on the task's address only, and
   only until every rank's ``hvd.init()`` has returned: it is closed while the ranks train;

@@ -1,4 +1,4 @@
-"""Nulls and NaNs at transform (issue 24, item 9), with transformers built on small saved models (no fit).
+"""Nulls and NaNs at transform, with transformers built on small saved models (no fit).
 
 The rule, the same on the Arrow and the pandas UDF: a null feature, or an array feature holding a
 null element, makes the row invalid (handled as ``handleInvalid`` says); a NaN is a value and goes
@@ -9,19 +9,11 @@ import math
 
 import numpy as np
 import pytest
+from _helpers import UDF_KINDS
 
 from hvd_spark import TFTransformer
 from hvd_spark._internal.common.specs import specs_to_dicts
-from hvd_spark._internal.infer.transformer import arrow_udfs_available
 from hvd_spark._internal.ml.model_info import model_specs
-
-UDFS = ["arrow", "pandas"]
-
-
-def _udf(udf):
-    if udf == "arrow" and not arrow_udfs_available():
-        pytest.skip("Arrow UDFs need pyspark >= 4.1")
-    return udf
 
 
 def _linear(path, width_in: int, kernel) -> str:
@@ -55,7 +47,7 @@ def _transformer(models, name, udf, **params):
         output_cols=["o"],
         input_specs=specs_to_dicts(inputs),
         output_specs=specs_to_dicts(outputs),
-        inference_udf=_udf(udf),
+        inference_udf=udf,
         **params,
     )
 
@@ -64,7 +56,7 @@ def _by_id(df):
     return {r["id"]: r for r in df.collect()}
 
 
-@pytest.mark.parametrize("udf", UDFS)
+@pytest.mark.parametrize("udf", UDF_KINDS)
 def test_null_elements_make_a_row_invalid_under_every_handle_invalid(spark, models, udf):
     rows = [(0, [1.0, 2.0]), (1, [1.0, None]), (2, None), (3, [float("nan"), 1.0])]
     df = spark.createDataFrame(rows, "id int, x array<double>").coalesce(1)
@@ -79,7 +71,7 @@ def test_null_elements_make_a_row_invalid_under_every_handle_invalid(spark, mode
     assert sorted(_by_id(t.copy({t.handleInvalid: "skip"}).transform(df))) == [0, 3]
 
 
-@pytest.mark.parametrize("udf", UDFS)
+@pytest.mark.parametrize("udf", UDF_KINDS)
 def test_a_scalar_nan_feature_is_a_value_on_both_paths(spark, models, udf):
     df = spark.createDataFrame([(0, 0.7), (1, float("nan"))], "id int, x double").coalesce(1)
     t = _transformer(models, "id1", udf)
@@ -93,7 +85,7 @@ def test_a_scalar_nan_feature_is_a_value_on_both_paths(spark, models, udf):
     assert sorted(_by_id(t.copy({t.handleInvalid: "skip"}).transform(with_null))) == [0, 1]
 
 
-@pytest.mark.parametrize("udf", UDFS)
+@pytest.mark.parametrize("udf", UDF_KINDS)
 def test_a_nan_output_of_a_binary_classifier_is_no_class(spark, models, udf):
     df = spark.createDataFrame([(0, 0.7), (1, float("nan")), (2, 0.2)], "id int, x double").coalesce(1)
     got = _by_id(_transformer(models, "id1", udf, task="binary").transform(df))
@@ -102,7 +94,7 @@ def test_a_nan_output_of_a_binary_classifier_is_no_class(spark, models, udf):
     assert (got[1]["prediction"], got[1]["probability"], got[1]["rawPrediction"]) == (None, None, None)
 
 
-@pytest.mark.parametrize("udf", UDFS)
+@pytest.mark.parametrize("udf", UDF_KINDS)
 def test_a_nan_output_of_a_multiclass_classifier_is_no_class(spark, models, udf):
     df = spark.createDataFrame([(0, 1.0), (1, float("nan")), (2, -1.0)], "id int, x double").coalesce(1)
     got = _by_id(_transformer(models, "three", udf, task="multiclass").transform(df))

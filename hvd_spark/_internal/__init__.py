@@ -16,9 +16,9 @@ import importlib.abc
 import importlib.util
 import sys
 
-# Models saved before the packages above record their class as ``hvd_spark._internal.estimator``
-# or ``...transformer`` (Spark ML's metadata names the defining module); saves now record
-# ``hvd_spark.HorovodEstimator`` / ``hvd_spark.TFTransformer``. These names keep old saves loadable.
+# Saved metadata names a class by its defining module (Spark ML's rule). Saves record
+# ``hvd_spark.HorovodEstimator`` / ``hvd_spark.TFTransformer``; metadata that names the flat module
+# layout of earlier versions (``hvd_spark._internal.estimator`` or ``...transformer``) loads through these.
 _SAVED_NAMES = {
     "hvd_spark._internal.estimator": "hvd_spark._internal.ml.estimator",
     "hvd_spark._internal.transformer": "hvd_spark._internal.infer.transformer",

@@ -32,6 +32,9 @@ MODULES = {
     "hvd_spark._internal.driver.service": HEAVY,
     "hvd_spark._internal.driver.progress": HEAVY,
     "hvd_spark._internal.driver.tracking": HEAVY,  # MLflow (which loads a part of pyspark) only inside functions
+    "hvd_spark._internal.infer.batching": HEAVY,  # pure: the fast tests drive it
+    "hvd_spark._internal.infer.device": HEAVY,
+    "hvd_spark._internal.infer.cache": HEAVY,
     "hvd_spark._internal.rank.entry": ("tensorflow", "keras", "pyspark"),  # runs any function given to run()
 }
 

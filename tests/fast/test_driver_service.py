@@ -14,6 +14,36 @@ def _until(cond, timeout=10.0):
         time.sleep(0.01)
 
 
+class _Clock:
+    """A monotonic clock that moves only when a test moves it, put in the place of a module's ``time``
+    so that silence and stall decisions are checked without waiting for them. ``reads`` counts the
+    calls to ``monotonic`` (a watchdog thread's checks show up there)."""
+
+    def __init__(self):
+        self.now, self.reads = 1000.0, 0
+
+    def monotonic(self):
+        self.reads += 1
+        return self.now
+
+    def time(self):
+        return time.time()
+
+    def sleep(self, seconds):
+        time.sleep(seconds)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    from hvd_spark._internal.driver import service as service_module
+    from hvd_spark._internal.task import barrier
+
+    c = _Clock()
+    monkeypatch.setattr(service_module, "time", c)
+    monkeypatch.setattr(barrier, "time", c)
+    return c
+
+
 @pytest.fixture
 def service():
     events = []
@@ -61,34 +91,37 @@ def test_a_failing_progress_callback_does_not_break_the_service():
         c.send({KIND: Kind.EVENT, "rank": 0, "payload": {}})
         c.send({KIND: Kind.DONE, "rank": 0, "ok": True})
         _until(lambda: svc.snapshot()[2])
+        assert svc.snapshot()[2][0]["ok"] is True  # the message after the failing callback was handled
+        assert svc.snapshot()[4] == {0}  # and the connection is still open
         c.close()
     finally:
         svc.stop()
 
 
-def test_a_task_that_stops_sending_is_reported_silent_with_its_host(service):
+def test_a_task_that_stops_sending_is_reported_silent_with_its_host(clock, service):
     addr = f"127.0.0.1:{service.port}"
     quiet = TaskClient(addr, service.token, {"role": "task", "partition": 0})
     beating = TaskClient(addr, service.token, {"role": "task", "partition": 1})
     quiet.send({KIND: Kind.RANK, "rank": 0})
     beating.send({KIND: Kind.RANK, "rank": 1})
     _until(lambda: len(service.snapshot()[1]) == 2)
-    deadline = time.monotonic() + 0.8
-    while time.monotonic() < deadline:  # partition 1 beats, partition 0 says nothing
-        beating.send({KIND: Kind.BEAT})
-        time.sleep(0.05)
+    assert service.silent_tasks(0.5) == []
+    clock.now += 0.75  # partition 1 beats, partition 0 says nothing
+    beating.send({KIND: Kind.BEAT})
+    _until(lambda: service.last_heard[1] == clock.now)
     silent = service.silent_tasks(0.5)
-    assert [(p, r, h) for p, r, h, _ in silent] == [(0, 0, "127.0.0.1")] and silent[0][3] > 0.5
+    assert silent == [(0, 0, "127.0.0.1", 0.75)]
+    assert service.silent_tasks(0.75) == []  # not silent for longer than it was
     # A rank that finished may go quiet (rank 0's task serves the rendezvous until the end).
     quiet.send({KIND: Kind.DONE, "rank": 0, "ok": True})
     _until(lambda: 0 in service.snapshot()[2])
-    time.sleep(0.6)
+    clock.now += 0.75
     assert [p for p, *_ in service.silent_tasks(0.5)] == [1]
     quiet.close()
     beating.close()
 
 
-def test_a_task_cut_off_from_the_driver_stops_its_rank():
+def test_a_task_cut_off_from_the_driver_stops_its_rank(clock):
     from hvd_spark._internal.task.barrier import _Watch
 
     svc = DriverService(1, bind="127.0.0.1")
@@ -96,12 +129,17 @@ def test_a_task_cut_off_from_the_driver_stops_its_rank():
     try:
         client = TaskClient(f"127.0.0.1:{svc.port}", svc.token, {"role": "task", "partition": 0})
         watch = _Watch(client, 0, silence_limit=1.0)
-        assert not watch.abort.wait(0.5)
-        svc.broadcast({KIND: Kind.BEAT})  # a heartbeat resets the clock
-        t0 = time.monotonic()
-        assert watch.abort.wait(5.0)
-        assert time.monotonic() - t0 > 0.9  # not before the silence limit
-        assert "no word from the driver" in watch.abort_reason
+        _until(lambda: svc.snapshot()[4] == {0})  # the service knows the task: a broadcast reaches it
+        clock.now += 0.75
+        svc.broadcast({KIND: Kind.BEAT})  # a heartbeat resets the silence
+        _until(lambda: watch.last_heard == clock.now)
+        clock.now += 1.0  # 1.75 s after the start, 1 s after the beat: not over the limit
+        reads = clock.reads
+        _until(lambda: clock.reads > reads + 1)  # the watchdog looked at the clock again
+        assert not watch.abort.is_set()
+        clock.now += 0.25  # 1.25 s after the beat
+        assert watch.abort.wait(10.0)
+        assert watch.abort_reason == "no word from the driver for 1 s (this host was cut off)"
         client.close()
     finally:
         svc.stop()
@@ -167,8 +205,8 @@ def test_gather_returns_every_task_s_info_in_partition_order(service):
     first = TaskClient(addr, service.token, {"role": "task", "partition": 1})
     results: dict = {}
     t1 = _gather_in_thread(first, "hosts", "from-1", results)
-    time.sleep(0.2)
-    assert "from-1" not in results  # waits for the other task
+    _until(lambda: service._gathers.get("hosts"))  # the driver has it ...
+    assert "from-1" not in results  # ... and the task waits for the other task
     # A task that contributes and then dies takes its contribution back: its replacement's counts.
     dead = TaskClient(addr, service.token, {"role": "task", "partition": 0})
     dead.send({KIND: Kind.GATHER, "round": "other", "info": "stale"})
@@ -187,7 +225,7 @@ def test_gather_returns_every_task_s_info_in_partition_order(service):
     second.close()
     _until(lambda: service.snapshot()[4] == {1})
     t = _gather_in_thread(first, "late", "a", results)
-    time.sleep(0.2)
+    _until(lambda: service._gathers.get("late"))
     service.broadcast({KIND: Kind.ABORT, "reason": "tasks did not start"})
     t.join(10)
     assert isinstance(results["a"], JobAborted) and "did not start" in str(results["a"])
@@ -199,7 +237,7 @@ def test_gather_returns_every_task_s_info_in_partition_order(service):
     third.close()
 
 
-def test_the_job_is_stalled_only_when_no_unfinished_rank_moves(service):
+def test_the_job_is_stalled_only_when_no_unfinished_rank_moves(clock, service):
     addr = f"127.0.0.1:{service.port}"
     tasks = [TaskClient(addr, service.token, {"role": "task", "partition": p}) for p in (0, 1)]
     ranks = [TaskClient(addr, service.token, {"role": "rank", "rank": r}) for r in (0, 1)]
@@ -207,20 +245,27 @@ def test_the_job_is_stalled_only_when_no_unfinished_rank_moves(service):
         task.send({KIND: Kind.RANK, "rank": r})
     _until(lambda: len(service.progress) == 2)
     ranks[1].send({KIND: Kind.PROGRESS, "rank": 1, "count": 5, "where": "epoch 1 step 5"})
-    time.sleep(0.3)
+    _until(lambda: service.progress[1][1] == 5)
+    clock.now += 0.25
     ranks[0].send({KIND: Kind.PROGRESS, "rank": 0, "count": 7, "where": "epoch 1 step 7"})
     _until(lambda: service.progress[0][1] == 7)
     assert service.stalled_ranks(60) == []
-    time.sleep(0.2)
+    clock.now += 0.25
     ranks[0].send({KIND: Kind.PROGRESS, "rank": 0, "count": 7, "where": "again"})  # the same count: no progress
+    ranks[0].send({KIND: Kind.EVENT, "rank": 0, "payload": {"after": "again"}})  # same connection: read after it
+    _until(lambda: service.events)
     stalled = service.stalled_ranks(0.1)
-    assert [(r, count, where) for r, _, count, where in stalled] == [(1, 5, "epoch 1 step 5"), (0, 7, "epoch 1 step 7")]
+    assert stalled == [
+        (1, 0.5, 5, "epoch 1 step 5"),
+        (0, 0.25, 7, "epoch 1 step 7"),
+    ]  # the longest silent first
+    assert service.stalled_ranks(0.25) == []  # rank 0 moved 0.25 s ago: not stalled for longer
     ranks[0].send({KIND: Kind.PROGRESS, "rank": 0, "count": 8, "where": "epoch 1 step 8"})
     _until(lambda: service.progress[0][1] == 8)
     assert service.stalled_ranks(0.1) == []  # rank 0 moves: the job is alive (rank 1 may be slow)
     tasks[0].send({KIND: Kind.DONE, "rank": 0, "ok": True})
     _until(lambda: 0 in service.snapshot()[2])
-    time.sleep(0.2)
+    clock.now += 0.2
     assert [r for r, *_ in service.stalled_ranks(0.1)] == [1]  # the finished rank is out of it
     for c in tasks + ranks:
         c.close()

@@ -14,7 +14,8 @@ import pytest
 from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.topology import assign_ranks
 from hvd_spark._internal.task import mpi_agent
-from hvd_spark._internal.task.barrier import mpirun_command, split_tagged
+from hvd_spark._internal.task.barrier import split_tagged
+from hvd_spark._internal.task.mpi import mpirun_command
 
 
 def test_split_tagged_reassembles_pieces_of_several_ranks():

@@ -1,4 +1,4 @@
-"""Which storage options are credentials (issue 24, item 8): pure logic, no Spark."""
+"""Which storage options are credentials: pure logic, no Spark."""
 
 import pytest
 

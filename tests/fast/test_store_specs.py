@@ -84,12 +84,28 @@ def test_exclusive_create_has_one_winner_among_threads(tmp_path):
     assert [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".tmp-")] == []
 
 
+def _until(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def _heartbeat(store, path):
+    try:
+        return store._read_json(path)["heartbeat"]
+    except (FileNotFoundError, ValueError):  # being rewritten
+        return None
+
+
 def test_lease_is_live_while_held_and_gone_after(tmp_path):
     store = Store(str(tmp_path))
     folder = store._path("data", "k")
     store._makedirs(folder)
-    with store._lease(f"{folder}/_writing-a.json", heartbeat=0.2, attempt="a"):
-        time.sleep(0.5)
+    path = f"{folder}/_writing-a.json"
+    with store._lease(path, heartbeat=0.2, attempt="a"):
+        first = _heartbeat(store, path)
+        _until(lambda: (_heartbeat(store, path) or 0) > first)  # it beats, and stays live
         live = store._live_leases(folder, "_writing-", stale=5)
         assert [(d["attempt"], d["pid"]) for d in live] == [("a", os.getpid())]
         assert store._live_leases(folder, "_writing-", stale=0) == []  # any age counts as stale
@@ -107,20 +123,20 @@ def test_exclusive_lease_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_pat
 
     store = Store(str(tmp_path / "store"))
     path = store._path("runs", "r", "_writer.json")
-    with store._exclusive_lease(path, heartbeat=0.1, stale=5, run_id="r"):
+    with store._exclusive_lease(path, heartbeat=0.1, stale=5, run_id="r") as lease:
         held = store._read_json(path)
         assert held["run_id"] == "r" and held["pid"] == os.getpid()
         with pytest.raises(LeaseHeldError) as err:
             with store._exclusive_lease(path, heartbeat=0.1, stale=5):
                 pass
         assert err.value.holder["token"] == held["token"]
-        time.sleep(0.35)
-        assert store._read_json(path)["heartbeat"] > held["heartbeat"]  # it beats
+        _until(lambda: (_heartbeat(store, path) or 0) > held["heartbeat"])  # it beats
+        assert not lease.lost.is_set()
     assert not store._exists(path)  # released
 
     store._write_json(path, {"host": "h", "pid": 1, "heartbeat": time.time() - 60, "token": "dead"})
-    with store._exclusive_lease(path, heartbeat=0.1, stale=5):  # stale: taken over
+    with store._exclusive_lease(path, heartbeat=0.1, stale=5) as lease:  # stale: taken over
         assert store._read_json(path)["token"] != "dead"
         store._write_json(path, {"host": "h2", "pid": 2, "heartbeat": time.time(), "token": "thief"})
-        time.sleep(0.3)
+        assert lease.lost.wait(10)  # the next heartbeat finds it taken
     assert store._read_json(path)["token"] == "thief"  # a lease it lost is neither rewritten nor removed

@@ -154,13 +154,12 @@ def test_task_gpu_amount_reads_the_spark_conf(raw, amount):
     ],
 )
 def test_transform_places_the_model_on_its_tasks_gpu(addresses, visible, device):
-    pytest.importorskip("pyspark")
-    from hvd_spark._internal.infer.transformer import gpu_device
+    from hvd_spark._internal.infer.device import gpu_device
 
     assert gpu_device(addresses, visible) == device
 
 
-# --- Slots that exist (issue 24 point 7): the decision on the executors that registered ---
+# --- Slots that exist: the decision on the executors that registered ---
 
 
 def test_only_local_masters_are_read_from_the_url():
@@ -325,19 +324,20 @@ def test_connect_with_dynamic_allocation_is_refused_before_any_work():
 
 
 class _FakeScheduler:
-    """The JVM side ``_registered_slots`` reads through py4j, with executors that register over time:
-    ``timeline`` is ``[(seconds after creation, executors, slots), ...]``."""
+    """The JVM side ``_registered_slots`` reads through py4j, with executors that register as it
+    keeps counting: ``timeline`` is ``[(counts read before, executors, slots), ...]``, and ``reads``
+    says how many times the launcher counted (so a test sees whether, and how long, it waited)."""
 
     def __init__(self, timeline):
-        import time
-
-        self._t0, self._timeline = time.monotonic(), timeline
+        self._timeline, self.reads = timeline, 0
 
     def _now(self):
-        import time
+        return max(((n, s) for at, n, s in self._timeline if at <= self.reads), default=(0, 0))
 
-        elapsed = time.monotonic() - self._t0
-        return max(((n, s) for at, n, s in self._timeline if at <= elapsed), default=(0, 0))
+    def _count(self):
+        now = self._now()
+        self.reads += 1
+        return now
 
     def resourceProfileManager(self):  # noqa: N802 (the JVM's names)
         return self
@@ -345,11 +345,11 @@ class _FakeScheduler:
     def defaultResourceProfile(self):  # noqa: N802
         return "default"
 
-    def getExecutorIds(self):  # noqa: N802
+    def getExecutorIds(self):  # noqa: N802 (read first: one count is this call and the next)
         return _Size(self._now()[0])
 
     def maxNumConcurrentTasks(self, profile):  # noqa: N802
-        return self._now()[1]
+        return self._count()[1]
 
 
 class _Size:
@@ -363,50 +363,42 @@ class _Size:
 class _FakeContext:
     def __init__(self, master, timeline, app="app-1"):
         self.master, self.applicationId, self.defaultParallelism = master, app, 8
-        scheduler = _FakeScheduler(timeline) if timeline is not None else None
+        scheduler = self.scheduler = _FakeScheduler(timeline) if timeline is not None else None
         self._jsc = type("J", (), {"sc": lambda _self: scheduler if scheduler else 1 / 0})()
 
 
 def test_the_launch_waits_for_the_executors_then_counts_their_slots(monkeypatch, caplog):
     import logging
-    import time
 
     from hvd_spark._internal.driver import launcher
 
     standalone = {"spark.cores.max": "2", "spark.executor.cores": "1", "spark.default.parallelism": "8"}
+    sc = _FakeContext("spark://h:7077", [(1, 1, 1), (2, 2, 2)])
     with caplog.at_level(logging.INFO, logger="hvd_spark"):
-        t = time.monotonic()
-        assert (
-            launcher._registered_slots(
-                _FakeContext("spark://h:7077", [(0.3, 1, 1), (0.5, 2, 2)]), standalone, None, None
-            )
-            == 2
-        )
-        assert 0.5 <= time.monotonic() - t < 3
+        assert launcher._registered_slots(sc, standalone, None, None) == 2
+    # It counted until both executors asked for were there, and not once more.
+    assert sc.scheduler.reads == 3
     assert "waiting up to 30s for the executors to register (2 asked for: spark.cores.max=2" in caplog.text
     assert "2 executors registered with 2 task slots" in caplog.text
-    t = time.monotonic()
+    sc = _FakeContext("spark://h:7077", [(1, 2, 2)])
     with pytest.raises(ValueError, match=r"task slots \(2\).*num_proc=3.*2 executors registered.*spark.task.cpus=1"):
-        launcher._registered_slots(_FakeContext("spark://h:7077", [(0.2, 2, 2)]), standalone, 3, None)
-    assert time.monotonic() - t < 3
-    # No JVM access: defaultParallelism / spark.task.cpus, as before.
+        launcher._registered_slots(sc, standalone, 3, None)
+    assert sc.scheduler.reads == 2  # refused as soon as every executor asked for was there
+    # No JVM access: defaultParallelism / spark.task.cpus.
     assert launcher._registered_slots(_FakeContext("spark://h:7077", None), {"spark.task.cpus": "2"}, None, None) == 4
 
 
 def test_a_standalone_count_that_holds_still_is_complete_and_remembered(monkeypatch):
-    import time
-
     from hvd_spark._internal.common import settings
     from hvd_spark._internal.driver import launcher
 
     monkeypatch.setattr(settings, "EXECUTORS_SETTLE", 0.5)
-    sc = _FakeContext("spark://h:7077", [(0.0, 3, 6)], app="app-settle")
-    t = time.monotonic()
+    sc = _FakeContext("spark://h:7077", [(0, 3, 6)], app="app-settle")
     assert launcher._registered_slots(sc, {}, None, None) == 6
-    assert 0.5 <= time.monotonic() - t < 3
-    t = time.monotonic()
-    assert launcher._registered_slots(sc, {}, None, None) == 6  # known complete: no second wait
-    assert time.monotonic() - t < 0.2
+    first = sc.scheduler.reads
+    assert first >= 2  # counted again until the count had held still
+    assert launcher._registered_slots(sc, {}, None, None) == 6
+    assert sc.scheduler.reads == first + 1  # known complete: one count, no second wait
 
 
 def test_missing_yarn_executors_bound_the_ranks_after_the_wait(monkeypatch, caplog):
@@ -418,7 +410,7 @@ def test_missing_yarn_executors_bound_the_ranks_after_the_wait(monkeypatch, capl
     yarn = {"spark.executor.instances": "4", "spark.executor.cores": "2"}
 
     def sc():
-        return _FakeContext("yarn", [(0.0, 1, 2)])
+        return _FakeContext("yarn", [(0, 1, 2)])
 
     with caplog.at_level(logging.WARNING, logger="hvd_spark"):
         assert launcher._registered_slots(sc(), yarn, 6, None) == 8  # the 4 executors asked for would hold 6

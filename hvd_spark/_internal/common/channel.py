@@ -1,7 +1,7 @@
 """What a job's coordinator tells a Spark Connect client: rank output, progress events, notices.
 
 A Connect client accepts no connection from the cluster, so the coordinator (in the first barrier
-task, see ``coordinator.py``) writes what the driver service would have shown, as JSON records:
+task, see ``driver/coordinator.py``) writes what the driver service would have shown, as JSON records:
 
 - with a store: every second, the new records as one file ``<path>/<seq>.jsonl`` (written
   whole, so a reader never sees half a file), which the client polls while the job runs;
@@ -10,7 +10,7 @@ task, see ``coordinator.py``) writes what the driver service would have shown, a
 
 Record kinds: ``{"k": "start"}`` (every task connected), ``{"k": "log", "rank", "line"}``,
 ``{"k": "event", "rank", "payload"}``, ``{"k": "say", "level", "msg"}`` (the coordinator's own
-messages), ``{"k": "abort"}`` (the coordinator told the ranks to stop).
+messages), ``{"k": "abort", "reason"}`` (the coordinator told the ranks to stop).
 """
 
 import contextlib
@@ -20,11 +20,13 @@ import posixpath
 import threading
 from collections.abc import Callable
 
-logger = logging.getLogger("hvd_spark")
+from hvd_spark._internal.common import settings
+
+logger = logging.getLogger(__name__)
 rank_logger = logging.getLogger("hvd_spark.rank")
 
-FLUSH_INTERVAL = 1.0  # seconds between two files of a live channel
-MAX_KEPT_LINES = 5000  # rank output lines kept per rank when there is no store to write them to
+FLUSH_INTERVAL = settings.CHANNEL_FLUSH_INTERVAL  # seconds between two files of a live channel
+MAX_KEPT_LINES = settings.MAX_KEPT_LINES  # rank output lines kept per rank when there is no store to write them to
 
 
 class ChannelWriter:

@@ -110,3 +110,12 @@ class RunConfig:
     resume_ckpt: str | None = None  # checkpoint model path in the store, when resuming
     history_so_far: tuple[dict[str, float], ...] = ()
     model_bytes: bytes | None = None  # the user's model as a .keras file, when not resuming
+
+
+def history_from(logs_per_epoch: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Turns a list of per-epoch logs into Keras' ``History.history`` layout (metric -> values)."""
+    history: dict[str, list[float]] = {}
+    for logs in logs_per_epoch:
+        for k, v in logs.items():
+            history.setdefault(k, []).append(float(v))
+    return history

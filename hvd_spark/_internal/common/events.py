@@ -1,4 +1,5 @@
-"""From a rank's process to the driver: progress events (the estimator's callbacks) and the
+"""From a rank's process to the driver service (on the driver, or in the first barrier task on Spark
+Connect): progress events (the estimator's callbacks) and the
 progress ticks that the stall watchdog reads."""
 
 import os
@@ -99,19 +100,11 @@ def report_init_when_done(poll: float = 0.1) -> None:
     init included) and stops after reporting. Outside an hvd_spark job it does nothing."""
     if not os.environ.get(settings.ENV_DRIVER_ADDR):
         return
-    import sys
+    from hvd_spark._internal.common.internals import horovod_initialized
 
     def watch() -> None:
-        while True:
-            for name in ("horovod.tensorflow.mpi_ops", "horovod.torch.mpi_ops"):
-                basics = getattr(sys.modules.get(name), "_basics", None)
-                try:
-                    done = basics is not None and basics.is_initialized()
-                except Exception:  # its library failed to load: another framework may be the one in use
-                    done = False
-                if done:
-                    _send_raw({KIND: Kind.INITIALIZED})
-                    return
+        while not horovod_initialized():
             threading.Event().wait(poll)
+        _send_raw({KIND: Kind.INITIALIZED})
 
     threading.Thread(target=watch, daemon=True, name="hvd_spark-init-watch").start()

@@ -1,4 +1,8 @@
-"""Makes hvd_spark's progress visible to a person when the application configured no logging."""
+"""Makes hvd_spark's progress visible to a person when the application configured no logging.
+
+Every module logs to ``logging.getLogger(__name__)`` (``hvd_spark._internal.<package>.<module>``),
+all under the ``hvd_spark`` logger, so ``logging.getLogger("hvd_spark").setLevel(...)`` governs
+them all; the ranks' output lines go to ``hvd_spark.rank``."""
 
 import contextlib
 import logging
@@ -10,21 +14,46 @@ import threading
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def ensure_visible(verbose: int) -> None:
-    """With ``verbose`` >= 1 and no handler anywhere up the tree, logs hvd_spark at INFO to stderr.
+_OURS = "_hvd_spark_visible"  # marks the handler ensure_visible adds
 
-    An application that configured logging (a handler on the root logger or on ``hvd_spark``)
-    keeps full control; nothing is added then.
+
+def _own_handlers() -> list[logging.Handler]:
+    return [h for h in logging.getLogger("hvd_spark").handlers if getattr(h, _OURS, False)]
+
+
+def app_configured_logging() -> bool:
+    """Whether the application configured logging: a handler on the root logger or on ``hvd_spark``,
+    a level on ``hvd_spark``, or a root level other than Python's default (WARNING). What
+    :func:`ensure_visible` itself set does not count."""
+    root, ours = logging.getLogger(), logging.getLogger("hvd_spark")
+    own = _own_handlers()
+    app_handlers = [h for h in ours.handlers if h not in own]
+    app_level = ours.level != logging.NOTSET and not own  # with our handler, the level is ours too
+    return bool(root.handlers or app_handlers or app_level or root.level != logging.WARNING)
+
+
+def ensure_visible(verbose: int) -> None:
+    """With ``verbose`` >= 1 in an application that configured no logging, logs hvd_spark (every
+    module's logger is under ``hvd_spark``) at INFO to stderr.
+
+    An application that configured logging (:func:`app_configured_logging`) keeps full control: no
+    handler and no level is set then, and those set by an earlier call (before the application
+    configured logging) are removed, so its own levels and handlers decide what is shown.
     """
     logger = logging.getLogger("hvd_spark")
-    if not verbose:
+    own = _own_handlers()
+    if app_configured_logging():
+        for h in own:
+            logger.removeHandler(h)
+        if own:
+            logger.setLevel(logging.NOTSET)
         return
-    if logger.level == logging.NOTSET or logger.level > logging.INFO:
-        logger.setLevel(logging.INFO)
-    if not logger.hasHandlers():
+    if verbose and not own:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
+        setattr(handler, _OURS, True)
         logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
 
 
 TF_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"

@@ -1,10 +1,11 @@
 """How a rank ended, as it travels from the rank's process to the driver, and which failure of
 several is the cause. Also the spec that the launcher gives every barrier task.
 
-The path of a failure: the rank's process (``child.py``) writes a :class:`RankOutcome` next to
-its work dir; its task (``task.py``) reads it (or makes a ``ProcessDied`` one when the process
+The path of a failure: the rank's process (``rank/entry.py``) writes a :class:`RankOutcome` next to
+its work dir; its task (``task/barrier.py``) reads it (or makes a ``ProcessDied`` one when the process
 left nothing), sends it to the driver as a ``fail`` message (:meth:`RankOutcome.to_message`) and
-returns it through Spark; the launcher picks the cause with :func:`pick_failure` and raises
+returns it through Spark; the supervisor (on the driver, or in the first barrier task on Spark
+Connect) picks the cause with :func:`pick_failure` and raises
 ``RankFailedError``. Pure Python: no Spark, no TensorFlow.
 """
 

@@ -98,7 +98,7 @@ def save_model_file(model, path: str) -> None:
     A distributed optimizer is saved under its original class, so that the file loads in plain
     Keras (and, for checkpoints, on the ranks, which wrap it again).
     """
-    from hvd_spark._internal.rank.keras_hvd import plain_class
+    from hvd_spark._internal.rank.optimizer import plain_class
 
     with plain_class(getattr(model, "optimizer", None)):
         model.save(path)

@@ -1,52 +1,35 @@
-"""Named settings: environment variables, Spark conf keys and their defaults, in one place."""
+"""Every knob of hvd_spark, declared once: its environment variable, Spark conf key, type, default,
+where it is read and what it does. ``docs/settings.md`` holds the table made from these declarations
+(:func:`markdown_table`; a fast test keeps the two equal). To refresh the docs after a change:
+``python -c "from hvd_spark._internal.common import settings; print(settings.markdown_table())"``.
 
+Precedence, the same for every setting: an explicit argument (``run(warm=...)``, ``start_timeout=``)
+always wins, then the environment variable, then the ``spark.hvd_spark.*`` conf key, then the default.
+One parser per type: a boolean is written ``1`` / ``0`` (or true / false, yes / no, on / off).
+
+Three kinds of names live here:
+
+* :class:`Setting`: a knob a user sets (environment, Spark conf, sometimes an argument);
+* :class:`Fixed`: a value hvd_spark keeps fixed on purpose, declared here so it is defined once
+  (two processes must agree on it, or it is tied to another timing rule);
+* :class:`Internal`: environment variables hvd_spark itself sets for a rank's process.
+"""
+
+import dataclasses
+import math
 import os
-
-# Environment variables read by hvd_spark (names start with HVD_SPARK_).
-ENV_START_TIMEOUT = "HVD_SPARK_START_TIMEOUT"  # seconds for all ranks to start
-ENV_GLOO_TIMEOUT = "HVD_SPARK_GLOO_TIMEOUT"  # seconds for Gloo's rendezvous and collectives set-up
-ENV_ABORT_GRACE = "HVD_SPARK_ABORT_GRACE"  # seconds ranks get to stop after an abort
-ENV_MATERIALIZE_WAIT = "HVD_SPARK_MATERIALIZE_WAIT"  # seconds a fit waits for another fit writing the same data
-ENV_PROGRESS = "HVD_SPARK_PROGRESS"  # 1 / 0: the fit's live progress bar on / off (default: on a TTY or notebook)
-ENV_HEARTBEAT_TIMEOUT = "HVD_SPARK_HEARTBEAT_TIMEOUT"  # seconds of silence after which a task (or the driver) is lost
-ENV_RUN_LEASE_STALE = "HVD_SPARK_RUN_LEASE_STALE"  # seconds after which a dead fit's lease on its run expires
-ENV_WARM = "HVD_SPARK_WARM"  # 1 / 0: ranks forked by warm servers (default) / fresh processes
-ENV_WARM_IDLE = "HVD_SPARK_WARM_IDLE"  # seconds an idle warm server lives (default 600)
-ENV_STALL_TIMEOUT = "HVD_SPARK_STALL_TIMEOUT"  # seconds without a rank's progress before the job is stopped
-ENV_EXECUTOR_WAIT = "HVD_SPARK_EXECUTOR_WAIT"  # seconds a launch waits for the application's executors to register
-
-# Set by the launcher in each rank's process (read by hvd_spark's worker side).
-ENV_DRIVER_ADDR = "HVD_SPARK_DRIVER_ADDR"
-ENV_JOB_TOKEN = "HVD_SPARK_JOB_TOKEN"
-ENV_RANK = "HVD_SPARK_RANK"
-ENV_HOST = "HVD_SPARK_HOST"  # the address of the rank's host (its task's address towards the driver)
-
-# Spark conf keys (spark.hvd_spark.*), read on the driver; the environment wins over them.
-CONF_START_TIMEOUT = "spark.hvd_spark.startTimeout"
-CONF_EXECUTOR_WAIT = "spark.hvd_spark.executorWait"
-
-DEFAULT_START_TIMEOUT = 600.0
-DEFAULT_EXECUTOR_WAIT = 30.0  # never longer than start_timeout
-EXECUTORS_SETTLE = 5.0  # seconds a standalone application's executor count must hold still to count as complete
-DEFAULT_GLOO_TIMEOUT = 120.0
-DEFAULT_ABORT_GRACE = 10.0
-DEFAULT_MATERIALIZE_WAIT = 3600.0
-HEARTBEAT_INTERVAL = 5.0  # seconds between heartbeats, driver to tasks and tasks to driver
-DEFAULT_HEARTBEAT_TIMEOUT = 30.0
-DEFAULT_FIT_STALL_TIMEOUT = 300.0  # a fit's ranks tick on every step; run()'s functions tick when they choose
-PROGRESS_INTERVAL = 1.0  # seconds between a rank's progress messages (only when its count moved)
-MIN_STALL_TIMEOUT = 5.0
-LEASE_HEARTBEAT = 10.0  # seconds between a lease's heartbeats (a writer in progress on the store)
-LEASE_STALE = 60.0  # a lease whose heartbeat is older than this belongs to a writer that is gone
-STOP_WAIT = 30.0  # seconds a failed or cancelled job waits for its ranks' processes to exit before it returns
+from collections.abc import Callable, Mapping
+from typing import Any
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def parse_bool(name: str, value: str) -> bool:
+def parse_bool(name: str, value) -> bool:
     """Parses a boolean setting strictly; anything but the usual spellings is an error."""
-    v = value.strip().lower()
+    if isinstance(value, bool):
+        return value
+    v = str(value).strip().lower()
     if v in _TRUE:
         return True
     if v in _FALSE:
@@ -56,44 +39,36 @@ def parse_bool(name: str, value: str) -> bool:
 
 def parse_seconds(name: str, value) -> float:
     """Parses a positive number of seconds, naming the setting in the error."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number of seconds. Received: {value!r}.")
     try:
         seconds = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a number of seconds. Received: {value!r}.") from None
-    if not seconds > 0:
-        raise ValueError(f"{name} must be greater than 0 seconds. Received: {value!r}.")
+    if not seconds > 0 or math.isinf(seconds):
+        raise ValueError(f"{name} must be greater than 0 seconds (and finite). Received: {value!r}.")
     return seconds
 
 
-def seconds_setting(explicit, env_name: str, conf_value, default: float, param: str) -> float:
-    """Resolves a timeout: the explicit argument, else the environment, else Spark conf, else default."""
-    if explicit is not None:
-        return parse_seconds(param, explicit)
-    if os.environ.get(env_name):
-        return parse_seconds(env_name, os.environ[env_name])
-    if conf_value:
-        return parse_seconds(param, conf_value)
-    return default
+def parse_count(name: str, value) -> int:
+    """Parses a positive whole number (a count, a size in bytes), naming the setting in the error."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a positive integer. Received: {value!r}.")
+    try:
+        number = int(str(value).strip()) if isinstance(value, str) else value
+    except ValueError:
+        raise ValueError(f"{name} must be a positive integer. Received: {value!r}.") from None
+    if not isinstance(number, int) or number < 1:
+        raise ValueError(f"{name} must be a positive integer. Received: {value!r}.")
+    return number
 
 
-def run_lease_stale() -> float:
-    """Seconds after its last heartbeat that a fit's lease on its run expires (a fit that died)."""
-    return max(2 * LEASE_HEARTBEAT, seconds_setting(None, ENV_RUN_LEASE_STALE, None, LEASE_STALE, "run_lease_stale"))
+MIN_STALL_TIMEOUT = 5.0
+PROGRESS_INTERVAL = 1.0  # defined here (not below) because the stall parser's message names it
 
 
-def warm_default() -> bool:
-    """Whether launches use warm servers unless told otherwise (``HVD_SPARK_WARM``, default on)."""
-    value = os.environ.get(ENV_WARM, "")
-    return parse_bool(ENV_WARM, value) if value else True
-
-
-def stall_timeout_setting(explicit, default: float | None) -> float | None:
-    """A job's ``stall_timeout``: the explicit value (0 turns the watchdog off), else
-    ``HVD_SPARK_STALL_TIMEOUT`` (0: off), else ``default`` (None: off)."""
-    value = explicit if explicit is not None else os.environ.get(ENV_STALL_TIMEOUT) or None
-    if value is None:
-        return default
-    name = "stall_timeout" if explicit is not None else ENV_STALL_TIMEOUT
+def parse_stall_timeout(name: str, value) -> float | None:
+    """Parses a stall timeout: 0 turns the watchdog off (None), else at least ``MIN_STALL_TIMEOUT``."""
     if not isinstance(value, str) and (isinstance(value, bool) or not isinstance(value, int | float)):
         raise ValueError(f"{name} must be a number of seconds (0: no stall watchdog). Received: {value!r}.")
     try:
@@ -106,3 +81,314 @@ def stall_timeout_setting(explicit, default: float | None) -> float | None:
             f"progress every {PROGRESS_INTERVAL:g} s). Received: {value!r}."
         )
     return seconds or None
+
+
+# type name (in the docs) -> parser(name, value)
+PARSERS: dict[str, Callable[[str, Any], Any]] = {
+    "bool": parse_bool,
+    "seconds": parse_seconds,
+    "count": parse_count,
+    "bytes": parse_count,
+    "seconds (0: off)": parse_stall_timeout,
+}
+
+_NO: Any = object()  # no default given
+WHERE = ("driver", "task", "rank")  # the processes a setting can be read in
+
+SETTINGS: list["Setting"] = []
+FIXED: list["Fixed"] = []
+INTERNAL: list["Internal"] = []
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """A knob a user sets. ``argument`` is the public argument or Param that sets it explicitly,
+    where there is one (errors about an explicit value name it; else ``name``). ``where`` lists the
+    processes that read it (the environment of that process counts; Spark conf is only read on the
+    driver). ``type`` picks the one parser of :data:`PARSERS` for every source."""
+
+    name: str
+    env: str
+    conf: str | None
+    type: str
+    default: Any
+    where: tuple[str, ...]
+    doc: str
+    argument: str | None = None  # the public argument or Param that sets it explicitly
+
+    def __post_init__(self):
+        if self.type not in PARSERS:
+            raise ValueError(f"type must be one of {sorted(PARSERS)}. Received: {self.type!r} for {self.name}.")
+        if not self.env.startswith("HVD_SPARK_"):
+            raise ValueError(f"env must start with HVD_SPARK_. Received: {self.env!r} for {self.name}.")
+        if self.conf is not None and not self.conf.startswith("spark.hvd_spark."):
+            raise ValueError(f"conf must start with spark.hvd_spark. Received: {self.conf!r} for {self.name}.")
+        if not set(self.where) <= set(WHERE):
+            raise ValueError(f"where must name processes of {WHERE}. Received: {self.where!r} for {self.name}.")
+        if self.conf is not None and "driver" not in self.where:
+            raise ValueError(f"{self.name}: a Spark conf key is only read on the driver")
+
+    def parse(self, name: str, value) -> Any:
+        return PARSERS[self.type](name, value)
+
+    def get(
+        self, explicit: Any = None, *, env: Mapping[str, str] | None = None, conf: Any = None, default: Any = _NO
+    ) -> Any:
+        """The setting's value: ``explicit`` (not None), else ``env`` (default: this process's
+        environment), else ``conf`` (anything with ``get(key, default)``: the application's Spark
+        conf, on the driver), else ``default`` (the declared one unless given). A bad value is an
+        error naming where it came from (the argument, the variable or the conf key)."""
+        if explicit is not None:
+            return self.parse(self.argument or self.name, explicit)
+        raw = (os.environ if env is None else env).get(self.env)
+        if raw is not None and str(raw).strip():
+            return self.parse(self.env, raw)
+        if conf is not None and self.conf is not None:
+            raw = conf.get(self.conf, None)
+            if raw is not None and str(raw).strip():
+                return self.parse(self.conf, raw)
+        return self.default if default is _NO else default
+
+
+@dataclasses.dataclass(frozen=True)
+class Fixed:
+    """A value hvd_spark keeps fixed, with the reason it is not a setting."""
+
+    name: str
+    value: Any
+    where: tuple[str, ...]
+    doc: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Internal:
+    """An environment variable hvd_spark sets for a rank's process (not a setting: do not set it)."""
+
+    env: str
+    set_by: str
+    doc: str
+
+
+def _setting(*args, **kwargs) -> Setting:
+    s = Setting(*args, **kwargs)
+    SETTINGS.append(s)
+    return s
+
+
+def _fixed(name: str, value, where: tuple[str, ...], doc: str):
+    FIXED.append(Fixed(name, value, where, doc))
+    return value
+
+
+def _internal(env: str, set_by: str, doc: str) -> str:
+    INTERNAL.append(Internal(env, set_by, doc))
+    return env
+
+
+# --- Settings -----------------------------------------------------------------------------------
+
+START_TIMEOUT = _setting(
+    "start_timeout", "HVD_SPARK_START_TIMEOUT", "spark.hvd_spark.startTimeout", "seconds", 600.0, ("driver",),
+    "Seconds for all barrier tasks of a job to start (Spark must schedule them all at once).",
+    argument="start_timeout",
+)  # fmt: skip
+EXECUTOR_WAIT = _setting(
+    "executor_wait", "HVD_SPARK_EXECUTOR_WAIT", "spark.hvd_spark.executorWait", "seconds", 30.0, ("driver",),
+    "Seconds a launch on a cluster master waits for the application's executors to register "
+    "(never longer than `start_timeout`).",
+)  # fmt: skip
+GLOO_TIMEOUT = _setting(
+    "gloo_timeout", "HVD_SPARK_GLOO_TIMEOUT", "spark.hvd_spark.glooTimeout", "seconds", 120.0, ("driver",),
+    "Seconds for Gloo's rendezvous and connections (`HOROVOD_GLOO_TIMEOUT_SECONDS` of the ranks).",
+)  # fmt: skip
+ABORT_GRACE = _setting(
+    "abort_grace", "HVD_SPARK_ABORT_GRACE", "spark.hvd_spark.abortGrace", "seconds", 10.0, ("driver",),
+    "Seconds ranks get between SIGTERM and SIGKILL when a job is stopped.",
+)  # fmt: skip
+HEARTBEAT_TIMEOUT = _setting(
+    "heartbeat_timeout", "HVD_SPARK_HEARTBEAT_TIMEOUT", "spark.hvd_spark.heartbeatTimeout", "seconds", 30.0,
+    ("driver",),
+    "Seconds without a heartbeat after which a task's host (or, seen from a task, the driver) is lost "
+    "(at least twice the heartbeat interval).",
+)  # fmt: skip
+STALL_TIMEOUT = _setting(
+    "stall_timeout", "HVD_SPARK_STALL_TIMEOUT", "spark.hvd_spark.stallTimeout", "seconds (0: off)", None,
+    ("driver",),
+    "Seconds without any rank's progress before the job is stopped as stalled; 0 or unset: no "
+    "watchdog for `run`, 300 s for a fit (`stall_timeout` Param).",
+    argument="stall_timeout",
+)  # fmt: skip
+WARM = _setting(
+    "warm", "HVD_SPARK_WARM", "spark.hvd_spark.warm", "bool", True, ("driver",),
+    "Ranks forked by the host's warm server (Gloo, no GPUs); 0: fresh processes. Read on the driver "
+    "(a job's `env` entry counts as its environment); the task follows the driver's decision.",
+    argument="warm",
+)  # fmt: skip
+WARM_IDLE = _setting(
+    "warm_idle", "HVD_SPARK_WARM_IDLE", None, "seconds", 600.0, ("task",),
+    "Seconds an idle warm server lives (the task's environment, with the job's `env`).",
+)  # fmt: skip
+PROGRESS = _setting(
+    "progress", "HVD_SPARK_PROGRESS", None, "bool", None, ("driver",),
+    "The fit's live progress bar on / off; unset: on when stderr is a TTY or in a notebook.",
+)  # fmt: skip
+MATERIALIZE_WAIT = _setting(
+    "materialize_wait", "HVD_SPARK_MATERIALIZE_WAIT", None, "seconds", 3600.0, ("driver",),
+    "Seconds a fit waits for another fit that writes the same data to the store, before writing it itself.",
+)  # fmt: skip
+RUN_LEASE_STALE = _setting(
+    "run_lease_stale", "HVD_SPARK_RUN_LEASE_STALE", None, "seconds", 60.0, ("driver",),
+    "Seconds after its last heartbeat that a fit's lease on its run expires, so another fit may take "
+    "the run over (at least twice the lease heartbeat).",
+)  # fmt: skip
+STOP_WAIT = _setting(
+    "stop_wait", "HVD_SPARK_STOP_WAIT", None, "seconds", 30.0, ("driver",),
+    "Seconds a failed or cancelled job waits for its ranks' processes to exit before it returns.",
+)  # fmt: skip
+MAX_FILES = _setting(
+    "max_files", "HVD_SPARK_MAX_FILES", None, "count", 256, ("driver",),
+    "Parquet files per split of materialized data at most (unless `num_proc` is larger).",
+)  # fmt: skip
+ROW_GROUP_BYTES = _setting(
+    "row_group_bytes", "HVD_SPARK_ROW_GROUP_BYTES", "spark.hvd_spark.rowGroupBytes", "bytes", 64 * 1024 * 1024,
+    ("driver",),
+    "Bytes of a Parquet row group when the tasks write the data through the store (`parquet_writer='store'`).",
+)  # fmt: skip
+MPI_CONNECT_TIMEOUT = _setting(
+    "mpi_connect_timeout", "HVD_SPARK_MPI_CONNECT_TIMEOUT", None, "seconds", 30.0, ("task",),
+    "Seconds for mpirun's agent to reach a host's command server (`backend='mpi'`).",
+)  # fmt: skip
+
+# Names used in messages (the same strings as the declarations above).
+ENV_START_TIMEOUT, CONF_START_TIMEOUT = START_TIMEOUT.env, str(START_TIMEOUT.conf)
+ENV_EXECUTOR_WAIT, CONF_EXECUTOR_WAIT = EXECUTOR_WAIT.env, str(EXECUTOR_WAIT.conf)
+ENV_HEARTBEAT_TIMEOUT = HEARTBEAT_TIMEOUT.env
+ENV_STALL_TIMEOUT = STALL_TIMEOUT.env
+ENV_RUN_LEASE_STALE = RUN_LEASE_STALE.env
+ENV_PROGRESS = PROGRESS.env
+ENV_WARM, ENV_WARM_IDLE = WARM.env, WARM_IDLE.env
+
+# --- Fixed values -------------------------------------------------------------------------------
+
+HEARTBEAT_INTERVAL = _fixed(
+    "heartbeat_interval", 5.0, ("driver", "task"),
+    "Seconds between heartbeats, driver to tasks and tasks to driver. Fixed: both ends must agree.",
+)  # fmt: skip
+_fixed(
+    "progress_interval", PROGRESS_INTERVAL, ("rank",),
+    "Seconds between a rank's progress messages (only when its count moved). Fixed: the stall "
+    "watchdog's minimum (5 s) is made from it.",
+)  # fmt: skip
+_fixed(
+    "min_stall_timeout", MIN_STALL_TIMEOUT, ("driver",),
+    "The smallest stall timeout accepted (a few progress intervals).",
+)  # fmt: skip
+DEFAULT_FIT_STALL_TIMEOUT = _fixed(
+    "fit_stall_timeout", 300.0, ("driver",),
+    "The estimator's `stall_timeout` default (a fit's ranks report every step); `run` has none.",
+)  # fmt: skip
+LEASE_HEARTBEAT = _fixed(
+    "lease_heartbeat", 10.0, ("driver",),
+    "Seconds between a store lease's heartbeats (a writer or reader of materialized data, a run's "
+    "fit). Fixed: every fit that shares a store must agree.",
+)  # fmt: skip
+LEASE_STALE = _fixed(
+    "lease_stale", 60.0, ("driver",),
+    "Seconds after which a data lease whose heartbeat stopped belongs to a fit that is gone. Fixed: "
+    "every fit that shares a store must agree.",
+)  # fmt: skip
+EXECUTORS_SETTLE = _fixed(
+    "executors_settle", 5.0, ("driver",),
+    "Seconds a standalone application's executor count must hold still to count as complete.",
+)  # fmt: skip
+CANCEL_AFTER = _fixed(
+    "cancel_after", 10.0, ("driver",),
+    "Seconds past `abort_grace` after which tasks that ignore an abort are cancelled through Spark.",
+)  # fmt: skip
+GIVE_UP_AFTER = _fixed(
+    "give_up_after", 70.0, ("driver",),
+    "Seconds past `abort_grace` after which a job that ignores its cancellation is no longer waited for "
+    "(tied to `cancel_after`).",
+)  # fmt: skip
+PROGRESS_BATCH_INTERVAL = _fixed(
+    "progress_batch_interval", 0.5, ("rank",),
+    "Seconds between rank 0's in-epoch events while the live progress bar is shown.",
+)  # fmt: skip
+TAIL_LINES = _fixed(
+    "tail_lines", 40, ("task",),
+    "Last output lines of a failed rank kept in its error.",
+)  # fmt: skip
+CHANNEL_FLUSH_INTERVAL = _fixed(
+    "channel_flush_interval", 1.0, ("driver",),
+    "Seconds between two files of a live channel (Spark Connect: ranks' output and events).",
+)  # fmt: skip
+MAX_KEPT_LINES = _fixed(
+    "max_kept_lines", 5000, ("driver",),
+    "Rank output lines kept per rank when there is no store to write them to.",
+)  # fmt: skip
+GPU_BATCH_SIZE = _fixed(
+    "gpu_batch_size", 32768, ("task",),
+    "Rows per model call of `transform` on a GPU when `batch_size` was not set.",
+)  # fmt: skip
+
+# --- Internal: set by hvd_spark for the processes it starts ------------------------------------
+
+ENV_DRIVER_ADDR = _internal("HVD_SPARK_DRIVER_ADDR", "task", "The driver service's `host:port`, for a rank's events.")
+ENV_JOB_TOKEN = _internal("HVD_SPARK_JOB_TOKEN", "task", "The job's secret for the driver service.")
+ENV_RANK = _internal("HVD_SPARK_RANK", "task", "The rank's number (also read by your code).")
+ENV_HOST = _internal("HVD_SPARK_HOST", "task", "The address of the rank's host (its task's address to the driver).")
+ENV_WORKDIR = _internal("HVD_SPARK_WORKDIR", "task", "The task's folder: a rank's payload and result.")
+ENV_RANK_STARTED = _internal("HVD_SPARK_RANK_STARTED", "task", "When the task started the rank (its start-up profile).")
+ENV_WARM_RANK = _internal("HVD_SPARK_WARM_RANK", "warm server", "1 in a rank forked by a warm server.")
+ENV_MPI_HOSTS = _internal("HVD_SPARK_MPI_HOSTS", "task", "`{host: addr:port}` of every host's MPI command server.")
+ENV_NUM_THREADS = _internal("HVD_SPARK_NUM_THREADS", "task", "The rank's thread count (`num_threads`), for your code.")
+ENV_GPUS = _internal("HVD_SPARK_GPUS", "task", "The task's GPU addresses, for your code (`use_gpu`).")
+
+
+def environ(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment with ``overrides`` (a job's ``env``) on top."""
+    return {**os.environ, **(overrides or {})}
+
+
+def run_lease_stale() -> float:
+    """Seconds after its last heartbeat that a fit's lease on its run expires (a fit that died)."""
+    return max(2 * LEASE_HEARTBEAT, RUN_LEASE_STALE.get())
+
+
+def stall_timeout_setting(explicit, default: float | None, conf: Any = None) -> float | None:
+    """A job's ``stall_timeout``: the explicit value (0 turns the watchdog off), else
+    ``HVD_SPARK_STALL_TIMEOUT`` or its conf key (0: off), else ``default`` (None: off)."""
+    return STALL_TIMEOUT.get(explicit, conf=conf, default=default)
+
+
+# --- The table in docs/settings.md ----------------------------------------------------------------
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and value.is_integer():
+        return f"{value:g}"
+    return str(value)
+
+
+def markdown_table() -> str:
+    """The settings, fixed values and internal variables as the Markdown tables of docs/settings.md."""
+    lines = [
+        "| environment variable | Spark conf key | type | default | read on | what it does |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in SETTINGS:
+        default = _cell(s.default) if s.default is not None else "unset"
+        env = f"`{s.env}`" + (f" (argument: `{s.argument}`)" if s.argument else "")
+        conf = f"`{s.conf}`" if s.conf else "-"
+        lines.append(f"| {env} | {conf} | {s.type} | {default} | {', '.join(s.where)} | {s.doc} |")
+    lines += ["", "| fixed value | value | used on | what it is |", "| --- | --- | --- | --- |"]
+    for f in FIXED:
+        lines.append(f"| `{f.name}` | {_cell(f.value)} | {', '.join(f.where)} | {f.doc} |")
+    lines += ["", "| internal variable | set by | what it holds |", "| --- | --- | --- |"]
+    for i in INTERNAL:
+        lines.append(f"| `{i.env}` | {i.set_by} | {i.doc} |")
+    return "\n".join(lines) + "\n"

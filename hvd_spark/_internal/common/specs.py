@@ -103,7 +103,7 @@ class ColumnInfo:
     def to_dict(self) -> dict:
         d = asdict(self)
         if not self.parts:
-            del d["parts"]  # as before groups existed: materialization keys of plain columns stay the same
+            del d["parts"]  # a plain column's dict has no "parts": its materialization key matches earlier writes
         return d
 
 

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
+from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.specs import (
     ColumnInfo,
     TensorSpec,
@@ -29,7 +30,7 @@ from hvd_spark._internal.common.specs import (
 )
 from hvd_spark._internal.data.store import DATA_META, DATA_USED, Store
 
-logger = logging.getLogger("hvd_spark")
+logger = logging.getLogger(__name__)
 
 VAL_COL = "__hvd_spark_is_val"
 META_NAME = DATA_META
@@ -367,12 +368,11 @@ def _explain_text(df) -> str:
     thread-safe (fits run from several threads in a tuning sweep), so the text is asked for the way
     ``explain`` asks for it (Connect: ``_explain_string``; classic: the JVM's ``explainString``),
     falling back to a captured ``explain`` under a lock."""
+    from hvd_spark._internal.common import internals
     from hvd_spark._internal.driver.sessions import is_connect
 
     try:
-        if is_connect(df.sparkSession):
-            return str(df._explain_string(extended=True))
-        return str(df._sc._jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), "extended"))
+        return internals.explain_string(df, is_connect(df.sparkSession))
     except Exception as e:  # noqa: BLE001 - another pyspark's internals: the public call below
         logger.debug("explain text through pyspark's internals failed (%s); capturing explain()", e)
     buf = io.StringIO()
@@ -507,17 +507,11 @@ def dataset_key(df, infos: Sequence[ColumnInfo], validation, seed: int, identity
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:24]
 
 
-MAX_FILES = 256  # files per split at most (unless num_proc is larger): small data makes small files
-
-
 def num_files(num_proc: int, slots: int) -> int:
     """Files per split: a multiple of ``num_proc`` (ranks get equal shares: the rows are dealt round
     robin), as many as the application's task slots (the write runs on all of them), at most about
-    ``MAX_FILES``."""
-    return num_proc * max(1, min(slots, MAX_FILES) // max(1, num_proc))
-
-
-ROW_GROUP_BYTES = 64 * 1024 * 1024  # row groups of the Parquet that tasks write through the store
+    ``HVD_SPARK_MAX_FILES`` (default 256)."""
+    return num_proc * max(1, min(slots, settings.MAX_FILES.get()) // max(1, num_proc))
 
 
 def _write_through_store(df, store: Store, path: str, row_bytes: int) -> dict[str, list[tuple[str, int]]]:
@@ -530,7 +524,7 @@ def _write_through_store(df, store: Store, path: str, row_bytes: int) -> dict[st
     the driver keeps the files of the attempts Spark returned and removes the others (a task
     attempt that failed or lost a speculative race). Returns ``(url, rows)`` per file and split."""
     config = store.to_config()
-    group_rows = max(1, ROW_GROUP_BYTES // max(row_bytes, 1))
+    group_rows = max(1, settings.ROW_GROUP_BYTES.get(conf=df.sparkSession.conf) // max(row_bytes, 1))
 
     def write(batches):
         import pyarrow as pa
@@ -652,9 +646,7 @@ def materialize(
     """
     from hvd_spark._internal.common import settings
 
-    wait = settings.seconds_setting(
-        wait, settings.ENV_MATERIALIZE_WAIT, None, settings.DEFAULT_MATERIALIZE_WAIT, "materialize_wait"
-    )
+    wait = settings.MATERIALIZE_WAIT.get(wait)
     folder = store._data_path(key)
     meta_path = posixpath.join(folder, META_NAME)
     deadline, last_log = time.monotonic() + wait, 0.0

@@ -6,7 +6,7 @@ fsspec. It knows nothing about Spark.
 
 Layout under the prefix::
 
-    data/<dataset-key>/<attempt>/{train,val}/   Parquet files of one write (see data.py), _complete when done
+    data/<dataset-key>/<attempt>/{train,val}/   Parquet files of one write (see materialize.py), _complete when done
     data/<dataset-key>/_hvd_spark_meta.json     names the published attempt and its files
     data/<dataset-key>/_writing-<attempt>.json  the lease of a write in progress
     data/<dataset-key>/_reading-<fit>.json     the lease of a fit training on it
@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-logger = logging.getLogger("hvd_spark")
+logger = logging.getLogger(__name__)
 
 _CKPT = re.compile(r"^epoch-(\d{4,})\.json$")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

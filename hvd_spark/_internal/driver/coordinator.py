@@ -3,9 +3,9 @@
 A Connect client has no SparkContext and accepts no connection from the cluster, so the driver
 service and its supervisor, which a classic launch runs on the driver, run here instead: in a
 thread of the first barrier task. Every task learns the coordinator's address and token from
-the stage's first ``allGather`` and then runs exactly as on a classic session (``task.py``).
+the stage's first ``allGather`` and then runs exactly as on a classic session (``task/barrier.py``).
 What the client needs comes back with the stage's output rows (every task's outcomes, the
-coordinator's :class:`JobReport`) and, while the job runs, through the channel (``channel.py``).
+coordinator's :class:`JobReport`) and, while the job runs, through the channel (``common/channel.py``).
 """
 
 import dataclasses
@@ -22,7 +22,7 @@ from hvd_spark._internal.common.outcomes import TaskSpec
 from hvd_spark._internal.driver.service import DriverService
 from hvd_spark._internal.driver.supervisor import GIVE_UP_AFTER, Supervisor
 
-logger = logging.getLogger("hvd_spark")
+logger = logging.getLogger(__name__)
 
 OUTCOME, REPORT, RECORDS = "outcome", "report", "records"  # the kinds of the stage's output rows
 

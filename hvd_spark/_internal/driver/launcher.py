@@ -4,6 +4,12 @@
 of ``num_proc`` tasks in a background thread and watches it: tasks that do not start in
 time, ranks that fail (the others are then aborted), and an optional overall timeout. It
 knows nothing about Keras; the estimator builds on it.
+
+On Spark Connect the client has no JVM and accepts no connection from the cluster: :func:`launch`
+submits the stage through the session, the driver service and its supervisor run in the first
+barrier task (:mod:`.coordinator`), and the client follows the job through the store
+(``common/channel.py``) and decides its result from the stage's output rows with the same
+``supervisor.conclude``.
 """
 
 import contextlib
@@ -34,10 +40,10 @@ from hvd_spark._internal.common.topology import (
     task_slots,
 )
 from hvd_spark._internal.driver.sessions import is_connect
-from hvd_spark._internal.driver.supervisor import CANCEL_AFTER, GIVE_UP_AFTER, JobReport, Supervisor, conclude
-from hvd_spark.errors import JobCancelledError, JobTimeoutError
+from hvd_spark._internal.driver.supervisor import ClientWatch, JobReport, Supervisor, conclude
+from hvd_spark.errors import JobCancelledError
 
-logger = logging.getLogger("hvd_spark")
+logger = logging.getLogger(__name__)
 
 
 class _SlotPool:
@@ -156,9 +162,9 @@ def _executor_count(sc) -> tuple[int, int]:
     Spark's own barrier check uses (``SparkContext.maxNumConcurrentTasks`` of the default resource
     profile: each active executor's cores / spark.task.cpus, fewer where its GPUs or other resources
     allow fewer tasks)."""
-    jsc = sc._jsc.sc()
-    profile = jsc.resourceProfileManager().defaultResourceProfile()
-    return int(jsc.getExecutorIds().size()), int(jsc.maxNumConcurrentTasks(profile))
+    from hvd_spark._internal.common import internals
+
+    return internals.spark_executor_slots(sc)
 
 
 def _registered_slots(sc, conf, num_proc: int | None, start_timeout: float | None) -> int:
@@ -174,20 +180,8 @@ def _registered_slots(sc, conf, num_proc: int | None, start_timeout: float | Non
         logger.debug("counting the registered executors failed (%s): slots from defaultParallelism", e)
         return task_slots(sc.master, default_parallelism=sc.defaultParallelism, task_cpus=cpus)
     limit = min(
-        settings.seconds_setting(
-            None,
-            settings.ENV_EXECUTOR_WAIT,
-            conf.get(settings.CONF_EXECUTOR_WAIT, None),
-            settings.DEFAULT_EXECUTOR_WAIT,
-            settings.CONF_EXECUTOR_WAIT,
-        ),
-        settings.seconds_setting(
-            start_timeout,
-            settings.ENV_START_TIMEOUT,
-            conf.get(settings.CONF_START_TIMEOUT, None),
-            settings.DEFAULT_START_TIMEOUT,
-            "start_timeout",
-        ),
+        settings.EXECUTOR_WAIT.get(conf=conf),
+        settings.START_TIMEOUT.get(start_timeout, conf=conf),
     )
     target = executor_target(sc.master, conf, cpus)
     app = sc.applicationId
@@ -337,12 +331,19 @@ class LaunchOptions:
     abort_grace: float
     gloo_timeout: float
     env: dict[str, str] | None = None
-    heartbeat_timeout: float = settings.DEFAULT_HEARTBEAT_TIMEOUT
+    heartbeat_timeout: float = settings.HEARTBEAT_TIMEOUT.default
     master: str = "?"  # the master URL, for messages
     app: str = ""  # the application's id
     warm: bool = True  # ranks forked by warm servers (see warm.py) where they can serve
     stall_timeout: float | None = None  # seconds a rank may go without progress (None: no watchdog)
     use_gpu: bool = False  # each rank gets its task's Spark-assigned GPUs (CUDA_VISIBLE_DEVICES)
+
+    @property
+    def forks_warm(self) -> bool:
+        """Whether the job's ranks are forked by warm servers (task/warm.py): asked for, Gloo (mpirun
+        starts its own ranks), and no GPUs (a rank forked from a process that imported TensorFlow
+        must not meet CUDA). The one place this is decided; prewarm and the tasks follow it."""
+        return self.warm and self.backend == "gloo" and not self.use_gpu
 
 
 def resolve_launch_options(
@@ -418,29 +419,18 @@ def resolve_launch_options(
         app=cluster.app,
         backend=chosen_backend,
         num_threads=num_threads if num_threads is not None else task_cpus(conf),
-        start_timeout=settings.seconds_setting(
-            start_timeout,
-            settings.ENV_START_TIMEOUT,
-            conf.get(settings.CONF_START_TIMEOUT, None),
-            settings.DEFAULT_START_TIMEOUT,
-            "start_timeout",
-        ),
+        start_timeout=settings.START_TIMEOUT.get(start_timeout, conf=conf),
         timeout=settings.parse_seconds("timeout", timeout) if timeout is not None else None,
-        abort_grace=settings.seconds_setting(
-            None, settings.ENV_ABORT_GRACE, None, settings.DEFAULT_ABORT_GRACE, "abort_grace"
-        ),
-        gloo_timeout=settings.seconds_setting(
-            None, settings.ENV_GLOO_TIMEOUT, None, settings.DEFAULT_GLOO_TIMEOUT, "gloo_timeout"
-        ),
+        abort_grace=settings.ABORT_GRACE.get(conf=conf),
+        gloo_timeout=settings.GLOO_TIMEOUT.get(conf=conf),
         heartbeat_timeout=max(
             2 * settings.HEARTBEAT_INTERVAL,
-            settings.seconds_setting(
-                None, settings.ENV_HEARTBEAT_TIMEOUT, None, settings.DEFAULT_HEARTBEAT_TIMEOUT, "heartbeat_timeout"
-            ),
+            settings.HEARTBEAT_TIMEOUT.get(conf=conf),
         ),
         env=dict(env) if env is not None else None,
-        warm=warm if warm is not None else settings.warm_default(),
-        stall_timeout=settings.stall_timeout_setting(stall_timeout, stall_default),
+        # The driver decides (the job's env counts as its environment); the tasks follow.
+        warm=settings.WARM.get(warm, env=settings.environ(env), conf=conf),
+        stall_timeout=settings.stall_timeout_setting(stall_timeout, stall_default, conf=conf),
         use_gpu=use_gpu,
     )
 
@@ -515,7 +505,7 @@ def prewarm(spark, options: LaunchOptions, background: bool = False) -> threadin
     so that they import TensorFlow while the driver does other work (``fit`` checks and
     materializes its data meanwhile). Best effort: a failure only means the job starts its ranks
     cold. With ``background``, the job runs in a thread of its own (returned)."""
-    if not (options.warm and options.backend == "gloo"):
+    if not options.forks_warm:
         return None
     if background:
         t = threading.Thread(target=prewarm, args=(spark, options), name="hvd_spark-prewarm", daemon=True)
@@ -569,8 +559,7 @@ def _task_spec(options: LaunchOptions, payload: bytes, driver_addr: str, token: 
         gloo_timeout=options.gloo_timeout,
         abort_grace=options.abort_grace,
         heartbeat_timeout=options.heartbeat_timeout,
-        # Not with GPUs: a rank forked from a process that imported TensorFlow must not meet CUDA.
-        warm=options.warm and options.backend == "gloo" and not options.use_gpu,
+        warm=options.forks_warm,
         app=options.app,
         start_timeout=options.start_timeout,
         use_gpu=options.use_gpu,
@@ -680,19 +669,20 @@ def _was_cancelled(error: BaseException) -> bool:
 
 def _wait_for_ranks(service, group: str) -> None:
     """After a failed or cancelled job: returns once every task and rank process of it has exited (its
-    connection to the driver closed), or after ``settings.STOP_WAIT`` seconds, naming what is left."""
+    connection to the driver closed), or after ``HVD_SPARK_STOP_WAIT`` seconds, naming what is left."""
     from hvd_spark._internal.common import settings
 
     # Tasks silent for two heartbeats (a lost host, a dead executor: their connections may stay half
     # open) and their ranks are not waited for.
-    left = service.wait_until_stopped(settings.STOP_WAIT, silent_after=2 * settings.HEARTBEAT_INTERVAL + 1)
+    stop_wait = settings.STOP_WAIT.get()
+    left = service.wait_until_stopped(stop_wait, silent_after=2 * settings.HEARTBEAT_INTERVAL + 1)
     if left:
         logger.error(
             "%s of Spark job group %s still running %.0fs after the job ended; they stop when they next reach "
             "their task or the store",
             ", ".join(left),
             group,
-            settings.STOP_WAIT,
+            stop_wait,
         )
 
 
@@ -731,45 +721,24 @@ def _launch_connect(spark, payload: bytes, options: LaunchOptions, *, on_event, 
 
     t0 = time.monotonic()
     job = _Stage(stage, f"{tag}-submit", inheritable=False)
-    started = False
-    problem: JobTimeoutError | None = None
-    aborted_at = cancelled_at = None
 
     def interrupt(why: str) -> None:
-        nonlocal cancelled_at
-        if cancelled_at is None:
-            logger.warning("interrupting the Spark Connect operations tagged %s: %s", tag, why)
-            spark.interruptTag(tag)
-            cancelled_at = time.monotonic()
+        logger.warning("interrupting the Spark Connect operations tagged %s: %s", tag, why)
+        spark.interruptTag(tag)
 
+    watch = ClientWatch(options, num_proc, options.master, interrupt, live=reader is not None)
     try:
         while job.alive():
             job.thread.join(1.0)
-            now = time.monotonic()
             if reader is not None:
                 news = reader.poll()
                 show(news, on_event)
-                started = started or any(r.get("k") == "start" for r in news)
-                if aborted_at is None and any(r.get("k") == "abort" for r in news):
-                    aborted_at = now
-                if not started and problem is None and now - t0 > options.start_timeout:
-                    problem = JobTimeoutError(
-                        f"the {num_proc} barrier tasks did not all start within start_timeout="
-                        f"{options.start_timeout:g}s. Spark could not schedule them all at once: check that "
-                        f"{num_proc} task slots are free (master={options.master}) or raise start_timeout "
-                        f"({settings.ENV_START_TIMEOUT}).",
-                        ranks=list(range(num_proc)),
-                    )
-                    interrupt("its tasks did not start in time")
-            if aborted_at is not None and now - aborted_at > options.abort_grace + CANCEL_AFTER:
-                interrupt("its tasks did not stop after an abort")
-            if options.timeout is not None and now - t0 > options.timeout + options.abort_grace + 2 * CANCEL_AFTER:
-                interrupt("it outlived its timeout and its coordinator did not stop it")
-            if cancelled_at is not None and now - cancelled_at > GIVE_UP_AFTER:
+                watch.see(news)
+            if not watch.step():
                 logger.error("the Spark Connect operations tagged %s did not stop after the interruption", tag)
                 break
     except KeyboardInterrupt:
-        interrupt("interrupted on the client")
+        watch.interrupt("interrupted on the client")
         raise
     finally:
         if reader is not None:
@@ -786,8 +755,8 @@ def _launch_connect(spark, payload: bytes, options: LaunchOptions, *, on_event, 
         elif kind == RECORDS:
             kept = json.loads(data)
     show(kept, on_event)
-    if problem is not None:
-        raise problem
+    if watch.problem is not None:
+        raise watch.problem
     return conclude(
         records,
         report,

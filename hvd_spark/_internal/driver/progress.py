@@ -7,7 +7,6 @@ of carriage returns by default).
 """
 
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -15,21 +14,17 @@ from typing import TextIO
 
 from hvd_spark._internal.common import settings
 
-logger = logging.getLogger("hvd_spark")
+logger = logging.getLogger(__name__)
 
 BAR_WIDTH = 24
-BATCH_INTERVAL = 0.5  # seconds between rank 0's in-epoch events while the bar is shown
+BATCH_INTERVAL = settings.PROGRESS_BATCH_INTERVAL  # seconds between rank 0's in-epoch events while the bar is shown
 
 
 def interactive(stream: TextIO | None = None) -> bool:
     """Whether a live bar can be shown: forced by HVD_SPARK_PROGRESS, else a TTY or a notebook kernel."""
-    forced = os.environ.get(settings.ENV_PROGRESS, "").strip().lower()
-    if forced in ("1", "true", "on", "yes"):
-        return True
-    if forced in ("0", "false", "off", "no"):
-        return False
-    if forced:
-        raise ValueError(f"{settings.ENV_PROGRESS} must be 1 or 0. Received: {forced!r}.")
+    forced = settings.PROGRESS.get()
+    if forced is not None:
+        return forced
     stream = stream or sys.stderr
     if getattr(stream, "isatty", lambda: False)():
         return True

@@ -1,4 +1,5 @@
-"""A small TCP service on the driver that the job's tasks and ranks talk to.
+"""A small TCP service that the job's tasks and ranks talk to: on the Spark driver, or on Spark
+Connect in the job's first barrier task (``coordinator.py``).
 
 Tasks say hello when they start (so the driver knows which ones are running), forward their
 rank's output lines, report failure and completion; ranks send progress events. The driver
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable
 from enum import StrEnum
 
-logger = logging.getLogger("hvd_spark")
+logger = logging.getLogger(__name__)
 rank_logger = logging.getLogger("hvd_spark.rank")
 
 KIND = "t"  # the field of every message that says its kind

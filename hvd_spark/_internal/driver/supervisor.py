@@ -32,10 +32,10 @@ from hvd_spark._internal.common.outcomes import (
 from hvd_spark._internal.driver.service import KIND, Kind
 from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError, RankStalledError
 
-logger = logging.getLogger("hvd_spark")
+logger = logging.getLogger(__name__)
 
-CANCEL_AFTER = 10.0  # seconds past abort_grace after which tasks that ignore an abort are cancelled
-GIVE_UP_AFTER = 70.0  # seconds past abort_grace after which a job that ignores its cancellation is left
+CANCEL_AFTER = settings.CANCEL_AFTER  # seconds past abort_grace after which tasks that ignore an abort are cancelled
+GIVE_UP_AFTER = settings.GIVE_UP_AFTER  # seconds past abort_grace after which a job ignoring its cancellation is left
 
 
 @dataclass(frozen=True)
@@ -131,13 +131,7 @@ class Supervisor:
             self.all_done_sent = True
         if self.problem is None and len(started) < num_proc and now - self.t0 > opts.start_timeout:
             missing = sorted(set(range(num_proc)) - set(started))
-            self.problem = Problem(
-                f"{len(missing)} of {num_proc} barrier tasks did not start within start_timeout="
-                f"{opts.start_timeout:g}s (tasks/partitions {missing}). Spark could not schedule them all at once: "
-                f"check that {num_proc} task slots are free (master={self.where}) or raise start_timeout "
-                f"({settings.ENV_START_TIMEOUT}).",
-                missing,
-            )
+            self.problem = Problem(start_timeout_message(missing, num_proc, opts, self.where), missing)
         if self.problem is None and opts.timeout is not None and now - self.t0 > opts.timeout:
             missing = sorted(set(range(num_proc)) - set(done))
             self.problem = Problem(
@@ -172,16 +166,13 @@ class Supervisor:
 
     def should_cancel(self) -> bool:
         """True once the tasks had ``abort_grace`` + 10 s to react to an abort and the job goes on."""
-        return (
-            self.aborted_at is not None and time.monotonic() - self.aborted_at > self.options.abort_grace + CANCEL_AFTER
-        )
+        return cancel_due(self.aborted_at, self.options, time.monotonic())
 
-    def should_give_up(self) -> bool:
+    def should_give_up(self, cancelled_at: float | None = None) -> bool:
         """True when the job still runs long after its cancellation: stop waiting for it."""
-        return (
-            self.aborted_at is not None
-            and time.monotonic() - self.aborted_at > self.options.abort_grace + GIVE_UP_AFTER
-        )
+        if cancelled_at is None and self.aborted_at is not None:
+            cancelled_at = self.aborted_at + self.options.abort_grace + CANCEL_AFTER
+        return give_up_due(cancelled_at, time.monotonic())
 
     def settled(self) -> bool:
         """Every task that started has closed its connection, after all of them started or the job
@@ -200,6 +191,86 @@ class Supervisor:
             hosts=hosts,
             problem=self.problem,
         )
+
+
+# --- The timing rules of a job's end, shared by the Supervisor (beside the driver service) and the
+# Spark Connect client's watch (which sees only the channel and the stage) ---
+
+
+def cancel_due(aborted_at: float | None, options, now: float) -> bool:
+    """Whether tasks told to abort at ``aborted_at`` had their ``abort_grace`` + CANCEL_AFTER to stop:
+    past that, they are cancelled through Spark."""
+    return aborted_at is not None and now - aborted_at > options.abort_grace + CANCEL_AFTER
+
+
+def give_up_due(cancelled_at: float | None, now: float) -> bool:
+    """Whether a job cancelled through Spark at ``cancelled_at`` still runs so long after that nothing
+    more is waited for (its result is decided from what is known)."""
+    return cancelled_at is not None and now - cancelled_at > GIVE_UP_AFTER - CANCEL_AFTER
+
+
+def overrun_due(t0: float, options, now: float) -> bool:
+    """Whether a job with a ``timeout`` outlived it by so much that the component that enforces it
+    (the supervisor) must be gone: the job is cancelled from outside."""
+    return options.timeout is not None and now - t0 > options.timeout + options.abort_grace + 2 * CANCEL_AFTER
+
+
+def start_timeout_message(missing: list[int], num_proc: int, options, where: str) -> str:
+    if missing:
+        what = f"{len(missing)} of {num_proc} barrier tasks (tasks/partitions {missing})"
+    else:  # seen from a Spark Connect client, which does not know which ones
+        what = f"not all of the {num_proc} barrier tasks"
+    return (
+        f"{what} did not start within start_timeout={options.start_timeout:g}s. Spark could not schedule "
+        f"them all at once: check that {num_proc} task slots are free (master={where}) or raise start_timeout "
+        f"({settings.ENV_START_TIMEOUT})."
+    )
+
+
+class ClientWatch:
+    """A Spark Connect client's watch over a job whose Supervisor runs in the coordinator task.
+
+    The client sees only the channel's records (``start``, ``abort``) and whether the stage still
+    runs; it applies the Supervisor's rules to them: the tasks must start within ``start_timeout``,
+    tasks that ignore an abort are interrupted (:func:`cancel_due`), a job that outlives its
+    timeout is interrupted (:func:`overrun_due`), and an interrupted job that goes on is left
+    (:func:`give_up_due`). ``interrupt(reason)`` cancels the stage (``spark.interruptTag``).
+    """
+
+    def __init__(self, options, num_proc: int, where: str, interrupt: Callable[[str], None], *, live: bool):
+        self.options, self.num_proc, self.where, self._interrupt = options, num_proc, where, interrupt
+        self.live = live  # a channel is read: starts and aborts are seen
+        self.t0 = time.monotonic()
+        self.started = False
+        self.aborted_at: float | None = None
+        self.cancelled_at: float | None = None
+        self.problem: JobTimeoutError | None = None
+
+    def interrupt(self, why: str, now: float | None = None) -> None:
+        if self.cancelled_at is None:
+            self._interrupt(why)
+            self.cancelled_at = time.monotonic() if now is None else now
+
+    def see(self, records: list[dict], now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.started = self.started or any(r.get("k") == "start" for r in records)
+        if self.aborted_at is None and any(r.get("k") == "abort" for r in records):
+            self.aborted_at = now
+
+    def step(self, now: float | None = None) -> bool:
+        """Applies the rules at ``now``; False when the job is to be left (stop waiting for it)."""
+        now = time.monotonic() if now is None else now
+        opts = self.options
+        if self.live and not self.started and self.problem is None and now - self.t0 > opts.start_timeout:
+            self.problem = JobTimeoutError(
+                start_timeout_message([], self.num_proc, opts, self.where), ranks=list(range(self.num_proc))
+            )
+            self.interrupt("its tasks did not start in time", now)
+        if cancel_due(self.aborted_at, opts, now):
+            self.interrupt("its tasks did not stop after an abort", now)
+        if overrun_due(self.t0, opts, now):
+            self.interrupt("it outlived its timeout and its coordinator did not stop it", now)
+        return not give_up_due(self.cancelled_at, now)
 
 
 def _lost_ranks(service, timeout: float) -> list[RankOutcome]:

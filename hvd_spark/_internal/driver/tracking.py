@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any
 
-logger = logging.getLogger("hvd_spark")
+logger = logging.getLogger(__name__)
 
 MODES = ("auto", "on", "off")
 TAG_PREFIX = "hvd_spark."

@@ -1,18 +1,14 @@
-"""``TFTransformer``: batch prediction with a trained Keras model through a pandas UDF.
+"""``TFTransformer``: batch prediction with a trained Keras model through an Arrow or pandas UDF.
 
-The UDF is of the iterator form: each Python worker loads the model once (cached by model
-URL and version) and predicts whole Arrow batches, cut into ``batch_size`` chunks.
+Its params and persistence live on the driver. ``_transform`` builds the UDF: in each of Spark's
+Python UDF workers the model is loaded once (:mod:`.cache`) on the task's device (:mod:`.device`)
+and whole Arrow batches go through :mod:`.batching`, cut into ``batch_size`` chunks.
 """
 
-import contextlib
 import functools
 import operator
-import os
-import threading
 from collections.abc import Iterator
-from typing import Any
 
-import numpy as np
 import pandas as pd
 from pyspark.ml import Model
 from pyspark.ml.param import TypeConverters
@@ -20,304 +16,18 @@ from pyspark.ml.param.shared import HasHandleInvalid, HasPredictionCol, HasProba
 from pyspark.ml.util import MLReadable, MLWritable
 
 from hvd_spark._internal.common.contracts import FitSummary
-from hvd_spark._internal.common.specs import TensorSpec, column_label, stack_for_single_input, unpack
+from hvd_spark._internal.common.specs import TensorSpec, column_label, stack_for_single_input
 from hvd_spark._internal.common.topology import task_cpus
 from hvd_spark._internal.driver.sessions import session_conf
+from hvd_spark._internal.infer.batching import is_scalar, predict_arrow_batches, predict_batches
+from hvd_spark._internal.infer.cache import load_cached, load_uncached, model_version
+from hvd_spark._internal.infer.device import GPU_BATCH_SIZE, on_device, task_device
+from hvd_spark._internal.infer.expressions import arrow_udfs_available, feature_status, has_null_element
+from hvd_spark._internal.ml.fit_params import boolean, choice, int_at_least
 from hvd_spark._internal.ml.params import ColumnParams, _param, with_accessors
 
-_MODEL_CACHE: dict[str, Any] = {}
-_MODEL_LOCK = threading.Lock()
-
-
-GPU_BATCH_SIZE = 32768  # rows per model call on a GPU when batch_size was not set
-
-
-def gpu_device(addresses: list[str] | None, cuda_visible: str | None) -> str | None:
-    """TensorFlow's name for the first GPU Spark assigned to a task (``/GPU:<index>``), or None.
-
-    TensorFlow numbers the GPUs it sees from 0: the physical id itself when ``CUDA_VISIBLE_DEVICES``
-    is unset, else its position in that list (None when the assigned GPU is not in it)."""
-    if not addresses:
-        return None
-    if cuda_visible is None:
-        return f"/GPU:{int(addresses[0])}" if addresses[0].isdigit() else None
-    visible = [v.strip() for v in cuda_visible.split(",") if v.strip()]
-    return f"/GPU:{visible.index(addresses[0])}" if addresses[0] in visible else None
-
-
-def _task_device() -> str | None:
-    """The TensorFlow device of this UDF's task: its Spark-assigned GPU, if any."""
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    try:
-        info = ctx.resources().get("gpu") if ctx is not None else None
-    except Exception:  # a Spark without task resources
-        info = None
-    return gpu_device(list(info.addresses) if info else None, os.environ.get("CUDA_VISIBLE_DEVICES"))
-
-
-def _load_cached(
-    key: str,
-    model_url: str,
-    storage_options: dict,
-    custom_objects_bytes: bytes | None,
-    num_threads: int,
-    device: str | None = None,
-):
-    """The model at ``model_url``, loaded once per Python worker, model version (``key``) and device
-    (a GPU Spark assigned to the task: the model's variables live there)."""
-    key = f"{key}@{device}"
-    with _MODEL_LOCK:
-        model = _MODEL_CACHE.get(key)
-        if model is not None:
-            return model
-        import cloudpickle
-
-        from hvd_spark._internal.common.logs import tf_notices_dropped
-
-        if device is not None:  # several Python workers share a GPU: each takes what it needs, not all
-            os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
-        with tf_notices_dropped():
-            import tensorflow  # noqa: F401  # its start-up notices are not the user's business
-
-        from hvd_spark._internal.common.serde import load_model_file
-        from hvd_spark._internal.rank.keras_hvd import set_threads
-
-        set_threads(num_threads)
-        custom_objects = cloudpickle.loads(custom_objects_bytes) if custom_objects_bytes else None
-        with _on(device):
-            model = load_model_file(model_url, custom_objects, compile=False, storage_options=storage_options)
-        _MODEL_CACHE.clear()  # one model per worker at a time: older versions are dropped
-        _MODEL_CACHE[key] = model
-        return model
-
-
-def _on(device: str | None):
-    """``tf.device(device)``, or nothing. Soft placement: without that GPU, TensorFlow uses the CPU."""
-    if device is None:
-        return contextlib.nullcontext()
-    import tensorflow as tf
-
-    return tf.device(device)
-
-
-def _predict_columns(
-    model,
-    cols: list,
-    n: int,
-    inputs: list[TensorSpec],
-    outputs: list[TensorSpec],
-    batch_size: int,
-    names: list[str] | None = None,
-) -> list[np.ndarray]:
-    """Predicts ``n`` rows given as column values (numpy or pyarrow), ``batch_size`` rows per model call.
-
-    Returns one float64 array of shape (n, values per row) per model output.
-    """
-    from hvd_spark._internal.rank.reader import to_model_inputs
-
-    if n == 0:  # e.g. a batch whose rows all had a null feature (handleInvalid="keep")
-        return [np.zeros((0, spec.elements or 1)) for spec in outputs]
-    preds: list[list[np.ndarray]] = [[] for _ in outputs]
-    for start in range(0, n, batch_size):
-        x = to_model_inputs([c[start : start + batch_size] for c in cols], inputs, names)
-        y = model.predict_on_batch(x)
-        ys = unpack(y, outputs)
-        for i, out in enumerate(ys):
-            preds[i].append(np.asarray(out))
-    return [
-        (np.concatenate(parts) if parts else np.zeros((0, spec.elements or 0))).reshape(n, -1).astype(np.float64)
-        for spec, parts in zip(outputs, preds)
-    ]
-
-
-def _null_error(col: str, nulls: int, n: int) -> ValueError:
-    return ValueError(
-        f"Feature column '{col}' has {nulls} null values in a batch of {n} rows; transform() needs "
-        "a value in every row."
-    )
-
-
-def _null_elements_error(col: str, rows: int, n: int) -> ValueError:
-    return ValueError(
-        f"Feature column '{col}' has {rows} rows with null elements in a batch of {n} rows; transform() "
-        "needs a value in every element (handleInvalid='keep' gives such rows null predictions, 'skip' "
-        "leaves them out)."
-    )
-
-
-def _first_null(names: list[str], nulls: list[int], n: int, holed: list[int] | None = None) -> None:
-    """Raises for the first column with a null value, or with rows that hold null elements (``holed``)."""
-    for i, (name, count) in enumerate(zip(names, nulls)):
-        if count:
-            raise _null_error(name, count, n)
-        if holed and holed[i]:
-            raise _null_elements_error(name, holed[i], n)
-
-
-def null_element_rows(arr) -> np.ndarray | None:
-    """For a pyarrow list array: a bool mask of the rows that hold a null element (at any depth), or
-    None when there is none (also for a non-list array). Vectorized: each null element's row comes
-    from the rows' lengths (null rows hold no values)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type)):
-        return None
-    values = arr.flatten()  # the values of the rows, whatever the slice and the null rows
-    deeper = null_element_rows(values)
-    if values.null_count == 0 and deeper is None:
-        return None
-    bad = np.asarray(pc.is_null(values).to_numpy(zero_copy_only=False), dtype=bool)
-    if deeper is not None:
-        bad |= deeper
-    if not bad.any():
-        return None
-    # The row of each flattened value: flatten() leaves out what null rows hold, so count per row.
-    lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    parents = np.repeat(np.arange(len(arr)), lengths)
-    return np.bincount(parents[bad], minlength=len(arr)) > 0
-
-
-def _output_arrays(arrays: list[np.ndarray], outputs: list[TensorSpec], valid: np.ndarray) -> list:
-    """The predictions of the valid rows (``arrays``, row-major) as one pyarrow array per output over all
-    rows: ``double`` for a single value, ``list<double>`` otherwise; the other rows null. A NaN the
-    model gave stays NaN (not null): it is its output."""
-    import pyarrow as pa
-
-    n, m = len(valid), int(valid.sum())
-    nulls = None if m == n else ~valid
-    out = []
-    for spec, arr in zip(outputs, arrays):
-        if _is_scalar(spec):
-            full = arr[:, 0]
-            if m < n:  # scatter the predictions to their rows; the others stay empty and null
-                full = np.zeros(n, dtype=np.float64)
-                full[valid] = arr[:, 0]
-            out.append(pa.array(full, type=pa.float64(), mask=nulls))
-        else:
-            sizes = np.where(valid, arr.shape[1], 0)
-            offsets = pa.array(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32))
-            flat = pa.array(arr.reshape(-1), type=pa.float64())
-            out.append(pa.ListArray.from_arrays(offsets, flat, mask=None if nulls is None else pa.array(nulls)))
-    return out
-
-
-def predict_batches(
-    model,
-    frames: Iterator[pd.DataFrame],
-    inputs: list[TensorSpec],
-    outputs: list[TensorSpec],
-    feature_cols: list[str],
-    output_cols: list[str],
-    batch_size: int,
-    keep_invalid: bool = False,
-) -> Iterator:
-    """Pure batching (pandas): predicts each batch in chunks and yields a Series (one output) or a DataFrame.
-
-    Each frame holds the ``k`` feature columns, then one status column per feature, computed by Spark
-    (:func:`feature_status`: 0 a value, 1 null, 2 an array with null elements), since pandas cannot
-    tell a null from a NaN. A row with a null feature or null elements raises (naming the column), or
-    with ``keep_invalid`` gets null outputs. A NaN value is a value: the model gets it.
-
-    A single-value output is an Arrow-backed Series, so that a NaN the model gave stays NaN (pyspark
-    turns a NaN of a numpy-backed Series into a null). A list output is an object Series of arrays
-    (None for an invalid row): pyspark turns the NaNs inside into null elements, which
-    ``TFTransformer._transform`` turns back into NaN (the model never outputs a null).
-    """
-    k = len(feature_cols)
-    for frame in frames:
-        n = len(frame)
-        status = frame.iloc[:, k : 2 * k].to_numpy(dtype=np.int8)
-        if not keep_invalid:
-            _first_null(feature_cols, (status == 1).sum(axis=0).tolist(), n, (status == 2).sum(axis=0).tolist())
-        valid = ~(status != 0).any(axis=1)
-        rows = frame if valid.all() else frame[valid]
-        columns = [rows.iloc[:, i].to_numpy() for i in range(k)]
-        arrays = _predict_columns(model, columns, len(rows), inputs, outputs, batch_size, feature_cols)
-        series = [
-            pd.Series(pd.arrays.ArrowExtensionArray(a)) if _is_scalar(spec) else a.to_pandas()
-            for spec, a in zip(outputs, _output_arrays(arrays, outputs, valid))
-        ]
-        yield series[0] if len(series) == 1 else pd.DataFrame(dict(zip(output_cols, series)))
-
-
-def predict_arrow_batches(
-    model,
-    structs: Iterator,
-    inputs: list[TensorSpec],
-    outputs: list[TensorSpec],
-    feature_cols: list[str],
-    output_cols: list[str],
-    batch_size: int,
-    keep_invalid: bool = False,
-) -> Iterator:
-    """Pure batching (Arrow): each StructArray of feature columns -> an Arrow array of predictions.
-
-    List features are reshaped from their flat values and list outputs built from flat values
-    and offsets: no per-row Python on either side. A null feature, or an array with a null element,
-    makes the row invalid, as in :func:`predict_batches`; a NaN value goes to the model.
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    for struct in structs:
-        if isinstance(struct, pa.ChunkedArray):
-            struct = struct.combine_chunks()
-        n = len(struct)
-        cols = [struct.field(i) for i in range(struct.type.num_fields)]
-        holes = [null_element_rows(c) for c in cols]
-        if not keep_invalid:
-            _first_null(
-                feature_cols, [c.null_count for c in cols], n, [0 if h is None else int(h.sum()) for h in holes]
-            )
-        valid = np.ones(n, dtype=bool)
-        for c, h in zip(cols, holes):
-            if c.null_count:
-                valid &= np.asarray(pc.is_valid(c).to_numpy(zero_copy_only=False), dtype=bool)
-            if h is not None:
-                valid &= ~h
-        if not valid.all():
-            keep = pa.array(valid)
-            cols = [c.filter(keep) for c in cols]
-        arrays = _predict_columns(model, cols, int(valid.sum()), inputs, outputs, batch_size, feature_cols)
-        out = _output_arrays(arrays, outputs, valid)
-        yield out[0] if len(out) == 1 else pa.StructArray.from_arrays(out, names=list(output_cols))
-
-
-def _has_null_element(array_col):
-    """Spark expression: whether an array column holds a null element (null for a null array)."""
-    from pyspark.sql import functions as F
-
-    return F.exists(array_col, lambda x: x.isNull())
-
-
-def feature_status(info, expr):
-    """Spark expression of a feature's status for :func:`predict_batches`: 0 a value (NaN included),
-    1 null, 2 an array holding a null element."""
-    from pyspark.sql import functions as F
-
-    status = F.when(expr.isNull(), F.lit(1))
-    if info.kind == "array":
-        status = status.when(_has_null_element(expr), F.lit(2))
-    return status.otherwise(F.lit(0)).cast("tinyint")
-
-
-def arrow_udfs_available() -> bool:
-    """Whether this pyspark has Arrow-native UDFs (``pyspark.sql.functions.arrow_udf``, Spark >= 4.1)."""
-    try:
-        from pyspark.sql.functions import arrow_udf  # noqa: F401
-
-        return True
-    except ImportError:
-        return False
-
-
-def _is_scalar(spec: TensorSpec) -> bool:
-    return spec.elements == 1
+PREDICTION_TASKS = ("multiclass", "binary", "regression")
+INFERENCE_UDFS = ("auto", "arrow", "pandas")
 
 
 @with_accessors(setters=("batch_size", "inference_udf"))
@@ -359,22 +69,29 @@ class TFTransformer(
     output_specs = _param("output_specs", "The model's outputs: shape (without batch axis) and dtype.")
     history = _param("history", "Training history: metric name -> value per epoch.")
     run_id = _param("run_id", "The training run that produced the model.", TypeConverters.toString)
-    batch_size = _param("batch_size", "Rows per model call during transform.", TypeConverters.toInt)
+    batch_size = _param(
+        "batch_size",
+        "Rows per model call during transform (not the training batch: fit does not set it; on a GPU an "
+        "unset batch_size grows to settings' GPU batch).",
+        int_at_least("batch_size", 1),
+    )
     custom_objects = _param("custom_objects", "Custom Keras objects needed to load the model.")
     task = _param(
         "task",
         "What the model predicts: 'multiclass' or 'binary' (a classifier: transform adds Spark ML's "
-        "prediction, probability and rawPrediction columns) or 'regression'. Set by fit.",
-        TypeConverters.toString,
+        "prediction, probability and rawPrediction columns) or 'regression'. Set by fit from the "
+        "estimator's task ('auto' / 'classification' / 'regression') and the model's output: the "
+        "estimator's param says how to train, this one what the trained model's output is.",
+        choice("task", PREDICTION_TASKS),
     )
     from_logits = _param(
-        "from_logits", "Whether a classifier's output is logits (else probabilities).", TypeConverters.toBoolean
+        "from_logits", "Whether a classifier's output is logits (else probabilities).", boolean("from_logits")
     )
     inference_udf = _param(
         "inference_udf",
         "How transform() calls the model: 'auto' (default: an Arrow UDF where "
         "pyspark has them, >= 4.1, else a pandas UDF), 'arrow' or 'pandas'.",
-        TypeConverters.toString,
+        choice("inference_udf", INFERENCE_UDFS),
     )
 
     def __init__(
@@ -515,7 +232,7 @@ class TFTransformer(
             import cloudpickle
 
             co = self.getOrDefault(self.custom_objects)
-            self._keras_model = _load_uncached(
+            self._keras_model = load_uncached(
                 self.getModelUrl(), self.getStorageOptions(), cloudpickle.dumps(co) if co else None
             )
         return self._keras_model
@@ -540,7 +257,7 @@ class TFTransformer(
         from pyspark.sql import types as T
 
         outs = self._outputs()
-        types = [T.DoubleType() if _is_scalar(s) else T.ArrayType(T.DoubleType(), contains_null) for s in outs]
+        types = [T.DoubleType() if is_scalar(s) else T.ArrayType(T.DoubleType(), contains_null) for s in outs]
         if len(outs) == 1:
             return types[0]
         return T.StructType([T.StructField(n, t, True) for n, t in zip(self.getOutputCols(), types)])
@@ -623,7 +340,7 @@ class TFTransformer(
         batch_set = self.isSet(self.batch_size)  # on a GPU, an unset batch_size grows to GPU_BATCH_SIZE
         num_threads = task_cpus(session_conf(dataset.sparkSession))
         names = [f"_f{i}" for i in range(len(feature_cols))]
-        key = _model_version(url, opts)
+        key = model_version(url, opts)
         arrow = self._use_arrow_udf()
 
         if arrow:
@@ -631,10 +348,10 @@ class TFTransformer(
             from pyspark.sql.functions import arrow_udf
 
             def predict_arrow(structs: Iterator[pa.Array]) -> Iterator[pa.Array]:
-                device = _task_device()
-                model = _load_cached(key, url, opts, co_bytes, num_threads, device)
+                device = task_device()
+                model = load_cached(key, url, opts, co_bytes, num_threads, device)
                 rows = batch_size if device is None or batch_set else max(batch_size, GPU_BATCH_SIZE)
-                with _on(device):
+                with on_device(device):
                     yield from predict_arrow_batches(
                         model, structs, inputs, outputs, feature_cols, output_cols, rows, keep
                     )
@@ -644,10 +361,10 @@ class TFTransformer(
         else:
 
             def predict(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
-                device = _task_device()
-                model = _load_cached(key, url, opts, co_bytes, num_threads, device)
+                device = task_device()
+                model = load_cached(key, url, opts, co_bytes, num_threads, device)
                 rows = batch_size if device is None or batch_set else max(batch_size, GPU_BATCH_SIZE)
-                with _on(device):
+                with on_device(device):
                     yield from predict_batches(model, frames, inputs, outputs, feature_cols, output_cols, rows, keep)
 
             udf = pandas_udf(predict, returnType=self._output_type(True))  # type: ignore[call-overload]
@@ -659,11 +376,11 @@ class TFTransformer(
         packed = F.struct(*fields)
         if invalid == "skip":
             present = [col(p).isNotNull() for info in infos for p in (info.parts or [info.name])]
-            present += [~_has_null_element(col(info.name)) for info in infos if info.kind == "array" and not info.parts]
+            present += [~has_null_element(col(info.name)) for info in infos if info.kind == "array" and not info.parts]
             dataset = dataset.where(functools.reduce(operator.and_, present))
 
         def nan_back(column, spec):  # the pandas UDF's list outputs hold their NaNs as null elements
-            if arrow or _is_scalar(spec):
+            if arrow or is_scalar(spec):
                 return column
             return F.transform(column, lambda x: F.coalesce(x, F.lit(float("nan"))))
 
@@ -730,29 +447,6 @@ class TFTransformer(
         that._keras_model = self._keras_model
         that._storage_options = dict(self._storage_options)
         return that
-
-
-def _model_version(url: str, opts: dict) -> str:
-    """A cache key that changes when the model file is replaced."""
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(url, **(opts or {}))
-    try:
-        info = fs.info(path)
-    except FileNotFoundError:
-        raise ValueError(
-            f"The model file {url} does not exist (was the store or the saved transformer moved?)."
-        ) from None
-    return f"{url}#{info.get('size')}#{info.get('mtime') or info.get('LastModified') or info.get('created')}"
-
-
-def _load_uncached(url, opts, co_bytes):
-    import cloudpickle
-
-    from hvd_spark._internal.common.serde import load_model_file
-
-    custom_objects = cloudpickle.loads(co_bytes) if co_bytes else None
-    return load_model_file(url, custom_objects, compile=True, storage_options=opts)
 
 
 # Spark ML's saved metadata names the class by its module: the public name stays stable.

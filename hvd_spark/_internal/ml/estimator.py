@@ -15,7 +15,6 @@ from pyspark.ml.util import MLReadable, MLWritable
 
 from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.contracts import DataSpec, FitSummary, RankSummary, RunConfig
-from hvd_spark._internal.common.restarts import LOST_HOST_TYPES, RESTARTABLE, should_restart
 from hvd_spark._internal.common.specs import (
     assign_files,
     match_columns,
@@ -25,13 +24,16 @@ from hvd_spark._internal.common.specs import (
     with_stored_names,
 )
 from hvd_spark._internal.data import materialize as data_mod
-from hvd_spark._internal.data.store import Checkpoint, Store, validate_run_id
+from hvd_spark._internal.data.store import Store
 from hvd_spark._internal.driver.progress import BATCH_INTERVAL, FitProgress, interactive
 from hvd_spark._internal.infer.transformer import TFTransformer
+from hvd_spark._internal.ml import plan as plan_mod
+from hvd_spark._internal.ml.backend import fit_backend
+from hvd_spark._internal.ml.fit_params import FitParams, is_backend_object
 from hvd_spark._internal.ml.params import EstimatorParams
-from hvd_spark.errors import HvdSparkError, JobTimeoutError, RankFailedError, RankStalledError, RunInUseError
+from hvd_spark.errors import HvdSparkError, RunInUseError
 
-logger = logging.getLogger("hvd_spark")
+logger = logging.getLogger(__name__)
 
 
 class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
@@ -46,7 +48,11 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     an existing ``run_id`` resumes at the next epoch (``epochs`` is the total), the learning
     rate is used as given (never scaled by ``num_proc``: scale it yourself if you want the
     linear-scaling rule), ``validation`` may be a fraction or a column, and ``backend`` is
-    ``"gloo"`` or ``"mpi"``.
+    ``"gloo"`` or ``"mpi"`` (or, as there, an object that runs the ranks).
+
+    Every parameter is checked when it is set (the constructor, ``setParams``, ``set<Name>``,
+    ``copy``): a value of the wrong type raises ``TypeError`` and one out of range ``ValueError``,
+    naming the parameter and what it expects. ``fit`` reads them once, as a typed record.
 
     Args:
         num_proc: ranks; default the application's task slots.
@@ -64,13 +70,22 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         sample_weight_col: optional per-row weight.
         validation: fraction in [0, 1) or the name of a boolean / 0-1 column.
         callbacks: Keras callbacks, run on every rank after metrics are averaged.
-        batch_size: rows per batch per rank (default 32); val_batch_size: default batch_size.
+        batch_size: rows per training batch per rank (default 32); val_batch_size: default
+            batch_size. The fitted :class:`TFTransformer` has a ``batch_size`` of its own (rows per
+            model call in ``transform``); fit does not copy this one to it.
         epochs: total epochs (default 1).
         train_steps_per_epoch, validation_steps_per_epoch: default one pass over the data.
         shuffle: default True; shuffle_buffer_size: default 10000; random_seed: default 0.
         run_id: run folder name; default a new one per fit.
         verbose: 0, 1 (default: per-epoch progress in the driver's log) or 2.
-        backend: "gloo" (default) or "mpi".
+        backend: the Horovod controller, "gloo" (default) or "mpi"; or an object of
+            horovod.spark's ``Backend`` shape (``run(fn, args=(), kwargs=None, env=None)`` returning
+            the ranks' results in rank order, and ``num_processes()``) that runs the ranks of each
+            training attempt instead of Spark barrier tasks, e.g.
+            ``hvd_spark._internal.ml.backend.InProcessBackend`` in tests. Such an object is kept on
+            the estimator (``getBackend()`` returns it; ``copy`` shares it) and is not saved:
+            a saved and loaded estimator has the default backend. ``num_proc`` must then be unset
+            or equal to its ``num_processes()``.
         output_cols: prediction columns; default "<label>__output".
         start_timeout: seconds for all ranks to start (default 600).
         stall_timeout: seconds without progress (a step, a validation step, an epoch boundary) of
@@ -93,7 +108,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             docs/estimator.md, "Data identity".
         task: ``"auto"`` (default: a single-output model trained with a cross-entropy loss is a
             classifier), ``"classification"`` or ``"regression"``. A classifier's ``transform``
-            also adds Spark ML's ``prediction``, ``probability`` and ``rawPrediction`` columns.
+            also adds Spark ML's ``prediction``, ``probability`` and ``rawPrediction`` columns. The
+            fitted model's own ``task`` param holds what fit decided (``"multiclass"``,
+            ``"binary"`` or ``"regression"``), not this value.
         mlflow: ``"auto"`` (default: track the fit in the MLflow run active on the driver, if
             any), ``"on"`` (start a run when none is active; needs the ``mlflow`` extra) or
             ``"off"``. See docs/estimator.md, "MLflow".
@@ -133,7 +150,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         random_seed: int = 0,
         run_id: str | None = None,
         verbose: int = 1,
-        backend: str = "gloo",
+        backend: Any = "gloo",
         output_cols: list[str] | None = None,
         start_timeout: float | None = None,
         stall_timeout: float | None = None,
@@ -147,6 +164,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         mlflow: str | bool = "auto",
     ):
         super().__init__()
+        self._backend_object: Any = None  # a Backend-shaped object given as ``backend``: never a Param value
         self._setDefault(
             num_proc=None,
             store=None,
@@ -195,64 +213,58 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             raise TypeError(f"Unknown HorovodEstimator parameters: {unknown}.")
         return self._set(**kwargs)
 
-    def _get(self, name):
-        return self.getOrDefault(name)
+    def _set(self, **kwargs: Any) -> "HorovodEstimator":
+        """Spark ML's ``_set`` (used by the constructor, setters and ``copy``), with a backend object
+        kept beside the Params: it cannot be saved as a Param value."""
+        if "backend" in kwargs:
+            value = kwargs["backend"]
+            if is_backend_object(value):
+                self._backend_object = value
+                kwargs = {k: v for k, v in kwargs.items() if k != "backend"}
+            else:
+                self._backend_object = None  # a controller's name (or None: the default) replaces an object
+        return super()._set(**kwargs)
+
+    def setBackend(self, value: Any) -> "HorovodEstimator":
+        """Sets ``backend``: ``"gloo"``, ``"mpi"`` or an object with ``run`` and ``num_processes``
+        (kept on the estimator, not saved). Returns ``self``."""
+        return self._set(backend=value)
+
+    def getBackend(self) -> Any:
+        """The backend object when one was given, else the controller's name (``"gloo"`` / ``"mpi"``)."""
+        return self._backend_object if self._backend_object is not None else self.getOrDefault(self.backend)
 
     # --- validation (before any work) ---
-    def _check_params(self) -> dict:
-        p = {param.name: self.getOrDefault(param) for param in self.params}
-        if p["store"] is None:
-            raise ValueError(
-                "store is required: a path, URL or hvd_spark.Store reachable from every executor. Received: store=None."
-            )
-        if p["model"] is None:
-            raise ValueError("model is required: a built Keras 3 model. Received: model=None.")
-        if not p["feature_cols"]:
-            raise ValueError("feature_cols must name at least one column. Received: feature_cols=None.")
-        if not p["label_cols"]:
-            raise ValueError("label_cols must name at least one column. Received: label_cols=None.")
-        if p["max_restarts"] < 0:
-            raise ValueError(f"max_restarts must be 0 or more. Received: max_restarts={p['max_restarts']}.")
-        if p["gradient_compression"] not in ("none", "fp16"):
-            raise ValueError(
-                "gradient_compression must be 'none' or 'fp16'. "
-                f"Received: gradient_compression={p['gradient_compression']!r}."
-            )
-        for name in ("batch_size", "epochs", "shuffle_buffer_size", "backward_passes_per_step"):
-            if p[name] < 1:
-                raise ValueError(f"{name} must be at least 1. Received: {name}={p[name]}.")
-        for name in ("val_batch_size", "train_steps_per_epoch", "validation_steps_per_epoch", "num_proc"):
-            if p[name] is not None and p[name] < 1:
-                raise ValueError(f"{name} must be at least 1 (or None). Received: {name}={p[name]}.")
-        v = p["validation"]
-        if v is not None and not isinstance(v, str):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
-                raise ValueError(
-                    f"validation must be a fraction in [0, 1) or a column name. Received: validation={v!r}."
-                )
-        if p["run_id"] is not None:
-            validate_run_id(p["run_id"])
+    def _fit_params(self) -> FitParams:
+        """The params as one checked record (each was checked when set; here the required ones and what
+        depends on the environment: MLflow installed, the reader's libraries, the backend object)."""
         from hvd_spark._internal.driver.tracking import check_mode
-
-        p["mlflow"] = check_mode(p["mlflow"])
         from hvd_spark._internal.rank.reader import check_reader
 
-        check_reader(p["reader"])
-        if p["reuse_data"] not in data_mod.REUSE_MODES:
-            raise ValueError(
-                f"reuse_data must be one of {list(data_mod.REUSE_MODES)}. Received: reuse_data={p['reuse_data']!r}."
-            )
-        if p["verbose"] not in (0, 1, 2):
-            raise ValueError(f"verbose must be 0, 1 or 2. Received: verbose={p['verbose']!r}.")
-        if p["callbacks"] is not None and not isinstance(p["callbacks"], (list, tuple)):
-            raise TypeError(f"callbacks must be a list of keras.callbacks.Callback. Received: {type(p['callbacks'])}.")
+        p = FitParams.from_params({param.name: self.getOrDefault(param) for param in self.params})
+        check_mode(p.mlflow)
+        check_reader(p.reader)
+        backend = self._backend_object
+        if backend is not None:
+            n = backend.num_processes()
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(
+                    f"backend.num_processes() must return a positive integer. Received: {n!r} from "
+                    f"{type(backend).__name__}."
+                )
+            if p.num_proc is not None and p.num_proc != n:
+                raise ValueError(
+                    f"num_proc must be unset or equal to backend.num_processes() ({n}) when backend is an object. "
+                    f"Received: num_proc={p.num_proc}. Leave num_proc unset."
+                )
+            p = dataclasses.replace(p, num_proc=n)
         return p
 
     # --- fit, as named steps ---
     def _fit(self, dataset):
         t_start = time.time()
         checked = self._check(dataset)
-        run_id = checked.p["run_id"] or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        run_id = checked.p.run_id or plan_mod.new_run_id()
         with self._run_writer(checked, run_id) as lease:
             return self._fit_run(dataset, checked, run_id, t_start, lease)
 
@@ -296,7 +308,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         plan = self._plan_resume(checked, run_id)
         tracker = self._open_tracking(checked, plan)
         try:
-            if plan.resume is not None and plan.resume.epoch >= checked.p["epochs"]:
+            if plan.finished(checked.p.epochs):
                 model = self._finished_run(checked, plan)
             else:
                 written = self._materialize(dataset, checked)
@@ -315,7 +327,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             self._close_tracking(tracker, checked, model)
         return model
 
-    def _open_tracking(self, c: "_Checked", plan: "_ResumePlan"):
+    def _open_tracking(self, c: "_Checked", plan: plan_mod.ResumePlan):
         """MLflow (``mlflow`` param): the run this fit is logged in, or None."""
         from hvd_spark._internal.common.secrets import url_without_credentials
         from hvd_spark._internal.driver.tracking import FitTracker
@@ -325,23 +337,16 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             "run_id": run_id,
             "store": url_without_credentials(store.prefix),  # never the storage options (credentials)
             "run_path": store._url(store.run_path(run_id)),
-            "model_path": store._url(self._model_path_of(c, plan)),
+            "model_path": store._url(plan_mod.model_path_of(store, plan, c.p.epochs)),
             "checkpoints_path": store._url(store.checkpoints_path(run_id)),
             "logs_path": store._url(store.logs_path(run_id)),
             "resumed_from_epoch": str(plan.resume.epoch if plan.resume else 0),
         }
-        params = {k: v for k, v in c.p.items() if k not in ("mlflow", "verbose")}
+        params = {k: v for k, v in c.p.as_dict().items() if k not in ("mlflow", "verbose")}
         params["run_id"] = run_id
-        return FitTracker.open(c.p["mlflow"], params, tags)
-
-    @staticmethod
-    def _model_path_of(c: "_Checked", plan: "_ResumePlan") -> str:
-        """Where the model this fit returns lives: its own file, or a finished run's checkpoint."""
-        store, epochs = c.store, c.p["epochs"]
-        if plan.resume is not None and plan.resume.epoch >= epochs:
-            at_epoch = {ck.epoch: ck.model_path for ck in store.checkpoints(plan.run_id)}
-            return at_epoch.get(epochs, plan.resume.model_path)
-        return store.model_path(plan.run_id, plan.fit_id)
+        if self._backend_object is not None:
+            params["backend"] = self._backend_object
+        return FitTracker.open(c.p.mlflow, params, tags)
 
     def _close_tracking(self, tracker, c: "_Checked", model: "TFTransformer") -> None:
         """Logs the epochs the events missed, the fit's summary and the model. A tracking failure here
@@ -377,26 +382,27 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         from hvd_spark._internal.driver.launcher import prewarm, resolve_launch_options
         from hvd_spark._internal.ml.model_info import is_compiled, model_specs, prediction_task
 
-        p = self._check_params()
-        ensure_visible(p["verbose"])
+        p = self._fit_params()
+        ensure_visible(p.verbose)
         options = resolve_launch_options(
             dataset.sparkSession,
-            num_proc=p["num_proc"],
-            backend=p["backend"],
-            start_timeout=p["start_timeout"],
-            stall_timeout=p["stall_timeout"],
+            num_proc=p.num_proc,
+            backend=p.backend,
+            start_timeout=p.start_timeout,
+            stall_timeout=p.stall_timeout,
             stall_default=settings.DEFAULT_FIT_STALL_TIMEOUT,
-            use_gpu=p["use_gpu"],
+            use_gpu=p.use_gpu,
             # verbose=2 shows everything, TF's C++ notices included, unless the driver's env says otherwise
-            env={TF_LOG_LEVEL: os.environ.get(TF_LOG_LEVEL, "0")} if p["verbose"] == 2 else None,
+            env={TF_LOG_LEVEL: os.environ.get(TF_LOG_LEVEL, "0")} if p.verbose == 2 else None,
         )
-        # The hosts' warm servers start importing TF now, while the checks and the data's writing run.
-        prewarm(dataset.sparkSession, options, background=True)
-        model = p["model"]
+        if self._backend_object is None:
+            # The hosts' warm servers start importing TF now, while the checks and the data's writing run.
+            prewarm(dataset.sparkSession, options, background=True)
+        model = p.model
         inputs, outputs = model_specs(model)
         # Columns in the model's order (matched by name where they are named after its tensors).
-        listed = match_columns(p["feature_cols"], inputs, "feature_cols", "input")
-        features = p["feature_cols"] = stack_for_single_input(listed, inputs)
+        listed = match_columns(p.feature_cols, inputs, "feature_cols", "input")
+        features = stack_for_single_input(listed, inputs)
         if features is not listed:  # several columns for a one-input model: stacked only if all are scalars
             wide = [c for c in listed if data_mod.column_info(dataset, c, "feature").kind != "scalar"]
             if wide:
@@ -405,9 +411,11 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                     f"Received: {listed}. Several columns feed one input only when each holds one number per row "
                     f"(they are stacked in order); {wide} hold several."
                 )
-        labels = p["label_cols"] = match_columns(p["label_cols"], outputs, "label_cols", "output")
-        if isinstance(p["output_cols"], dict):
-            p["output_cols"] = match_columns(p["output_cols"], outputs, "output_cols", "output")
+        labels = match_columns(p.label_cols, outputs, "label_cols", "output")
+        output_cols = p.output_cols
+        if isinstance(output_cols, dict):
+            output_cols = match_columns(output_cols, outputs, "output_cols", "output")
+        p = dataclasses.replace(p, feature_cols=features, label_cols=labels, output_cols=output_cols)
         if len(features) != len(inputs):
             raise ValueError(
                 f"feature_cols must name one column per model input ({len(inputs)}: "
@@ -418,127 +426,80 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 f"label_cols must name one column per model output ({len(outputs)}: "
                 f"{[s.name for s in outputs]}). Received: {labels}."
             )
-        if p["output_cols"] and len(p["output_cols"]) != len(outputs):
+        if p.output_cols and len(p.output_cols) != len(outputs):
             raise ValueError(
-                f"output_cols must name one column per model output ({len(outputs)}). Received: {p['output_cols']}."
+                f"output_cols must name one column per model output ({len(outputs)}). Received: {p.output_cols}."
             )
-        if not is_compiled(model) and (p["optimizer"] is None or p["loss"] is None):
+        if not is_compiled(model) and (p.optimizer is None or p.loss is None):
             raise ValueError(
                 "The model is not compiled, so optimizer and loss are required. Received: "
-                f"optimizer={p['optimizer']!r}, loss={p['loss']!r}. Pass both, or compile the model."
+                f"optimizer={p.optimizer!r}, loss={p.loss!r}. Pass both, or compile the model."
             )
-        if p["learning_rate"] is not None:
-            _check_settable_learning_rate(p["optimizer"] if p["optimizer"] is not None else model.optimizer)
-        loss = p["loss"] if p["loss"] is not None else getattr(model, "loss", None)
-        prediction = prediction_task(p["task"], loss, outputs)
+        if p.learning_rate is not None:
+            _check_settable_learning_rate(p.optimizer if p.optimizer is not None else model.optimizer)
+        loss = p.loss if p.loss is not None else getattr(model, "loss", None)
+        prediction = prediction_task(p.task, loss, outputs)
         f_infos = [data_mod.column_info(dataset, c, "feature") for c in features]
         l_infos = [data_mod.column_info(dataset, c, "label") for c in labels]
-        w_info = (
-            data_mod.column_info(dataset, p["sample_weight_col"], "sample weight") if p["sample_weight_col"] else None
-        )
+        w_info = data_mod.column_info(dataset, p.sample_weight_col, "sample weight") if p.sample_weight_col else None
         if w_info is not None and w_info.kind != "scalar":
             raise TypeError(f"sample weight column '{w_info.name}' must be numeric. Received an {w_info.kind} column.")
-        validation = p["validation"] or None
+        validation = p.validation or None
         if isinstance(validation, str):
             vinfo = data_mod.column_info(dataset, validation, "validation")
             if vinfo.kind != "scalar":
                 raise TypeError(
                     f"validation column '{validation}' must be boolean or 0/1. Received an {vinfo.kind} column."
                 )
-        custom_objects = model_custom_objects(model, p["custom_objects"]) or None
-        for name, value in (("callbacks", p["callbacks"]), ("custom_objects", custom_objects)):
+        custom_objects = model_custom_objects(model, p.custom_objects) or None
+        for name, value in (("callbacks", p.callbacks), ("custom_objects", custom_objects)):
             try:
                 cloudpickle.dumps(value)
             except Exception as e:
                 raise TypeError(
                     f"{name} must be picklable with cloudpickle: every rank receives a copy. Received: {value!r} ({e})."
                 ) from e
-        store = Store.create(p["store"])
+        store = Store.create(p.store)
         store._check_writable()
         return _Checked(
             p, model, inputs, outputs, f_infos, l_infos, w_info, validation, options, custom_objects, store, prediction
         )
 
-    def _plan_resume(self, c: "_Checked", run_id: str) -> "_ResumePlan":
+    def _plan_resume(self, c: "_Checked", run_id: str) -> plan_mod.ResumePlan:
         """Step 2: the run id, and the checkpoint to continue from (a run with checkpoints continues
-        only with the same architecture and columns)."""
-        from hvd_spark._internal.ml.model_info import (
-            architecture,
-            architecture_diff,
-            architecture_fingerprint,
-            model_fingerprint,
+        only with the same architecture and columns): ``plan.plan_resume`` over this model's records."""
+        from hvd_spark._internal.ml.model_info import architecture, architecture_fingerprint, model_fingerprint
+
+        p = c.p
+        arch = architecture(c.model, p.optimizer, p.loss, {"features": p.feature_cols, "labels": p.label_cols})
+        return plan_mod.plan_resume(
+            c.store,
+            run_id,
+            fingerprint=architecture_fingerprint(arch),
+            architecture=arch,
+            feature_cols=p.feature_cols,
+            label_cols=p.label_cols,
+            legacy_fingerprint=lambda: model_fingerprint(c.model),
         )
 
-        p, store = c.p, c.store
-        arch = architecture(
-            c.model, p["optimizer"], p["loss"], {"features": p["feature_cols"], "labels": p["label_cols"]}
-        )
-        fingerprint = architecture_fingerprint(arch)
-        run_json = f"{store.run_path(run_id)}/run.json"
-        resume = None
-        history: list[dict] = []
-        if store._exists(run_json) and store.latest_checkpoint(run_id) is not None:
-            info = store._read_json(run_json)
-            features, labels = p["feature_cols"], p["label_cols"]
-            if info.get("feature_cols") != features or info.get("label_cols") != labels:
-                raise ValueError(
-                    f"run_id '{run_id}' was trained with feature_cols={info.get('feature_cols')}, "
-                    f"label_cols={info.get('label_cols')}. Received: feature_cols={features}, "
-                    f"label_cols={labels}. Use a new run_id for different columns."
-                )
-            if "architecture" in info:
-                differs = info.get("model_fingerprint") != fingerprint
-                diff = architecture_diff(info["architecture"], arch) if differs else []
-            else:  # a run started before the whole architecture was recorded: its coarser fingerprint
-                differs = info.get("model_fingerprint") != model_fingerprint(c.model)
-                diff = ["layer types or weight shapes"] if differs else []
-                if not differs:
-                    logger.warning(
-                        "run '%s' predates full model checks: only its layer types and weight shapes were compared",
-                        run_id,
-                    )
-            if differs:
-                latest = store.latest_checkpoint(run_id)
-                raise ValueError(
-                    f"run_id '{run_id}' in {store.prefix} was trained with another model, optimizer or loss; "
-                    f"a run continues only with what it started with. What differs (run -> this fit): "
-                    f"{'; '.join(diff) or 'the model'}. Start a new run (another run_id, or none), or "
-                    "warm-start one from this run's weights: "
-                    f"old = keras.models.load_model('{store._url(latest.model_path) if latest else '?'}'); "
-                    "model.set_weights(old.get_weights()) (where the shapes agree), then fit with a new run_id."
-                )
-            resume = store.latest_checkpoint(run_id)
-            if resume is not None:
-                history = store._read_json(resume.meta_path)["history"]
-        fit_id = f"fit-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        return _ResumePlan(run_id, fingerprint, run_json, resume, history, arch, fit_id)
-
-    def _finished_run(self, c: "_Checked", plan: "_ResumePlan"):
+    def _finished_run(self, c: "_Checked", plan: plan_mod.ResumePlan):
         """A run that already has the requested epochs: its model, without training."""
-        p, store, run_id, resume = c.p, c.store, plan.run_id, plan.resume
-        assert resume is not None
+        assert plan.resume is not None
+        epochs = c.p.epochs
         logger.info(
             "run '%s' already has %d of %d epochs; returning its model without training",
-            run_id,
-            resume.epoch,
-            p["epochs"],
+            plan.run_id,
+            plan.resume.epoch,
+            epochs,
         )
-        model_path = self._model_path_of(c, plan)  # the asked epoch's checkpoint: never rewritten
-        return self._transformer(
-            store,
-            model_path,
-            run_id,
-            plan.history[: p["epochs"]],
-            c.inputs,
-            c.outputs,
-            dict(p, custom_objects=c.custom_objects, prediction=c.prediction),
-        )
+        model_path = plan_mod.model_path_of(c.store, plan, epochs)  # the asked epoch's checkpoint: never rewritten
+        return self._transformer(c, model_path, plan.run_id, plan.history[:epochs])
 
     def _materialize(self, dataset, c: "_Checked") -> "_Written":
         """Step 3: the data written to Parquet in the store in one pass over the input, its values
         checked (nulls, lengths, class indices) in the same pass; or the same data, written before and
         provably unchanged, reused (``reuse_data``)."""
-        seed = int(c.p["random_seed"])
+        seed = c.p.random_seed
         num_proc = c.options.num_proc
         named_f, named_l, (w_info,) = with_stored_names(c.f_infos, c.l_infos, [c.w_info])
         f_infos = [i for i in named_f if i is not None]  # features and labels are never None
@@ -546,7 +507,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         columns = f_infos + l_infos + ([w_info] if w_info else [])
         prepared = data_mod.prepare(dataset, f_infos, l_infos, w_info, c.validation, seed)
         t0 = time.time()
-        identity = data_mod.data_identity(dataset, c.p["reuse_data"])
+        identity = data_mod.data_identity(dataset, c.p.reuse_data)
         if not identity.established:
             logger.info("writing the data anew (it will not be reused by later fits): %s", identity.reason)
         else:
@@ -555,7 +516,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
         from hvd_spark._internal.ml.model_info import class_index_outputs
 
-        loss = c.p["loss"] if c.p["loss"] is not None else getattr(c.model, "loss", None)
+        loss = c.p.loss if c.p.loss is not None else getattr(c.model, "loss", None)
         indices = class_index_outputs(loss, c.outputs)
 
         def check(stats: dict) -> None:
@@ -575,7 +536,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         data = DataSpec(tuple(f_infos), tuple(l_infos), w_info, tuple(c.inputs), tuple(c.outputs))
         return _Written(data, key, meta, seed, time.time() - t0, ephemeral=not identity.established)
 
-    def _plan_ranks(self, c: "_Checked", plan: "_ResumePlan", w: "_Written", lease=None) -> RunConfig:
+    def _plan_ranks(self, c: "_Checked", plan: plan_mod.ResumePlan, w: "_Written", lease=None) -> RunConfig:
         """Step 4: files per rank, steps per epoch, the run's record and the run configuration."""
         from hvd_spark._internal.common.serde import dumps_keras_obj
 
@@ -590,30 +551,21 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             )
         # Validation files each to exactly one rank (a rank may have none): every row is counted once.
         val_files = assign_files(meta["val_files"], num_proc, share=False)[0] if meta["val_rows"] else None
-        batch_size = int(p["batch_size"])
-        val_batch = int(p["val_batch_size"] or batch_size)
-        steps = p["train_steps_per_epoch"] or steps_per_epoch(meta["train_rows"], batch_size, num_proc)
+        batch_size, val_batch = p.batch_size, p.val_batch
+        steps = p.train_steps_per_epoch or steps_per_epoch(meta["train_rows"], batch_size, num_proc)
         val_steps = (
-            (p["validation_steps_per_epoch"] or steps_per_epoch(meta["val_rows"], val_batch, num_proc))
+            (p.validation_steps_per_epoch or steps_per_epoch(meta["val_rows"], val_batch, num_proc))
             if val_files
             else None
         )
-        if plan.resume is None:  # a new run, or one that failed before its first checkpoint
-            c.store._write_json(
-                plan.run_json,
-                {
-                    "run_id": plan.run_id,
-                    "model_fingerprint": plan.fingerprint,
-                    "architecture": plan.architecture,
-                    "feature_cols": p["feature_cols"],
-                    "label_cols": p["label_cols"],
-                    "created": time.time(),
-                    "data_key": w.key,
-                },
-            )
-        comp = {k: (dumps_keras_obj(p[k]) if p[k] is not None else None) for k in ("optimizer", "loss", "metrics")}
-        comp["loss_weights"] = p["loss_weights"]
-        comp["learning_rate"] = p["learning_rate"]
+        # a new run, or one that failed before its first checkpoint: what it trains
+        plan_mod.record_run(c.store, plan, feature_cols=p.feature_cols, label_cols=p.label_cols, data_key=w.key)
+        comp = {
+            k: (dumps_keras_obj(v) if v is not None else None)
+            for k, v in (("optimizer", p.optimizer), ("loss", p.loss), ("metrics", p.metrics))
+        }
+        comp["loss_weights"] = p.loss_weights
+        comp["learning_rate"] = p.learning_rate
         logger.info(
             "training run '%s' on %d ranks: %d train rows, %d val rows, %d steps/epoch, batch %d per rank",
             plan.run_id,
@@ -626,10 +578,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         return RunConfig(
             store=c.store.to_config(),
             run_id=plan.run_id,
-            epochs=int(p["epochs"]),
+            epochs=p.epochs,
             compile=comp,
             custom_objects=cloudpickle.dumps(c.custom_objects) if c.custom_objects else None,
-            callbacks=cloudpickle.dumps(list(p["callbacks"])) if p["callbacks"] else None,
+            callbacks=cloudpickle.dumps(list(p.callbacks)) if p.callbacks else None,
             data=w.data,
             train_files=train_files,
             val_files=val_files,
@@ -637,106 +589,53 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             val_batch_size=val_batch,
             steps_per_epoch=int(steps),
             validation_steps=int(val_steps) if val_steps else None,
-            shuffle=bool(p["shuffle"]),
-            shuffle_buffer_size=int(p["shuffle_buffer_size"]),
+            shuffle=p.shuffle,
+            shuffle_buffer_size=p.shuffle_buffer_size,
             seed=w.seed,
-            verbose=int(p["verbose"]),
-            progress_interval=BATCH_INTERVAL if p["verbose"] and interactive() else 0.0,
-            reader=p["reader"],
+            verbose=p.verbose,
+            progress_interval=BATCH_INTERVAL if p.verbose and interactive() else 0.0,
+            reader=p.reader,
             num_threads=c.options.num_threads,
-            backward_passes_per_step=int(p["backward_passes_per_step"]),
-            compression=p["gradient_compression"],
+            backward_passes_per_step=p.backward_passes_per_step,
+            compression=p.gradient_compression,
             final_model=c.store.model_path(plan.run_id, plan.fit_id),
             lease=(lease.path, lease.token) if lease is not None else None,
-            validation_exact=p["validation_steps_per_epoch"] is None,
+            validation_exact=p.validation_steps_per_epoch is None,
         )
 
     def _train_with_restarts(
         self, spark, c: "_Checked", cfg: RunConfig, listeners=(), lease=None
     ) -> tuple[list[dict], int, float]:
-        """Step 5: one barrier job per attempt, each from the latest complete checkpoint (none: from the
-        user's model); a failed attempt restarts when ``restarts.should_restart`` says so.
+        """Step 5: the training attempts (``plan.train_with_restarts``), each through the fit's backend:
+        a Spark barrier stage running ``rank/train.py``'s ``train`` by default (``backend.fit_backend``).
 
         Returns the ranks' results, the number of restarts and the seconds the attempts took.
         """
         from hvd_spark._internal.common.serde import model_to_bytes
-        from hvd_spark._internal.driver.launcher import launch
-        from hvd_spark._internal.rank.train import train
 
-        store, run_id, max_restarts = c.store, cfg.run_id, c.p["max_restarts"]
-        t0 = time.time()
-        model_bytes = None
-        restarts = 0
-        lost_hosts: set[str] = set()  # hosts whose executor or network went away in a failed attempt
-        progress = FitProgress(int(c.p["verbose"]), bar=cfg.progress_interval > 0, listeners=list(listeners))
-        while True:
-            resume = store.latest_checkpoint(run_id)
-            if resume is not None:
-                logger.info("resuming run '%s' from epoch %d of %d", run_id, resume.epoch, cfg.epochs)
-            elif model_bytes is None:
-                model_bytes = model_to_bytes(c.model)
-            cfg = dataclasses.replace(
-                cfg,
-                initial_epoch=resume.epoch if resume else 0,
-                resume_ckpt=resume.model_path if resume else None,
-                history_so_far=tuple(store._read_json(resume.meta_path)["history"]) if resume else (),
-                model_bytes=None if resume else model_bytes,
-            )
-            if resume is not None and resume.epoch >= cfg.epochs:
-                # The failed attempt had finished training; only the final model was missing.
-                store._upload_file(store._local_copy(resume.model_path), cfg.final_model)
-                results = [{"rank": 0, "weights_digest": "", "epoch_logs": list(cfg.history_so_far)}]
-                return results, restarts, time.time() - t0
-            try:
-                try:
-                    results = launch(
-                        train,
-                        args=(cfg,),
-                        spark=spark,
-                        options=c.options,
-                        on_event=progress,
-                        description="HorovodEstimator.fit",
-                        channel=(store, f"{store.run_path(run_id)}/_live"),  # progress on Spark Connect
-                    )
-                except JobTimeoutError as e:
-                    if not lost_hosts or isinstance(e, RankStalledError):
-                        raise
-                    raise JobTimeoutError(
-                        f"{e} The previous training attempt lost host(s) {sorted(lost_hosts)}; the application "
-                        "has fewer task slots until they return.",
-                        ranks=e.ranks,
-                    ) from e
-                return results, restarts, time.time() - t0
-            except RESTARTABLE as e:
-                if (lease is not None and lease.lost.is_set()) or (
-                    isinstance(e, RankFailedError) and e.exc_type.endswith("RunInUseError")
-                ):
-                    raise RunInUseError(
-                        f"run_id '{run_id}' in {store.prefix} was taken over by another fit while this one trained "
-                        f"(its writer lease {store.run_path(run_id)}/_writer.json is no longer this fit's); this fit "
-                        f"stopped before writing another checkpoint. Cause: {str(e).splitlines()[0]}",
-                        run_id=run_id,
-                    ) from e
-                if isinstance(e, RankFailedError) and e.exc_type in LOST_HOST_TYPES and e.host:
-                    lost_hosts.add(e.host)
-                if not should_restart(e, restarts, max_restarts):
-                    raise
-                restarts += 1
-                latest = store.latest_checkpoint(run_id)
-                logger.warning(
-                    "training attempt %d of run '%s' failed (%s); restarting (%d of max_restarts=%d) from %s",
-                    restarts,
-                    run_id,
-                    # a timeout's or stall's whole report (where each rank was); a failure's first line
-                    str(e) if isinstance(e, JobTimeoutError) else str(e).splitlines()[0],
-                    restarts,
-                    max_restarts,
-                    f"the checkpoint of epoch {latest.epoch}" if latest else "the start",
-                )
+        store = c.store
+        progress = FitProgress(c.p.verbose, bar=cfg.progress_interval > 0, listeners=list(listeners))
+        backend, rank_fn = fit_backend(
+            self._backend_object,
+            spark=spark,
+            options=c.options,
+            on_event=progress,
+            description="HorovodEstimator.fit",
+            channel=(store, f"{store.run_path(cfg.run_id)}/_live"),  # progress on Spark Connect
+        )
+        trained = plan_mod.train_with_restarts(
+            backend,
+            rank_fn,
+            cfg,
+            store,
+            max_restarts=c.p.max_restarts,
+            model_bytes=lambda: model_to_bytes(c.model),
+            lease=lease,
+        )
+        return trained.results, trained.restarts, trained.seconds
 
     def _verify_and_build(self, c: "_Checked", w: "_Written", cfg: RunConfig, results, restarts, t_train, t_start):
         """Step 6: every rank ended with the same weights (what proves the averaging); the model."""
-        from hvd_spark._internal.rank.keras_hvd import history_from
 
         digests = {r["weights_digest"] for r in results}
         if len(digests) > 1:
@@ -769,37 +668,28 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             fit_seconds=time.time() - t_start,
             ranks=tuple(RankSummary.from_result(r) for r in sorted(results, key=lambda r: r["rank"])),
         )
-        model = self._transformer(
-            c.store,
-            cfg.final_model,
-            cfg.run_id,
-            epoch_logs,
-            c.inputs,
-            c.outputs,
-            dict(c.p, custom_objects=c.custom_objects, prediction=c.prediction),
-            history=history_from(epoch_logs),
-        )
+        model = self._transformer(c, cfg.final_model, cfg.run_id, epoch_logs)
         model._fit_summary = summary
         return model
 
-    def _transformer(self, store, model_path, run_id, epoch_logs, inputs, outputs, p, history=None):
-        from hvd_spark._internal.rank.keras_hvd import history_from
+    def _transformer(self, c: "_Checked", model_path: str, run_id: str, epoch_logs: list) -> TFTransformer:
+        """The fitted model: the trained (or finished run's) file, with the fit's columns and specs."""
+        from hvd_spark._internal.common.contracts import history_from
 
-        t = TFTransformer(
-            model_url=store._url(model_path),
-            storage_options=store.storage_options,
-            feature_cols=p["feature_cols"],
-            label_cols=p["label_cols"],
-            output_cols=p["output_cols"],
-            input_specs=specs_to_dicts(inputs),
-            output_specs=specs_to_dicts(outputs),
-            history=history if history is not None else history_from(epoch_logs),
+        return TFTransformer(
+            model_url=c.store._url(model_path),
+            storage_options=c.store.storage_options,
+            feature_cols=c.p.feature_cols,
+            label_cols=c.p.label_cols,
+            output_cols=c.p.output_cols,
+            input_specs=specs_to_dicts(c.inputs),
+            output_specs=specs_to_dicts(c.outputs),
+            history=history_from(epoch_logs),
             run_id=run_id,
-            custom_objects=p["custom_objects"],
-            task=p["prediction"][0],
-            from_logits=p["prediction"][1],
+            custom_objects=c.custom_objects,
+            task=c.prediction[0],
+            from_logits=c.prediction[1],
         )
-        return t
 
     # --- persistence (save / load come from MLWritable / MLReadable) ---
     @classmethod
@@ -835,13 +725,12 @@ def _removed_after(store: Store, written: "_Written"):
 
 def _check_settable_learning_rate(optimizer) -> None:
     """learning_rate replaces a number; an optimizer built on a schedule would ignore or refuse it."""
-    import keras
-
-    if isinstance(getattr(optimizer, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
+    get_config = getattr(optimizer, "get_config", None)  # None: an optimizer's name ("adam")
+    current = get_config().get("learning_rate") if callable(get_config) else None  # a schedule: a dict
+    if isinstance(current, dict):
         raise ValueError(
             "learning_rate cannot replace the learning rate of an optimizer built with a LearningRateSchedule "
-            f"({type(optimizer._learning_rate).__name__}). Leave learning_rate unset, or build the optimizer "
-            "with a number."
+            f"({current.get('class_name')}). Leave learning_rate unset, or build the optimizer with a number."
         )
 
 
@@ -849,7 +738,7 @@ def _check_settable_learning_rate(optimizer) -> None:
 class _Checked:
     """What step 1 of a fit established: checked params and everything derived from them."""
 
-    p: dict
+    p: FitParams  # columns matched to the model
     model: Any
     inputs: list
     outputs: list
@@ -861,19 +750,6 @@ class _Checked:
     custom_objects: dict | None
     store: Store
     prediction: tuple[str, bool]  # model_info.prediction_task: (kind, from_logits)
-
-
-@dataclasses.dataclass(frozen=True)
-class _ResumePlan:
-    """Step 2: the run and the checkpoint it continues from (None: from the start)."""
-
-    run_id: str
-    fingerprint: str
-    run_json: str
-    resume: Checkpoint | None
-    history: list
-    architecture: dict | None = None
-    fit_id: str = ""  # this fit's own name: its final model is runs/<run_id>/models/<fit_id>.keras
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,7 +70,9 @@ def architecture(model, optimizer=None, loss=None, columns: dict | None = None) 
     Two models that differ here are different runs; their names, weights and learning rates do not count."""
     import keras
 
-    layers = list(model._flatten_layers(include_self=False, recursive=True))
+    from hvd_spark._internal.common import internals
+
+    layers = internals.flatten_layers(model)
     names = {layer.name: f"#{i}" for i, layer in enumerate(layers)}
     names.setdefault(model.name, "#model")
     try:

@@ -12,10 +12,10 @@ from typing import Any
 import cloudpickle
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
-logger = logging.getLogger("hvd_spark")
+logger = logging.getLogger(__name__)
 
-# Params that classes no longer have, skipped in older saved metadata: the transformer's storage options
-# (credentials) are a plain attribute now, never saved.
+# Params that the classes do not have, skipped where older saved metadata holds them: the transformer's
+# storage options (credentials) are a plain attribute, never saved.
 _RETIRED_PARAMS = ("storage_options",)
 
 _OBJECT_PARAMS = ("store", "model", "optimizer", "loss", "loss_weights", "metrics", "custom_objects", "callbacks")

@@ -1,6 +1,7 @@
 """What each rank runs during ``HorovodEstimator.fit``: Keras 3 ``model.fit`` with Horovod.
 
-The launcher calls :func:`train` with one plain-data config; this module never imports pyspark.
+The fit's backend (``ml/backend.py``; by default one Spark barrier stage) calls :func:`train` on
+every rank with one plain-data config; this module never imports pyspark.
 """
 
 import hashlib
@@ -17,9 +18,9 @@ import keras
 
 from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.contracts import RunConfig
-from hvd_spark._internal.rank.keras_hvd import _is_number
+from hvd_spark._internal.rank.callbacks import is_number
 
-logger = logging.getLogger("hvd_spark.worker")
+logger = logging.getLogger(__name__)
 
 
 def _weights_digest(model) -> str:
@@ -85,7 +86,7 @@ def train(cfg: RunConfig) -> dict:
     import horovod.tensorflow as hvd
 
     from hvd_spark._internal.common.events import mark_progress
-    from hvd_spark._internal.rank.keras_hvd import set_threads
+    from hvd_spark._internal.rank.threads import set_threads
 
     startup = _Startup(t_entry)
     mark_progress("hvd.init()")
@@ -95,17 +96,16 @@ def train(cfg: RunConfig) -> dict:
 
     from hvd_spark._internal.common.events import send_event
     from hvd_spark._internal.data.store import Store
-    from hvd_spark._internal.rank.keras_hvd import (
-        BroadcastStateCallback,
+    from hvd_spark._internal.rank.batchnorm import synchronize_batch_norm
+    from hvd_spark._internal.rank.callbacks import (
         EventCallback,
         ExactValidationCallback,
         MetricAverageCallback,
         RankRandomnessCallback,
-        StateAgreementCallback,
-        make_distributed,
-        synchronize_batch_norm,
     )
+    from hvd_spark._internal.rank.optimizer import make_distributed
     from hvd_spark._internal.rank.reader import rank_dataset
+    from hvd_spark._internal.rank.state import BroadcastStateCallback, StateAgreementCallback
 
     rank, size = hvd.rank(), hvd.size()
     keras.utils.set_random_seed(cfg.seed)
@@ -202,9 +202,9 @@ class _Startup(keras.callbacks.Callback):
 
     def __init__(self, t_entry: float):
         super().__init__()
-        created = float(os.environ.get("HVD_SPARK_RANK_STARTED") or t_entry)  # set by the task (not under MPI)
+        created = float(os.environ.get(settings.ENV_RANK_STARTED) or t_entry)  # set by the task (not under MPI)
         self.phases: dict[str, float] = {"process": max(0.0, t_entry - created)}
-        self.phases["warm"] = 1.0 if os.environ.get("HVD_SPARK_WARM_RANK") == "1" else 0.0
+        self.phases["warm"] = 1.0 if os.environ.get(settings.ENV_WARM_RANK) == "1" else 0.0
         self._last = t_entry
 
     def mark(self, phase: str) -> None:
@@ -275,9 +275,7 @@ def _tensorboard(store, run_id: str, tmp: str):
         """TensorBoard logs written locally and copied to the run's logs folder after each epoch."""
 
         def on_epoch_end(self, epoch, logs=None):
-            super().on_epoch_end(epoch, logs)
-            for w in self._writers.values() if hasattr(self, "_writers") else []:
-                w.flush()
+            super().on_epoch_end(epoch, logs)  # written and flushed (TF flushes a writer leaving as_default)
             store._upload_dir(local, store.logs_path(run_id))
 
         def on_train_end(self, logs=None):
@@ -343,7 +341,7 @@ class _CheckpointCallback(keras.callbacks.Callback):
         from hvd_spark._internal.data.store import checkpoint_names
 
         mark_progress(f"saving the checkpoint of epoch {epoch + 1}")
-        logs = {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}
+        logs = {k: float(v) for k, v in (logs or {}).items() if is_number(v)}
         self.history = self.history[:epoch] + [logs]
         model_name, meta_name = checkpoint_names(epoch + 1)
         ckpt_dir = self.store.checkpoints_path(self.run_id)

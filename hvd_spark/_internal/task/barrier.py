@@ -1,11 +1,12 @@
 """What each Spark barrier task does: rendezvous, start its rank's process, watch it, report.
 
 This runs inside Spark's Python worker. The barrier closure shipped by the launcher calls
-:func:`run_task` with plain values only (no SparkSession, no ``self``).
+:func:`run_task` with plain values only (no SparkSession, no ``self``). On Spark Connect the first
+task also runs the job's coordinator (``driver/coordinator.py``), and every task reaches it as it
+would reach the driver.
 """
 
 import collections
-import json
 import os
 import re
 import shutil
@@ -23,11 +24,11 @@ from hvd_spark._internal.common import logs, settings
 from hvd_spark._internal.common.outcomes import ABORTED, ERROR, OK, PROCESS_DIED, STATE_PREFIX, RankOutcome, TaskSpec
 from hvd_spark._internal.common.topology import RankInfo, assign_ranks, gpu_env, horovod_env, threads_env
 from hvd_spark._internal.driver.service import KIND, Kind, TaskClient
-from hvd_spark._internal.task import mpi_agent, netcheck, warm
-from hvd_spark._internal.task.procs import die_with_parent, kill_tree, signal_name
+from hvd_spark._internal.task import netcheck, warm
+from hvd_spark._internal.task.procs import kill_tree, popen_args, signal_name
 
-TAIL_LINES = 40
-ENV_WORKDIR = "HVD_SPARK_WORKDIR"  # where an MPI rank finds its payload and leaves its result
+TAIL_LINES = settings.TAIL_LINES
+ENV_WORKDIR = settings.ENV_WORKDIR  # where an MPI rank finds its payload and leaves its result
 
 
 def iface_for_ip(ip: str) -> str:
@@ -44,20 +45,9 @@ def iface_for_ip(ip: str) -> str:
 
 def _plan(ranks: list[RankInfo]):
     """Horovod's SlotInfo list for its rendezvous server, in rank order."""
-    from horovod.runner.common.util.hosts import SlotInfo
+    from hvd_spark._internal.common import internals
 
-    return [
-        SlotInfo(
-            hostname=r.host,
-            rank=r.rank,
-            local_rank=r.local_rank,
-            cross_rank=r.cross_rank,
-            size=r.size,
-            local_size=r.local_size,
-            cross_size=r.cross_size,
-        )
-        for r in sorted(ranks, key=lambda r: r.rank)
-    ]
+    return internals.rendezvous_slots(ranks)
 
 
 class _Watch:
@@ -263,7 +253,9 @@ def run_task(spec: TaskSpec) -> list[bytes]:
             if refused is not None:
                 return [cloudpickle.dumps(refused)]
         if spec.backend == "mpi":
-            return _run_mpi(spec, client, me, ranks, workdir)
+            from hvd_spark._internal.task.mpi import run_mpi
+
+            return run_mpi(spec, client, me, ranks, workdir)
 
         first = next(t for t, r in enumerate(ranks) if r.rank == 0)
         rendezvous = {"addr": infos[first]["host"], "port": infos[first]["rendezvous_port"]}
@@ -350,9 +342,9 @@ class _Rendezvous:
     rank 0's task stops it once every rank's ``hvd.init()`` has returned."""
 
     def __init__(self, addr: str):
-        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+        from hvd_spark._internal.common import internals
 
-        self._httpd = RendezvousHTTPServer((addr, 0), RendezvousHandler, 0)  # bound from here on: no race
+        self._httpd = internals.rendezvous_server(addr)  # bound from here on: no race
         self.port = self._httpd.server_address[1]
         self._stopped = threading.Event()
         threading.Thread(target=self._httpd.serve_forever, daemon=True, name="hvd_spark-rendezvous").start()
@@ -361,7 +353,9 @@ class _Rendezvous:
         """Declares each scope's size (Horovod clears a scope once all its members have left it).
         Horovod's ``init`` would also empty the store, and a rank may have written to it already:
         its task can learn the rendezvous address before this one."""
-        self._httpd._extract_scope_size(slots)
+        from hvd_spark._internal.common import internals
+
+        internals.declare_rendezvous_scopes(self._httpd, slots)
 
     def stop(self) -> None:
         """Stops serving and closes the port, without waiting (the server notices within its 0.5 s poll)."""
@@ -416,13 +410,11 @@ def _run_watched(cmd: list[str], env: dict, workdir: str, watch: _Watch, grace: 
     waits for it, stopping it on an abort. ``warm_proc``, a rank a warm server forked, replaces the
     fresh process. Returns (exit code, whether it was aborted)."""
     proc = warm_proc or subprocess.Popen(
-        cmd,
+        **popen_args(cmd),  # its own process group, dying with this task (no preexec_fn: see procs.py)
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=die_with_parent,
         cwd=workdir,
     )
     pump = watch.pump(proc.stdout)
@@ -445,7 +437,7 @@ def _run_child(
         quiet_tf=logs.tf_quiet(spec.env),
         on_ranks_initialized=on_ranks_initialized,
     )
-    env["HVD_SPARK_RANK_STARTED"] = repr(time.time())  # the rank's start-up profile counts from here
+    env[settings.ENV_RANK_STARTED] = repr(time.time())  # the rank's start-up profile counts from here
     warm_proc = warm.spawn(env, workdir, spec.app, spec.start_timeout) if spec.warm else None
     rc, aborted = _run_watched(
         [sys.executable, "-m", "hvd_spark._internal.rank.entry", workdir],
@@ -456,118 +448,3 @@ def _run_child(
         warm_proc,
     )
     return _outcome(workdir, rank, rc, aborted, list(watch.tails[rank])), watch
-
-
-def _mpi_env(spec: TaskSpec, workdir: str, host: str) -> dict[str, str]:
-    """The environment of mpirun on rank 0's host and of ``orted`` on the others (their ranks inherit it)."""
-    env = dict(os.environ)
-    env.update(threads_env(spec.num_threads))
-    env.update(spec.env)
-    env.update(
-        {
-            settings.ENV_DRIVER_ADDR: spec.driver_addr,
-            settings.ENV_JOB_TOKEN: spec.token,
-            ENV_WORKDIR: workdir,
-            settings.ENV_HOST: host,
-            "PYTHONUNBUFFERED": "1",
-            "HOROVOD_CONTROLLER": "mpi",
-            "HOROVOD_CPU_OPERATIONS": "mpi",
-        }
-    )
-    for name in ("HVD_SPARK_RANK", "HOROVOD_RANK", "HOROVOD_SIZE"):
-        env.pop(name, None)
-    if os.geteuid() == 0:
-        env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
-    return env
-
-
-def _network_of(ip: str) -> str:
-    """The subnet (CIDR) of the interface that holds ``ip``: where mpirun's daemons and ranks talk."""
-    import ipaddress
-
-    import psutil
-
-    for addrs in psutil.net_if_addrs().values():
-        for a in addrs:
-            if a.address == ip and a.netmask:
-                return str(ipaddress.ip_interface(f"{ip}/{a.netmask}").network)
-    return f"{ip}/32"
-
-
-def mpirun_command(ranks: list[RankInfo], env: dict[str, str], network: str | None) -> list[str]:
-    """mpirun for the whole job: one slot per barrier task, ranks laid out as :func:`assign_ranks` did
-    (contiguous per host, hosts in rank order). ``network`` (a CIDR) is set for jobs on several hosts:
-    remote daemons are then started through hvd_spark's rsh agent and talk over that subnet."""
-    slots: dict[str, int] = {}
-    for r in sorted(ranks, key=lambda r: r.rank):
-        slots[r.host] = slots.get(r.host, 0) + 1
-    cmd = ["mpirun", "-np", str(len(ranks))]
-    if network is not None:
-        cmd += ["-H", ",".join(f"{h}:{n}" for h, n in slots.items()), "--leave-session-attached"]
-        cmd += ["--mca", "plm_rsh_agent", mpi_agent.agent_command(), "--mca", "plm_rsh_no_tree_spawn", "1"]
-        for param in ("oob_tcp_if_include", "btl_tcp_if_include"):
-            kind = param.rsplit("_", 1)[0]
-            if not any(f"OMPI_MCA_{kind}_{x}" in env for x in ("include", "exclude")):
-                cmd += ["--mca", param, network]  # the user's own interface choice wins
-    cmd += ["--oversubscribe", "--bind-to", "none", "--map-by", "slot", "--tag-output"]
-    return cmd + [sys.executable, "-m", "hvd_spark._internal.rank.entry"]
-
-
-def _host_outcomes(workdir: str, ranks: list[RankInfo], host: str, rc: int | None, aborted: bool, watch: "_Watch"):
-    """The outcomes of the ranks that ran on ``host`` (their result files are in this host's ``workdir``)."""
-    outcomes = [_outcome(workdir, r.rank, rc, aborted, list(watch.tails[r.rank])) for r in ranks if r.host == host]
-    if any(o.status == ERROR and o.type != PROCESS_DIED for o in outcomes):
-        # mpirun stops the other ranks once one fails; those are not failures of their own.
-        outcomes = [o.as_aborted() if o.status == ERROR and o.type == PROCESS_DIED else o for o in outcomes]
-    return outcomes
-
-
-def _run_mpi(spec: TaskSpec, client: TaskClient, me: RankInfo, ranks: list[RankInfo], workdir: str) -> list[bytes]:
-    """MPI controller: rank 0's task runs ``mpirun`` for the whole job. On every other host, the first
-    task serves the rsh agent (it runs that host's ``orted``, whose ranks write their results in its
-    ``workdir``) and reports that host's ranks; the other tasks hold their slots until the job ends."""
-    by_rank = sorted(ranks, key=lambda r: r.rank)
-    first_host = by_rank[0].host
-    several_hosts = len({r.host for r in ranks}) > 1
-    env = _mpi_env(spec, workdir, me.host)
-    server = None
-    if several_hosts and me.local_rank == 0 and me.host != first_host:
-        _write_payload(spec, workdir)
-        server = mpi_agent.CommandServer(me.host, spec.token, env, workdir)
-        published = json.dumps({"host": me.host, "addr": server.addr})
-    else:
-        published = ""
-    try:
-        gathered = client.gather("mpi-agents", published, spec.heartbeat_timeout)
-        servers = {d["host"]: d["addr"] for d in (json.loads(m) for m in gathered if m)}
-        # After the exchange: the watch reads the driver's messages from here on.
-        watch = _Watch(
-            client,
-            me.rank,
-            parse_tag=me.rank == 0,
-            silence_limit=spec.heartbeat_timeout,
-            quiet_tf=logs.tf_quiet(spec.env),
-        )
-        if me.rank == 0:
-            _write_payload(spec, workdir)
-            env[mpi_agent.ENV_HOSTS] = json.dumps(servers)
-            cmd = mpirun_command(ranks, env, _network_of(me.host) if several_hosts else None)
-            rc, aborted = _run_watched(cmd, env, workdir, watch, spec.abort_grace)
-        elif server is not None:
-            # This host's ranks are done when its orted ends; an abort stops it.
-            while not (server.finished.is_set() or watch.abort.is_set()):
-                server.finished.wait(0.2)
-            aborted = not server.finished.is_set()
-            server.stop(spec.abort_grace)
-            rc = server.returncode
-        else:
-            _wait_for_end(watch)
-            return []
-        outcomes = _host_outcomes(workdir, ranks, me.host, rc, aborted, watch)
-        for o in outcomes:
-            _report(client, o)
-        _wait_for_end(watch)
-        return [cloudpickle.dumps(o) for o in outcomes]
-    finally:
-        if server is not None:
-            server.stop(1.0)

@@ -7,7 +7,7 @@ asks the :class:`CommandServer` that the first barrier task on that host runs to
 ``COMMAND`` with ``/bin/sh -c``. The server streams the command's output back and ends with its exit
 code, which the agent exits with; so to mpirun the agent behaves like ``ssh HOST COMMAND``.
 
-The protocol is JSON lines (``driver_service.send_line``): the agent sends
+The protocol is JSON lines (``driver/service.py``'s ``send_line``): the agent sends
 ``{"token", "command"}``; the server answers ``{"out": line}`` per output line and finally
 ``{"exit": code}``. Connections without the job's token are dropped. The command runs in its own
 process group and is killed when the agent's connection drops (mpirun died) or the task stops it
@@ -26,10 +26,9 @@ import threading
 
 from hvd_spark._internal.common import settings
 from hvd_spark._internal.driver.service import read_lines, send_line
-from hvd_spark._internal.task.procs import die_with_parent, kill_tree
+from hvd_spark._internal.task.procs import kill_tree, popen_args
 
-ENV_HOSTS = "HVD_SPARK_MPI_HOSTS"  # {host: "addr:port"} of every host's command server
-CONNECT_TIMEOUT = 30.0  # seconds for the agent to reach a host's command server
+ENV_HOSTS = settings.ENV_MPI_HOSTS  # {host: "addr:port"} of every host's command server
 
 
 def agent_command() -> str:
@@ -68,7 +67,7 @@ class CommandServer:
             threading.Thread(target=self._serve, args=(conn,), daemon=True, name="hvd_spark-mpi-command").start()
 
     def _serve(self, conn: socket.socket) -> None:
-        conn.settimeout(CONNECT_TIMEOUT)
+        conn.settimeout(settings.MPI_CONNECT_TIMEOUT.get())
         lines = read_lines(conn)
         try:
             hello = next(lines)
@@ -84,14 +83,12 @@ class CommandServer:
                 conn.close()
                 return
             proc = subprocess.Popen(
-                ["/bin/sh", "-c", str(hello.get("command", ""))],
+                **popen_args(["/bin/sh", "-c", str(hello.get("command", ""))]),  # no preexec_fn: see procs.py
                 env=self.env,
                 cwd=self.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
             )
             self._procs.append(proc)
         self.started.set()
@@ -142,7 +139,7 @@ def run_remote(host: str, command: str, hosts: dict[str, str], token: str, out=N
         return 255
     ip, port = addr.rsplit(":", 1)
     try:
-        sock = socket.create_connection((ip, int(port)), timeout=CONNECT_TIMEOUT)
+        sock = socket.create_connection((ip, int(port)), timeout=settings.MPI_CONNECT_TIMEOUT.get())
     except OSError as e:
         print(f"hvd_spark mpi agent: cannot reach the task on host {host} at {addr}: {e}", file=out, flush=True)
         return 255

@@ -1,18 +1,85 @@
-"""Child processes of a task: started in their own process group, killed with it, never orphaned."""
+"""Child processes of a task: started in their own process group, killed with it, never orphaned.
 
-import ctypes
+A Spark task's Python process runs threads (heartbeats, output pumps, Spark's own), so nothing may
+run Python code between ``fork`` and ``exec`` there: ``preexec_fn`` is documented as unsafe with
+threads (a lock another thread held at the fork, such as the dynamic loader's, stays held forever in
+the child). Children are therefore started without it: :func:`popen_args` gives ``subprocess.Popen``
+``start_new_session=True`` (``setsid`` done by CPython's C code between fork and exec) and a command
+that goes through a tiny wrapper, a fresh single-threaded ``python -I -S`` that asks the kernel to
+kill it when its parent dies (``PR_SET_PDEATHSIG``), exits at once if that parent is already gone
+(the race between the fork and the request) and then ``exec``s the real command, which keeps both
+(the pid and the death signal survive ``exec``).
+
+The warm server (``warm.py``) forks ranks itself: it resolves ``prctl`` before any fork
+(:func:`load_prctl`), so the forked child only calls a function already resolved."""
+
 import os
 import signal
 import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+
+# Runs as `python -I -S -c WRAPPER <parent pid> <command...>`: stdlib only, no site packages.
+WRAPPER = """\
+import os, sys
+try:
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+except (ImportError, OSError, AttributeError):
+    pass  # not Linux: the task's own kill on exit still applies
+if os.getppid() != int(sys.argv[1]):
+    os._exit(128 + 9)  # the task died before the request took effect: nothing to run for
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def with_parent(cmd: Sequence[str], parent: int | None = None) -> list[str]:
+    """``cmd`` run through the wrapper: killed by SIGKILL when ``parent`` (default: this process)
+    dies, for the process ``cmd`` becomes (Linux; elsewhere ``cmd`` runs as it is)."""
+    if not sys.platform.startswith("linux"):
+        return list(cmd)
+    return [sys.executable, "-I", "-S", "-c", WRAPPER, str(parent or os.getpid()), *cmd]
+
+
+def popen_args(cmd: Sequence[str]) -> dict[str, Any]:
+    """``subprocess.Popen`` arguments for a task's child: ``cmd`` in a process group (session) of its
+    own, dying with this process, with no ``preexec_fn``."""
+    return {"args": with_parent(cmd), "start_new_session": True}
+
+
+_prctl: Callable | None = None
+
+
+def load_prctl() -> Callable | None:
+    """Resolves libc's ``prctl`` (once). Call it before forking: a child of a multi-threaded
+    process must not load libraries, but may call what was resolved before the fork."""
+    global _prctl
+    if _prctl is None and sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            return None
+    return _prctl
 
 
 def die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it when the task's process dies (Linux only)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        return  # not Linux: the task's own kill on exit still applies
+    """In a forked child (not exec'd): SIGKILL it when its parent dies (Linux only). Uses the
+    ``prctl`` resolved by :func:`load_prctl` before the fork; without it, does nothing."""
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def set_name(name: str) -> None:
+    """Sets this process's name (``/proc/<pid>/comm``, 15 bytes), with the ``prctl`` resolved
+    before the fork."""
+    if _prctl is not None:
+        _prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def signal_name(rc: int) -> str:

@@ -4,7 +4,7 @@ Starting a rank costs a Python start and ``import tensorflow`` (3-5 s of CPU on 
 machine) before it does anything useful; a hyper-parameter search pays that for every fit. A warm
 server pays it once: it imports the heavy modules, then listens on a Unix socket. A task asks it
 for a rank; the server forks a child, which takes the job's environment, working directory and
-output pipe and runs the same entry point as a fresh rank (``child.entry``). Every fit still runs
+output pipe and runs the same entry point as a fresh rank (``rank/entry.py``). Every fit still runs
 in a process of its own (nothing of a previous fit can leak into it: graphs, Keras state, seeds,
 Horovod's world), that process just starts with the imports already done. Horovod reads its
 settings at ``hvd.init()``, after the fork, so one server serves every job of its environment.
@@ -40,11 +40,10 @@ import time
 from typing import Any
 
 from hvd_spark._internal.common import settings
+from hvd_spark._internal.task import procs
 
-logger = logging.getLogger("hvd_spark.warm")
+logger = logging.getLogger(__name__)
 
-ENV_WARM, ENV_WARM_IDLE = settings.ENV_WARM, settings.ENV_WARM_IDLE
-DEFAULT_IDLE = 600.0
 # What a server imports before it serves (the rank's own imports then cost nothing).
 PRELOAD = (
     "numpy",
@@ -56,7 +55,10 @@ PRELOAD = (
     "horovod.tensorflow",
     "hvd_spark._internal.rank.train",
     "hvd_spark._internal.rank.reader",
-    "hvd_spark._internal.rank.keras_hvd",
+    "hvd_spark._internal.rank.optimizer",
+    "hvd_spark._internal.rank.state",
+    "hvd_spark._internal.rank.batchnorm",
+    "hvd_spark._internal.rank.callbacks",
     "hvd_spark._internal.common.serde",
 )
 PER_JOB = (
@@ -64,20 +66,14 @@ PER_JOB = (
     settings.ENV_HOST,
     settings.ENV_DRIVER_ADDR,
     settings.ENV_JOB_TOKEN,
-    "HVD_SPARK_WORKDIR",
-    "HVD_SPARK_RANK_STARTED",
+    settings.ENV_WORKDIR,
+    settings.ENV_RANK_STARTED,
 )
 _MAX_MESSAGE = 1 << 20
 
 
-def enabled(env: dict[str, str]) -> bool:
-    value = env.get(ENV_WARM, "")
-    return settings.parse_bool(ENV_WARM, value) if value else True
-
-
 def idle_seconds(env: dict[str, str]) -> float:
-    value = env.get(ENV_WARM_IDLE)
-    return settings.parse_seconds(ENV_WARM_IDLE, value) if value else DEFAULT_IDLE
+    return settings.WARM_IDLE.get(env=env)
 
 
 def server_env(env: dict[str, str]) -> dict[str, str]:
@@ -209,9 +205,9 @@ def ensure_server(env: dict[str, str], app: str = "", watch_pid: int | None = No
 def spawn(env: dict[str, str], workdir: str, app: str = "", timeout: float = 120.0) -> WarmProcess | None:
     """A rank forked by the warm server of ``env`` (started if needed, waited for up to ``timeout``
     seconds), running ``child.entry(workdir)`` with ``env`` and ``workdir`` as its working folder.
-    None when warm ranks are off or no server could serve: the caller starts a fresh process."""
-    if not enabled(env):
-        return None
+    None when no server could serve: the caller starts a fresh process. Whether ranks are warm at all
+    is the driver's decision (``settings.WARM``: an explicit ``warm=`` wins over ``HVD_SPARK_WARM``),
+    made before the task calls this."""
     try:
         fp = ensure_server(env, app)
         folder = home()
@@ -370,10 +366,8 @@ class _Server:
             for fd in self._wake:
                 os.close(fd)
             os.setsid()
-            from hvd_spark._internal.task.procs import die_with_parent
-
-            die_with_parent()  # the server's end (it is killed, or its Spark worker is gone) ends its ranks
-            _set_name(RANK_NAME)  # its command line is the server's: ps and /proc/<pid>/comm tell them apart
+            procs.die_with_parent()  # the server's end (it is killed, or its Spark worker is gone) ends its ranks
+            procs.set_name(RANK_NAME)  # its command line is the server's: ps and /proc/<pid>/comm tell them apart
             for sig in (signal.SIGTERM, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             devnull = os.open(os.devnull, os.O_RDONLY)
@@ -384,7 +378,7 @@ class _Server:
             os.close(devnull)
             os.environ.clear()
             os.environ.update(request["env"])
-            os.environ["HVD_SPARK_WARM_RANK"] = "1"
+            os.environ[settings.ENV_WARM_RANK] = "1"
             os.chdir(request["workdir"])
             _reseed()
             from hvd_spark._internal.rank import entry as child
@@ -429,13 +423,6 @@ class _Server:
 RANK_NAME = "hvd_spark-rank"  # a forked rank's process name (/proc/<pid>/comm)
 
 
-def _set_name(name: str) -> None:
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-
-
 def _reseed() -> None:
     """A forked rank would share the server's NumPy random state with its siblings; a fresh process
     draws its own. (Python's ``random`` reseeds itself after a fork.)"""
@@ -453,6 +440,7 @@ def _main(folder: str, fp: str, idle: float, watch_pid: int) -> None:
     if os.fork() > 0:
         os._exit(0)  # the starter leaves; the server (holding the lock) is nobody's child
     os.setsid()
+    procs.load_prctl()  # resolved before any fork: a forked rank only calls it (no library loading)
     started = time.monotonic()
     import importlib
     import warnings

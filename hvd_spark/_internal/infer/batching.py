@@ -1,0 +1,202 @@
+"""Pure batching of predictions: feature columns in (pandas or Arrow), output columns out.
+
+No Spark here (the fast tests can drive it): rows with null features or null elements are refused
+or kept as null predictions, each batch is cut into ``batch_size`` model calls, and outputs are
+built as Arrow arrays without per-row Python."""
+
+from collections.abc import Iterator
+
+import numpy as np
+import pandas as pd
+
+from hvd_spark._internal.common.specs import TensorSpec, unpack
+
+
+def predict_columns(
+    model,
+    cols: list,
+    n: int,
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    batch_size: int,
+    names: list[str] | None = None,
+) -> list[np.ndarray]:
+    """Predicts ``n`` rows given as column values (numpy or pyarrow), ``batch_size`` rows per model call.
+
+    Returns one float64 array of shape (n, values per row) per model output.
+    """
+    from hvd_spark._internal.rank.reader import to_model_inputs
+
+    if n == 0:  # e.g. a batch whose rows all had a null feature (handleInvalid="keep")
+        return [np.zeros((0, spec.elements or 1)) for spec in outputs]
+    preds: list[list[np.ndarray]] = [[] for _ in outputs]
+    for start in range(0, n, batch_size):
+        x = to_model_inputs([c[start : start + batch_size] for c in cols], inputs, names)
+        y = model.predict_on_batch(x)
+        ys = unpack(y, outputs)
+        for i, out in enumerate(ys):
+            preds[i].append(np.asarray(out))
+    return [
+        (np.concatenate(parts) if parts else np.zeros((0, spec.elements or 0))).reshape(n, -1).astype(np.float64)
+        for spec, parts in zip(outputs, preds)
+    ]
+
+
+def _null_error(col: str, nulls: int, n: int) -> ValueError:
+    return ValueError(
+        f"Feature column '{col}' has {nulls} null values in a batch of {n} rows; transform() needs "
+        "a value in every row."
+    )
+
+
+def _null_elements_error(col: str, rows: int, n: int) -> ValueError:
+    return ValueError(
+        f"Feature column '{col}' has {rows} rows with null elements in a batch of {n} rows; transform() "
+        "needs a value in every element (handleInvalid='keep' gives such rows null predictions, 'skip' "
+        "leaves them out)."
+    )
+
+
+def _first_null(names: list[str], nulls: list[int], n: int, holed: list[int] | None = None) -> None:
+    """Raises for the first column with a null value, or with rows that hold null elements (``holed``)."""
+    for i, (name, count) in enumerate(zip(names, nulls)):
+        if count:
+            raise _null_error(name, count, n)
+        if holed and holed[i]:
+            raise _null_elements_error(name, holed[i], n)
+
+
+def null_element_rows(arr) -> np.ndarray | None:
+    """For a pyarrow list array: a bool mask of the rows that hold a null element (at any depth), or
+    None when there is none (also for a non-list array). Vectorized: each null element's row comes
+    from the rows' lengths (null rows hold no values)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type)):
+        return None
+    values = arr.flatten()  # the values of the rows, whatever the slice and the null rows
+    deeper = null_element_rows(values)
+    if values.null_count == 0 and deeper is None:
+        return None
+    bad = np.asarray(pc.is_null(values).to_numpy(zero_copy_only=False), dtype=bool)
+    if deeper is not None:
+        bad |= deeper
+    if not bad.any():
+        return None
+    # The row of each flattened value: flatten() leaves out what null rows hold, so count per row.
+    lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    parents = np.repeat(np.arange(len(arr)), lengths)
+    return np.bincount(parents[bad], minlength=len(arr)) > 0
+
+
+def _output_arrays(arrays: list[np.ndarray], outputs: list[TensorSpec], valid: np.ndarray) -> list:
+    """The predictions of the valid rows (``arrays``, row-major) as one pyarrow array per output over all
+    rows: ``double`` for a single value, ``list<double>`` otherwise; the other rows null. A NaN the
+    model gave stays NaN (not null): it is its output."""
+    import pyarrow as pa
+
+    n, m = len(valid), int(valid.sum())
+    nulls = None if m == n else ~valid
+    out = []
+    for spec, arr in zip(outputs, arrays):
+        if is_scalar(spec):
+            full = arr[:, 0]
+            if m < n:  # scatter the predictions to their rows; the others stay empty and null
+                full = np.zeros(n, dtype=np.float64)
+                full[valid] = arr[:, 0]
+            out.append(pa.array(full, type=pa.float64(), mask=nulls))
+        else:
+            sizes = np.where(valid, arr.shape[1], 0)
+            offsets = pa.array(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32))
+            flat = pa.array(arr.reshape(-1), type=pa.float64())
+            out.append(pa.ListArray.from_arrays(offsets, flat, mask=None if nulls is None else pa.array(nulls)))
+    return out
+
+
+def predict_batches(
+    model,
+    frames: Iterator[pd.DataFrame],
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    feature_cols: list[str],
+    output_cols: list[str],
+    batch_size: int,
+    keep_invalid: bool = False,
+) -> Iterator:
+    """Pure batching (pandas): predicts each batch in chunks and yields a Series (one output) or a DataFrame.
+
+    Each frame holds the ``k`` feature columns, then one status column per feature, computed by Spark
+    (:func:`feature_status`: 0 a value, 1 null, 2 an array with null elements), since pandas cannot
+    tell a null from a NaN. A row with a null feature or null elements raises (naming the column), or
+    with ``keep_invalid`` gets null outputs. A NaN value is a value: the model gets it.
+
+    A single-value output is an Arrow-backed Series, so that a NaN the model gave stays NaN (pyspark
+    turns a NaN of a numpy-backed Series into a null). A list output is an object Series of arrays
+    (None for an invalid row): pyspark turns the NaNs inside into null elements, which
+    ``TFTransformer._transform`` turns back into NaN (the model never outputs a null).
+    """
+    k = len(feature_cols)
+    for frame in frames:
+        n = len(frame)
+        status = frame.iloc[:, k : 2 * k].to_numpy(dtype=np.int8)
+        if not keep_invalid:
+            _first_null(feature_cols, (status == 1).sum(axis=0).tolist(), n, (status == 2).sum(axis=0).tolist())
+        valid = ~(status != 0).any(axis=1)
+        rows = frame if valid.all() else frame[valid]
+        columns = [rows.iloc[:, i].to_numpy() for i in range(k)]
+        arrays = predict_columns(model, columns, len(rows), inputs, outputs, batch_size, feature_cols)
+        series = [
+            pd.Series(pd.arrays.ArrowExtensionArray(a)) if is_scalar(spec) else a.to_pandas()
+            for spec, a in zip(outputs, _output_arrays(arrays, outputs, valid))
+        ]
+        yield series[0] if len(series) == 1 else pd.DataFrame(dict(zip(output_cols, series)))
+
+
+def predict_arrow_batches(
+    model,
+    structs: Iterator,
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    feature_cols: list[str],
+    output_cols: list[str],
+    batch_size: int,
+    keep_invalid: bool = False,
+) -> Iterator:
+    """Pure batching (Arrow): each StructArray of feature columns -> an Arrow array of predictions.
+
+    List features are reshaped from their flat values and list outputs built from flat values
+    and offsets: no per-row Python on either side. A null feature, or an array with a null element,
+    makes the row invalid, as in :func:`predict_batches`; a NaN value goes to the model.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for struct in structs:
+        if isinstance(struct, pa.ChunkedArray):
+            struct = struct.combine_chunks()
+        n = len(struct)
+        cols = [struct.field(i) for i in range(struct.type.num_fields)]
+        holes = [null_element_rows(c) for c in cols]
+        if not keep_invalid:
+            _first_null(
+                feature_cols, [c.null_count for c in cols], n, [0 if h is None else int(h.sum()) for h in holes]
+            )
+        valid = np.ones(n, dtype=bool)
+        for c, h in zip(cols, holes):
+            if c.null_count:
+                valid &= np.asarray(pc.is_valid(c).to_numpy(zero_copy_only=False), dtype=bool)
+            if h is not None:
+                valid &= ~h
+        if not valid.all():
+            keep = pa.array(valid)
+            cols = [c.filter(keep) for c in cols]
+        arrays = predict_columns(model, cols, int(valid.sum()), inputs, outputs, batch_size, feature_cols)
+        out = _output_arrays(arrays, outputs, valid)
+        yield out[0] if len(out) == 1 else pa.StructArray.from_arrays(out, names=list(output_cols))
+
+
+def is_scalar(spec: TensorSpec) -> bool:
+    return spec.elements == 1

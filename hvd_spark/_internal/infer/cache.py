@@ -1,0 +1,72 @@
+"""The model of each Python UDF worker: loaded once per worker, model file version and device.
+
+Runs in Spark's Python UDF workers. A worker keeps one model at a time: a new version of the
+file (another fit into the same path) replaces it."""
+
+import os
+import threading
+from typing import Any
+
+from hvd_spark._internal.infer.device import on_device
+
+_MODEL_CACHE: dict[str, Any] = {}
+_MODEL_LOCK = threading.Lock()
+
+
+def load_cached(
+    key: str,
+    model_url: str,
+    storage_options: dict,
+    custom_objects_bytes: bytes | None,
+    num_threads: int,
+    device: str | None = None,
+):
+    """The model at ``model_url``, loaded once per Python worker, model version (``key``) and device
+    (a GPU Spark assigned to the task: the model's variables live there)."""
+    key = f"{key}@{device}"
+    with _MODEL_LOCK:
+        model = _MODEL_CACHE.get(key)
+        if model is not None:
+            return model
+        import cloudpickle
+
+        from hvd_spark._internal.common.logs import tf_notices_dropped
+
+        if device is not None:  # several Python workers share a GPU: each takes what it needs, not all
+            os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+        with tf_notices_dropped():
+            import tensorflow  # noqa: F401  # its start-up notices are not the user's business
+
+        from hvd_spark._internal.common.serde import load_model_file
+        from hvd_spark._internal.rank.threads import set_threads
+
+        set_threads(num_threads)
+        custom_objects = cloudpickle.loads(custom_objects_bytes) if custom_objects_bytes else None
+        with on_device(device):
+            model = load_model_file(model_url, custom_objects, compile=False, storage_options=storage_options)
+        _MODEL_CACHE.clear()  # one model per worker at a time: older versions are dropped
+        _MODEL_CACHE[key] = model
+        return model
+
+
+def model_version(url: str, opts: dict) -> str:
+    """A cache key that changes when the model file is replaced."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url, **(opts or {}))
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        raise ValueError(
+            f"The model file {url} does not exist (was the store or the saved transformer moved?)."
+        ) from None
+    return f"{url}#{info.get('size')}#{info.get('mtime') or info.get('LastModified') or info.get('created')}"
+
+
+def load_uncached(url, opts, co_bytes):
+    import cloudpickle
+
+    from hvd_spark._internal.common.serde import load_model_file
+
+    custom_objects = cloudpickle.loads(co_bytes) if co_bytes else None
+    return load_model_file(url, custom_objects, compile=True, storage_options=opts)

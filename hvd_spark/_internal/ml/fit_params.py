@@ -1,0 +1,439 @@
+"""The estimator's parameters as one typed record (:class:`FitParams`), and the converters that check
+each parameter when it is set.
+
+Every converter takes a value that is not None (Spark ML's ``_set`` skips None; ``set`` does not, so
+each accepts None too where None is allowed) and returns it, unchanged or normalized; a value of the
+wrong type raises ``TypeError`` and one out of range or not among the choices ``ValueError``, each
+naming the parameter and what it expects. ``fit`` builds the record once from the Params; the same
+converters validate it, so a value can reach ``fit`` by no path that skips them.
+
+Pure: no Spark, Keras or Horovod, so the fast tier tests it.
+"""
+
+import dataclasses
+import numbers
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hvd_spark._internal.common import settings
+from hvd_spark._internal.data.store import Store, validate_run_id
+
+# The choices of the string params. The readers' names are rank/reader.py's READERS (that module loads
+# TensorFlow, so they are repeated here); the others are their owners' constants.
+BACKENDS = ("gloo", "mpi")
+COMPRESSIONS = ("none", "fp16")
+READERS = ("arrow", "petastorm")
+REUSE_MODES = ("auto", "always", "never")  # data/materialize.py REUSE_MODES
+TASKS = ("auto", "classification", "regression")  # ml/model_info.py TASKS
+MLFLOW_MODES = ("auto", "on", "off")  # driver/tracking.py MODES
+
+Converter = Callable[[Any], Any]
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def int_at_least(name: str, low: int, *, optional: bool = False) -> Converter:
+    """An integer >= ``low`` (or None when ``optional``)."""
+
+    def conv(x):
+        if x is None and optional:
+            return None
+        if not _is_int(x):
+            raise TypeError(f"{name} must be an integer{' or None' if optional else ''}. Received: {x!r}.")
+        if x < low:
+            raise ValueError(
+                f"{name} must be at least {low}{' (or None)' if optional else ''}. Received: {name}={x!r}."
+            )
+        return int(x)
+
+    return conv
+
+
+def any_int(name: str) -> Converter:
+    def conv(x):
+        if not _is_int(x):
+            raise TypeError(f"{name} must be an integer. Received: {x!r}.")
+        return int(x)
+
+    return conv
+
+
+def boolean(name: str, *, optional: bool = False) -> Converter:
+    def conv(x):
+        if x is None and optional:
+            return None
+        if not isinstance(x, bool):
+            raise TypeError(f"{name} must be True{', False or None' if optional else ' or False'}. Received: {x!r}.")
+        return x
+
+    return conv
+
+
+def choice(name: str, choices: tuple[str, ...], expected: str | None = None) -> Converter:
+    """One of ``choices`` (``expected``: how the message says so; default "one of [...]")."""
+    expected = expected or f"one of {list(choices)}"
+
+    def conv(x):
+        if not isinstance(x, str):
+            raise TypeError(f"{name} must be {expected}. Received: {x!r} ({type(x).__name__}).")
+        if x not in choices:
+            raise ValueError(f"{name} must be {expected}. Received: {name}={x!r}.")
+        return x
+
+    return conv
+
+
+def backend_name(x):
+    """``backend`` as a Param holds a controller's name; an object with ``run`` and ``num_processes``
+    goes through the constructor, ``setParams`` or ``setBackend``, which keep it beside the Params."""
+    if not isinstance(x, str):
+        raise TypeError(
+            "backend must be 'gloo', 'mpi' or an object with run(fn, args, kwargs, env) and num_processes() "
+            f"(given to the constructor, setParams or setBackend). Received: {x!r}."
+        )
+    if x not in BACKENDS:
+        raise ValueError(f"backend must be 'gloo' or 'mpi'. Received: backend={x!r}.")
+    return x
+
+
+def is_backend_object(x) -> bool:
+    """Whether ``x`` has horovod.spark's ``Backend`` shape: ``run`` and ``num_processes``."""
+    return not isinstance(x, str) and callable(getattr(x, "run", None)) and callable(getattr(x, "num_processes", None))
+
+
+def seconds(name: str) -> Converter:
+    """A positive number of seconds (or None: the setting's default)."""
+
+    def conv(x):
+        if x is None:
+            return None
+        if not _is_number(x):
+            raise ValueError(f"{name} must be a number of seconds. Received: {x!r}.")
+        return settings.parse_seconds(name, x)
+
+    return conv
+
+
+def stall_seconds(x):
+    """``stall_timeout``: 0 (no watchdog) or at least MIN_STALL_TIMEOUT seconds, or None (the default)."""
+    if x is None:
+        return None
+    if not _is_number(x):
+        raise ValueError(f"stall_timeout must be a number of seconds (0: no stall watchdog). Received: {x!r}.")
+    settings.parse_stall_timeout("stall_timeout", x)  # the range check, with its message
+    return x
+
+
+def mlflow_mode(x):
+    """'auto' | 'on' | 'off' in any case, or True / False (on / off), or None (auto); kept as given."""
+    if x is None or isinstance(x, bool):
+        return x
+    if not isinstance(x, str) or x.lower() not in MLFLOW_MODES:
+        raise ValueError(f"mlflow must be 'auto', 'on' or 'off' (or True / False). Received: mlflow={x!r}.")
+    return x
+
+
+def normalized_mlflow(x) -> str:
+    return {True: "on", False: "off", None: "auto"}[x] if not isinstance(x, str) else x.lower()
+
+
+def optional_str(name: str) -> Converter:
+    def conv(x):
+        if x is None or isinstance(x, str):
+            return x
+        raise TypeError(f"{name} must be a string or None. Received: {x!r}.")
+
+    return conv
+
+
+def run_id(x):
+    if x is None:
+        return None
+    if not isinstance(x, str):
+        raise TypeError(f"run_id must be a string or None. Received: {x!r} ({type(x).__name__}).")
+    return validate_run_id(x)
+
+
+def store(x):
+    if x is None or isinstance(x, (str, os.PathLike, Store)):
+        return x
+    raise TypeError(f"store must be a path, a URL or a hvd_spark.Store. Received: {type(x).__name__}.")
+
+
+def model(x):
+    """A Keras model, recognized by its methods (checked as a keras.Model when ``fit`` starts)."""
+    if x is None or (callable(getattr(x, "get_weights", None)) and hasattr(x, "layers")):
+        return x
+    raise TypeError(f"model must be a keras.Model (Keras 3), built. Received: {type(x).__name__}.")
+
+
+def optimizer(x):
+    if x is None or isinstance(x, str) or callable(getattr(x, "get_config", None)):
+        return x
+    raise TypeError(f"optimizer must be a Keras optimizer or its name (e.g. 'adam'). Received: {x!r}.")
+
+
+def _loss_entry(x) -> bool:
+    return x is None or isinstance(x, str) or callable(x)
+
+
+def loss(x):
+    """A loss (name, function or Loss object), or a list / dict of them for several outputs."""
+    if _loss_entry(x):
+        return x
+    if isinstance(x, (list, tuple)) and all(_loss_entry(v) for v in x):
+        return x
+    if isinstance(x, Mapping) and all(isinstance(k, str) and _loss_entry(v) for k, v in x.items()):
+        return x
+    raise TypeError(
+        "loss must be a loss name, function or keras.losses.Loss, or a list or dict of them (one per output). "
+        f"Received: {x!r}."
+    )
+
+
+def loss_weights(x):
+    if x is None:
+        return None
+    if isinstance(x, (list, tuple)) and all(_is_number(v) for v in x):
+        return x
+    if isinstance(x, Mapping) and all(isinstance(k, str) and _is_number(v) for k, v in x.items()):
+        return x
+    raise TypeError(f"loss_weights must be a list of numbers or a dict of output name -> number. Received: {x!r}.")
+
+
+def metrics(x):
+    if x is None or isinstance(x, (list, tuple, Mapping)):
+        return x
+    raise TypeError(
+        f"metrics must be a list of metrics (names, functions or keras.metrics.Metric) or a dict of output "
+        f"name -> metrics, as for keras.Model.compile. Received: {x!r}."
+    )
+
+
+def custom_objects(x):
+    if x is None or (isinstance(x, dict) and all(isinstance(k, str) for k in x)):
+        return x
+    raise TypeError(f"custom_objects must be a dict of name -> class or function. Received: {x!r}.")
+
+
+def callbacks(x):
+    if x is None or isinstance(x, (list, tuple)):
+        return x
+    raise TypeError(f"callbacks must be a list of keras.callbacks.Callback. Received: {type(x)}.")
+
+
+def validation(x):
+    if x is None or isinstance(x, str):
+        return x
+    if not _is_number(x):
+        raise TypeError(f"validation must be a fraction in [0, 1) or a column name. Received: validation={x!r}.")
+    if not 0 <= x < 1:
+        raise ValueError(f"validation must be a fraction in [0, 1) or a column name. Received: validation={x!r}.")
+    return x
+
+
+def verbosity(x):
+    if not _is_int(x):
+        raise TypeError(f"verbose must be 0, 1 or 2. Received: {x!r}.")
+    if x not in (0, 1, 2):
+        raise ValueError(f"verbose must be 0, 1 or 2. Received: verbose={x!r}.")
+    return int(x)
+
+
+def columns(name: str, groups: bool = False) -> Converter:
+    """A column-list param: a name, a list of names or a dict of model tensor name -> column. With
+    ``groups``, an entry may also be a list of column names (scalar columns stacked into one input)."""
+
+    def entry(c):
+        if isinstance(c, str):
+            return c
+        if groups and isinstance(c, (list, tuple)) and c and all(isinstance(p, str) for p in c):
+            return list(c)
+        raise TypeError
+
+    def conv(x):
+        if x is None:
+            return None
+        if isinstance(x, str):
+            return [x]
+        try:
+            if isinstance(x, (list, tuple)):
+                return [entry(c) for c in x]
+            if isinstance(x, dict) and all(isinstance(k, str) for k in x):
+                return {k: entry(c) for k, c in x.items()}  # model tensor name (or dict key) -> column
+        except TypeError:
+            pass
+        group = " (or a list of scalar columns to stack into one input)" if groups else ""
+        raise TypeError(
+            f"{name} must be a column name, a list of column names or a dict of model tensor name -> "
+            f"column{group}. Received: {x!r}."
+        )
+
+    return conv
+
+
+def positive_float(name: str) -> Converter:
+    def conv(x):
+        if x is None:
+            return None
+        if not _is_number(x) or not x > 0:
+            raise TypeError(f"{name} must be a positive number or None. Received: {x!r}.")
+        return float(x)
+
+    return conv
+
+
+# The converter of every estimator param: params.py gives each Param its own, FitParams checks with them.
+CONVERTERS: dict[str, Converter] = {
+    "num_proc": int_at_least("num_proc", 1, optional=True),
+    "store": store,
+    "model": model,
+    "optimizer": optimizer,
+    "learning_rate": positive_float("learning_rate"),
+    "loss": loss,
+    "loss_weights": loss_weights,
+    "metrics": metrics,
+    "custom_objects": custom_objects,
+    "feature_cols": columns("feature_cols", groups=True),
+    "label_cols": columns("label_cols"),
+    "output_cols": columns("output_cols"),
+    "sample_weight_col": optional_str("sample_weight_col"),
+    "validation": validation,
+    "callbacks": callbacks,
+    "batch_size": int_at_least("batch_size", 1),
+    "val_batch_size": int_at_least("val_batch_size", 1, optional=True),
+    "epochs": int_at_least("epochs", 1),
+    "train_steps_per_epoch": int_at_least("train_steps_per_epoch", 1, optional=True),
+    "validation_steps_per_epoch": int_at_least("validation_steps_per_epoch", 1, optional=True),
+    "shuffle": boolean("shuffle"),
+    "shuffle_buffer_size": int_at_least("shuffle_buffer_size", 1),
+    "random_seed": any_int("random_seed"),
+    "run_id": run_id,
+    "verbose": verbosity,
+    "backend": backend_name,
+    "start_timeout": seconds("start_timeout"),
+    "stall_timeout": stall_seconds,
+    "use_gpu": boolean("use_gpu", optional=True),
+    "max_restarts": int_at_least("max_restarts", 0),
+    "backward_passes_per_step": int_at_least("backward_passes_per_step", 1),
+    "gradient_compression": choice("gradient_compression", COMPRESSIONS, "'none' or 'fp16'"),
+    "reader": choice("reader", READERS),
+    "reuse_data": choice("reuse_data", REUSE_MODES),
+    "task": choice("task", TASKS),
+    "mlflow": mlflow_mode,
+}
+
+
+# Params whose value is never None (each has a default).
+_NOT_NONE = (
+    "batch_size",
+    "epochs",
+    "shuffle",
+    "shuffle_buffer_size",
+    "random_seed",
+    "verbose",
+    "max_restarts",
+    "backward_passes_per_step",
+    "gradient_compression",
+    "reader",
+    "reuse_data",
+    "task",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class FitParams:
+    """The estimator's Params, as ``fit`` reads them: built once (:meth:`from_params`) when ``fit``
+    starts, every value checked by its converter and the required ones present. Field names are the
+    Param names; the docs of the values are the Params' (``HorovodEstimator``'s docstring).
+
+    ``feature_cols``, ``label_cols`` and ``output_cols`` are the lists the user gave until ``fit``
+    matched them to the model (``dataclasses.replace`` with the model's order)."""
+
+    store: Any  # a path, URL or Store (required)
+    model: Any  # a Keras model (required)
+    feature_cols: Any  # list of names (or of name lists) or dict (required)
+    label_cols: Any  # (required)
+    num_proc: int | None = None
+    optimizer: Any = None
+    learning_rate: float | None = None
+    loss: Any = None
+    loss_weights: Any = None
+    metrics: Any = None
+    custom_objects: dict[str, Any] | None = None
+    output_cols: Any = None
+    sample_weight_col: str | None = None
+    validation: float | str | None = None
+    callbacks: list | tuple | None = None
+    batch_size: int = 32
+    val_batch_size: int | None = None
+    epochs: int = 1
+    train_steps_per_epoch: int | None = None
+    validation_steps_per_epoch: int | None = None
+    shuffle: bool = True
+    shuffle_buffer_size: int = 10000
+    random_seed: int = 0
+    run_id: str | None = None
+    verbose: int = 1
+    backend: str = "gloo"  # the controller's name; a backend object stays on the estimator
+    start_timeout: float | None = None
+    stall_timeout: float | None = None
+    use_gpu: bool | None = None
+    max_restarts: int = 0
+    backward_passes_per_step: int = 1
+    gradient_compression: str = "none"
+    reader: str = "arrow"
+    reuse_data: str = "auto"
+    task: str = "auto"
+    mlflow: str = "auto"  # normalized: 'auto' | 'on' | 'off'
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                CONVERTERS[f.name](value)
+        if self.store is None:
+            raise ValueError(
+                "store is required: a path, URL or hvd_spark.Store reachable from every executor. Received: store=None."
+            )
+        if self.model is None:
+            raise ValueError("model is required: a built Keras 3 model. Received: model=None.")
+        if not self.feature_cols:
+            raise ValueError(f"feature_cols must name at least one column. Received: feature_cols={self.feature_cols}.")
+        if not self.label_cols:
+            raise ValueError(f"label_cols must name at least one column. Received: label_cols={self.label_cols}.")
+        if self.mlflow not in MLFLOW_MODES:
+            raise ValueError(f"mlflow must be 'auto', 'on' or 'off' in the record. Received: mlflow={self.mlflow!r}.")
+
+    @classmethod
+    def from_params(cls, values: Mapping[str, Any]) -> "FitParams":
+        """The record of ``{param name: value}`` (``getOrDefault`` of each Param); a name that is no
+        field is an error, a missing one takes the field's default."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise TypeError(f"Unknown HorovodEstimator parameters: {unknown}.")
+        kw: dict[str, Any] = {k: (CONVERTERS[k](v) if v is not None else None) for k, v in values.items()}
+        kw["mlflow"] = normalized_mlflow(kw.get("mlflow", "auto"))
+        if kw.get("backend", "gloo") is None:  # horovod.spark's default spelling
+            kw["backend"] = "gloo"
+        for name in _NOT_NONE:
+            if name in kw and kw[name] is None:  # a Param with a value that cannot be None, set to None
+                raise TypeError(f"{name} must not be None. Received: {name}=None.")
+        return cls(**kw)
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{param name: value}`` (a shallow copy: the model and objects are the same objects)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @property
+    def val_batch(self) -> int:
+        """Rows per validation batch per rank: ``val_batch_size``, else ``batch_size``."""
+        return self.val_batch_size or self.batch_size

@@ -1,0 +1,141 @@
+"""The MPI controller of a job: rank 0's task runs ``mpirun`` for all ranks; on other hosts the
+first task serves Open MPI's rsh agent (:mod:`.mpi_agent`) that starts the host's ``orted``.
+
+Runs inside Spark barrier tasks, like :mod:`.barrier`, whose watch and reporting it shares.
+"""
+
+import json
+import os
+import sys
+
+import cloudpickle
+
+from hvd_spark._internal.common import logs, settings
+from hvd_spark._internal.common.outcomes import ERROR, PROCESS_DIED, TaskSpec
+from hvd_spark._internal.common.topology import RankInfo, threads_env
+from hvd_spark._internal.driver.service import TaskClient
+from hvd_spark._internal.task import mpi_agent
+from hvd_spark._internal.task.barrier import (
+    ENV_WORKDIR,
+    _outcome,
+    _report,
+    _run_watched,
+    _wait_for_end,
+    _Watch,
+    _write_payload,
+)
+
+
+def _mpi_env(spec: TaskSpec, workdir: str, host: str) -> dict[str, str]:
+    """The environment of mpirun on rank 0's host and of ``orted`` on the others (their ranks inherit it)."""
+    env = dict(os.environ)
+    env.update(threads_env(spec.num_threads))
+    env.update(spec.env)
+    env.update(
+        {
+            settings.ENV_DRIVER_ADDR: spec.driver_addr,
+            settings.ENV_JOB_TOKEN: spec.token,
+            ENV_WORKDIR: workdir,
+            settings.ENV_HOST: host,
+            "PYTHONUNBUFFERED": "1",
+            "HOROVOD_CONTROLLER": "mpi",
+            "HOROVOD_CPU_OPERATIONS": "mpi",
+        }
+    )
+    for name in ("HVD_SPARK_RANK", "HOROVOD_RANK", "HOROVOD_SIZE"):
+        env.pop(name, None)
+    if os.geteuid() == 0:
+        env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    return env
+
+
+def _network_of(ip: str) -> str:
+    """The subnet (CIDR) of the interface that holds ``ip``: where mpirun's daemons and ranks talk."""
+    import ipaddress
+
+    import psutil
+
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.address == ip and a.netmask:
+                return str(ipaddress.ip_interface(f"{ip}/{a.netmask}").network)
+    return f"{ip}/32"
+
+
+def mpirun_command(ranks: list[RankInfo], env: dict[str, str], network: str | None) -> list[str]:
+    """mpirun for the whole job: one slot per barrier task, ranks laid out as :func:`assign_ranks` did
+    (contiguous per host, hosts in rank order). ``network`` (a CIDR) is set for jobs on several hosts:
+    remote daemons are then started through hvd_spark's rsh agent and talk over that subnet."""
+    slots: dict[str, int] = {}
+    for r in sorted(ranks, key=lambda r: r.rank):
+        slots[r.host] = slots.get(r.host, 0) + 1
+    cmd = ["mpirun", "-np", str(len(ranks))]
+    if network is not None:
+        cmd += ["-H", ",".join(f"{h}:{n}" for h, n in slots.items()), "--leave-session-attached"]
+        cmd += ["--mca", "plm_rsh_agent", mpi_agent.agent_command(), "--mca", "plm_rsh_no_tree_spawn", "1"]
+        for param in ("oob_tcp_if_include", "btl_tcp_if_include"):
+            kind = param.rsplit("_", 1)[0]
+            if not any(f"OMPI_MCA_{kind}_{x}" in env for x in ("include", "exclude")):
+                cmd += ["--mca", param, network]  # the user's own interface choice wins
+    cmd += ["--oversubscribe", "--bind-to", "none", "--map-by", "slot", "--tag-output"]
+    return cmd + [sys.executable, "-m", "hvd_spark._internal.rank.entry"]
+
+
+def _host_outcomes(workdir: str, ranks: list[RankInfo], host: str, rc: int | None, aborted: bool, watch: "_Watch"):
+    """The outcomes of the ranks that ran on ``host`` (their result files are in this host's ``workdir``)."""
+    outcomes = [_outcome(workdir, r.rank, rc, aborted, list(watch.tails[r.rank])) for r in ranks if r.host == host]
+    if any(o.status == ERROR and o.type != PROCESS_DIED for o in outcomes):
+        # mpirun stops the other ranks once one fails; those are not failures of their own.
+        outcomes = [o.as_aborted() if o.status == ERROR and o.type == PROCESS_DIED else o for o in outcomes]
+    return outcomes
+
+
+def run_mpi(spec: TaskSpec, client: TaskClient, me: RankInfo, ranks: list[RankInfo], workdir: str) -> list[bytes]:
+    """MPI controller: rank 0's task runs ``mpirun`` for the whole job. On every other host, the first
+    task serves the rsh agent (it runs that host's ``orted``, whose ranks write their results in its
+    ``workdir``) and reports that host's ranks; the other tasks hold their slots until the job ends."""
+    by_rank = sorted(ranks, key=lambda r: r.rank)
+    first_host = by_rank[0].host
+    several_hosts = len({r.host for r in ranks}) > 1
+    env = _mpi_env(spec, workdir, me.host)
+    server = None
+    if several_hosts and me.local_rank == 0 and me.host != first_host:
+        _write_payload(spec, workdir)
+        server = mpi_agent.CommandServer(me.host, spec.token, env, workdir)
+        published = json.dumps({"host": me.host, "addr": server.addr})
+    else:
+        published = ""
+    try:
+        gathered = client.gather("mpi-agents", published, spec.heartbeat_timeout)
+        servers = {d["host"]: d["addr"] for d in (json.loads(m) for m in gathered if m)}
+        # After the exchange: the watch reads the driver's messages from here on.
+        watch = _Watch(
+            client,
+            me.rank,
+            parse_tag=me.rank == 0,
+            silence_limit=spec.heartbeat_timeout,
+            quiet_tf=logs.tf_quiet(spec.env),
+        )
+        if me.rank == 0:
+            _write_payload(spec, workdir)
+            env[mpi_agent.ENV_HOSTS] = json.dumps(servers)
+            cmd = mpirun_command(ranks, env, _network_of(me.host) if several_hosts else None)
+            rc, aborted = _run_watched(cmd, env, workdir, watch, spec.abort_grace)
+        elif server is not None:
+            # This host's ranks are done when its orted ends; an abort stops it.
+            while not (server.finished.is_set() or watch.abort.is_set()):
+                server.finished.wait(0.2)
+            aborted = not server.finished.is_set()
+            server.stop(spec.abort_grace)
+            rc = server.returncode
+        else:
+            _wait_for_end(watch)
+            return []
+        outcomes = _host_outcomes(workdir, ranks, me.host, rc, aborted, watch)
+        for o in outcomes:
+            _report(client, o)
+        _wait_for_end(watch)
+        return [cloudpickle.dumps(o) for o in outcomes]
+    finally:
+        if server is not None:
+            server.stop(1.0)
