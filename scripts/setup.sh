@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything hvd_spark needs, safe to rerun:
-#   1. Debian packages: a Java runtime for Spark, OpenMPI for Horovod's MPI controller;
-#   2. a virtual environment with the pinned stack (constraints/spark-<line>.txt);
+#   1. Debian packages, each only when missing: a Java runtime for Spark, OpenMPI for Horovod's MPI
+#      controller, and what the venv and Horovod's build need (a C++ compiler and make, and for a
+#      Debian/Ubuntu interpreter its python3.X-venv and python3.X-dev; cmake comes from pip in step 2);
+#   2. a virtual environment with the pinned stack (constraints/spark-<line>.txt) and TensorFlow's CPU
+#      build (extra `cpu`) or its CUDA build (extra `gpu`: see HVD_SPARK_GPU);
 #   3. Horovod 0.28.1 built from its sdist against the installed TensorFlow, cached as a wheel;
 #   4. a check that prints which Horovod controllers and tensor operations are available.
 # It prints a few lines (what it does, the check); the full output of apt, pip and the Horovod build
@@ -13,10 +16,19 @@
 #   HVD_SPARK_PYTHON  interpreter: a path or a version (3.12: python3.12 on PATH or under pyenv); default python3
 #   HVD_SPARK_VENV    virtual environment path (default: .venv, or .venv-spark<line>[-py<version>] otherwise)
 #   HVD_SPARK_CACHE   where built Horovod wheels are kept (default: ~/.cache/hvd_spark)
+#   HVD_SPARK_GPU     1: the `gpu` extra (tensorflow[and-cuda] in place of tensorflow-cpu) and Horovod
+#                     with NCCL when CUDA and NCCL are found; 0: Horovod without NCCL; unset (auto): the
+#                     `gpu` extra when the venv already holds the `tensorflow` distribution (swapped in as
+#                     docs/gpu.md says), else `cpu`, and NCCL when found. 0 never swaps TensorFlow back.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/_paths.sh"
+GPU="${HVD_SPARK_GPU:-auto}"
+case "$GPU" in
+  0|1|auto) ;;
+  *) echo "setup: HVD_SPARK_GPU must be 1, 0 or unset (auto). Received: '$GPU'." >&2; exit 2 ;;
+esac
 case "$SPARK_LINE" in
   4.3|4.0|3.5) ;;
   *) echo "setup: HVD_SPARK_SPARK must be 4.3, 4.0 or 3.5. Received: '$SPARK_LINE'." >&2; exit 2 ;;
@@ -53,6 +65,25 @@ command -v mpicc >/dev/null 2>&1 || need_apt+=(openmpi-bin libopenmpi-dev)
 # iproute2 (ip netns, tc) and util-linux (unshare, taskset): the multi-host test hosts.
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
+# Horovod's build: a C++ compiler and make (cmake is pip's, installed into the venv in step 2).
+{ command -v g++ && command -v make; } >/dev/null 2>&1 || need_apt+=(build-essential)
+# The interpreter's own venv support (ensurepip) and headers (Python.h, where sysconfig says they
+# are): Debian/Ubuntu split them into python3.X-venv and python3.X-dev. Other interpreters (pyenv's,
+# a python.org build) carry both, so apt is asked only for one whose base prefix is /usr.
+py_info=$("$PY" - <<'PYEOF' 2>/dev/null || true
+import importlib.util, os, sys, sysconfig
+print("%d.%d" % sys.version_info[:2], sys.base_prefix,
+      int(importlib.util.find_spec("ensurepip") is not None),
+      int(os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h"))))
+PYEOF
+)
+read -r py_ver py_base py_has_ensurepip py_has_headers <<<"${py_info:-? ? 1 1}"
+if [ "$py_base" = /usr ]; then
+  [ "$py_has_ensurepip" = 1 ] || need_apt+=("python$py_ver-venv")
+  [ "$py_has_headers" = 1 ] || need_apt+=("python$py_ver-dev")
+elif [ "$py_has_headers" != 1 ]; then
+  log "WARNING: $PY has no Python.h (sysconfig's include directory): Horovod's build needs it; install the interpreter's headers."
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     log "installing Debian packages: ${need_apt[*]}"
@@ -60,7 +91,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     quiet "apt-get update" apt-get update
     quiet "apt-get install" apt-get install -y --no-install-recommends "${need_apt[@]}"
   else
-    log "WARNING: missing ${need_apt[*]} and cannot apt-get (not root): Spark needs Java; MPI is optional."
+    log "WARNING: missing ${need_apt[*]} and cannot apt-get (not root, or no apt-get): Spark needs Java;" \
+        "the venv needs ensurepip, Horovod's build a C++ compiler and Python.h; MPI is optional."
   fi
 fi
 command -v java >/dev/null 2>&1 || { echo "setup: Java is required for Spark and is not installed." >&2; exit 1; }
@@ -81,17 +113,42 @@ VPY="$VENV/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 stamp="$VENV/.hvd_spark-stamp"
 want=$(cat "$ROOT/pyproject.toml" "$CONSTRAINTS" | sha256sum | cut -c1-16)
-# cpu: tensorflow-cpu; spark: the full pyspark (pyproject.toml describes the extras, docs/install.md
-# the other installs).
-extras="cpu,spark,test,bench"
+# cpu: tensorflow-cpu; gpu: tensorflow[and-cuda]; spark: the full pyspark (pyproject.toml describes
+# the extras, docs/install.md the other installs). The TensorFlow extra follows HVD_SPARK_GPU, or the
+# venv's TensorFlow: one swapped for tensorflow[and-cuda] (docs/gpu.md) is kept, not overwritten by
+# tensorflow-cpu on the next reinstall.
+tf_installed=$("$VPY" - <<'PYEOF'
+import importlib.metadata as m
+for name in ("tensorflow-cpu", "tensorflow"):
+    try:
+        m.version(name)
+        print(name, end=" ")
+    except m.PackageNotFoundError:
+        pass
+PYEOF
+)
+tf_extra=cpu
+tf_pin=()
+if [ "$GPU" = 1 ] || [[ " $tf_installed" == *" tensorflow "* ]]; then
+  tf_extra=gpu
+  # The constraints pin tensorflow-cpu; the CUDA build is held to the same version.
+  tf_pin=("tensorflow==$(sed -n 's/^tensorflow-cpu==//p' "$CONSTRAINTS")")
+fi
+extras="$tf_extra,spark,test,bench"
 [ "$SPARK_LINE" = "3.5" ] && extras="$extras,petastorm"
 [ "$SPARK_LINE" = "4.0" ] && extras="$extras,connect"
 [ "$SPARK_LINE" = "4.3" ] && extras="$extras,connect,lint,mlflow,s3,test-s3"
 want="$want-$extras"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   log "installing the Spark $SPARK_LINE stack into $VENV (extras: $extras)"
+  if [ "$tf_extra" = gpu ] && [[ " $tf_installed" == *" tensorflow-cpu "* ]]; then
+    # Both distributions write the same tensorflow/ package: the CPU build goes first, and with it any
+    # tensorflow whose files it overwrote, so that the gpu extra installs TensorFlow's CUDA build whole.
+    log "replacing tensorflow-cpu with tensorflow[and-cuda] (the gpu extra)"
+    quiet "pip: removing tensorflow-cpu" "$VPY" -m pip uninstall -y tensorflow-cpu tensorflow
+  fi
   quiet "pip: build tools" "$VPY" -m pip install --upgrade pip "setuptools>=77,<80" wheel "cmake<4"
-  quiet "pip: the Spark $SPARK_LINE stack" "$VPY" -m pip install -c "$CONSTRAINTS" -e "$ROOT[$extras]"
+  quiet "pip: the Spark $SPARK_LINE stack" "$VPY" -m pip install -c "$CONSTRAINTS" -e "$ROOT[$extras]" "${tf_pin[@]}"
   echo "$want" > "$stamp"
 else
   log "Python stack up to date in $VENV"
@@ -119,10 +176,10 @@ for d in ${NCCL_HOME:+"$NCCL_HOME/include"} /usr/include "$cuda_home/include"; d
   if [ -f "$d/nccl.h" ]; then nccl_include=$d; break; fi
 done
 with_nccl=0
-if [ "${HVD_SPARK_GPU:-auto}" != 0 ] && [ -x "$cuda_home/bin/nvcc" ] && [ -n "$nccl_include" ]; then
+if [ "$GPU" != 0 ] && [ -x "$cuda_home/bin/nvcc" ] && [ -n "$nccl_include" ]; then
   if [ "${tf_dist%% *}" = "tensorflow-cpu" ]; then
     log "CUDA and NCCL found, but TensorFlow is the CPU build (tensorflow-cpu): Horovod is built without NCCL." \
-        "For GPUs, install tensorflow[and-cuda]==$tf_version in place of tensorflow-cpu and rerun (docs/gpu.md)."
+        "For GPUs, rerun with HVD_SPARK_GPU=1: it installs tensorflow[and-cuda] in place of tensorflow-cpu (docs/gpu.md)."
   else
     with_nccl=1
     mpi_tag="$mpi_tag-nccl"

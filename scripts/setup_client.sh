@@ -16,7 +16,9 @@
 # Settings (environment):
 #   HVD_SPARK_CLIENT_VENV  the environment (default: .venv-client)
 #   HVD_SPARK_PYTHON       the interpreter (as for setup.sh); it must be the server's Python
-#                          version (cloudpickle carries functions between them)
+#                          version (cloudpickle carries functions between them). The path stays
+#                          .venv-client (tests/test_client_only.py uses it); its stamp holds the Python
+#                          version, so a client environment of another version is made anew.
 #   HVD_SPARK_CACHE        where the built pyspark-client wheel and the log are kept (default ~/.cache/hvd_spark)
 set -euo pipefail
 
@@ -44,15 +46,17 @@ quiet() {
   "$@" >> "$LOG" 2>&1 || failed "$what"
 }
 
+PY_VERSION=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])') \
+  || { echo "setup_client: the interpreter $PY (HVD_SPARK_PYTHON) does not run." >&2; exit 2; }
 stamp="$VENV/.hvd_spark-client-stamp"
-want=$(cat "$ROOT/pyproject.toml" "$CONSTRAINTS" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)
+want="$(cat "$ROOT/pyproject.toml" "$CONSTRAINTS" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)-py$PY_VERSION"
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null || true)" = "$want" ]; then
-  log "client environment up to date in $VENV (pyspark-client $SPARK_VERSION)"
+  log "client environment up to date in $VENV (pyspark-client $SPARK_VERSION, Python $PY_VERSION)"
   exit 0
 fi
-echo "=== scripts/setup_client.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) venv=$VENV pyspark-client=$SPARK_VERSION" > "$LOG"
+echo "=== scripts/setup_client.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) venv=$VENV pyspark-client=$SPARK_VERSION python=$PY_VERSION" > "$LOG"
 t0=$(date +%s)
-log "setting up $VENV: pyspark-client $SPARK_VERSION, tensorflow-cpu, hvd_spark[cpu,connect-client] (log: $LOG)"
+log "setting up $VENV with Python $PY_VERSION: pyspark-client $SPARK_VERSION, tensorflow-cpu, hvd_spark[cpu,connect-client] (log: $LOG)"
 rm -rf "$VENV"
 quiet "creating $VENV" "$PY" -m venv "$VENV"
 VPY="$VENV/bin/python"

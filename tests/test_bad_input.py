@@ -164,18 +164,17 @@ def test_transform_refuses_existing_output_column(spark, tmp_path):
 def test_transform_refuses_unknown_inference_udf(spark):
     from hvd_spark import TFTransformer
 
-    t = TFTransformer(
+    kwargs = dict(
         model_url="file:///nonexistent.keras",
         feature_cols=["x"],
         label_cols=["y"],
         input_specs=[{"name": "in", "shape": [2], "dtype": "float32"}],
         output_specs=[{"name": "out", "shape": [1], "dtype": "float32"}],
-        inference_udf="numpy",
     )
-    df = spark.createDataFrame([([1.0, 2.0], 0.0)], "x array<double>, y double")
-    with pytest.raises(
-        ValueError,
-        match=r"inference_udf must be 'auto', 'arrow' or 'pandas'\. Received: "
-        r"inference_udf='numpy'",
-    ):
-        t.transform(df)
+    expected = r"inference_udf must be 'auto', 'arrow' or 'pandas'\. Received: inference_udf='numpy'"
+    with pytest.raises(ValueError, match=expected):  # at construction: the Param's converter
+        TFTransformer(**kwargs, inference_udf="numpy")
+    t = TFTransformer(**kwargs)
+    with pytest.raises(ValueError, match=expected):
+        t.setInferenceUdf("numpy")
+    assert t.getOrDefault(t.inference_udf) == "auto"  # the refused value was not kept

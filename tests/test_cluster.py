@@ -187,6 +187,7 @@ SPLIT_SCRIPT = textwrap.dedent("""
     import hvd_spark
     from hvd_spark import Store
     from hvd_spark._internal.data import materialize as data_mod
+    from hvd_spark._internal.data.identity import data_identity, dataset_key
     from hvd_spark._internal.common.specs import with_stored_names
     from pyspark.sql import functions as F
 
@@ -210,8 +211,8 @@ SPLIT_SCRIPT = textwrap.dedent("""
         )
         f, l = with_stored_names([data_mod.column_info(df, "x", "feature")], [data_mod.column_info(df, "y", "label")])
         prepared = data_mod.prepare(df, f, l, None, 0.3, seed=3)
-        identity = data_mod.data_identity(df)
-        key = data_mod.dataset_key(prepared, f + l, 0.3, 3, identity)
+        identity = data_identity(df)
+        key = dataset_key(prepared, f + l, 0.3, 3, identity)
         meta = data_mod.materialize(prepared, Store(sys.argv[1]), key, f + l, 12, 2, files=4)
         ids = {}
         for split in ("train", "val"):

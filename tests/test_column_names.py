@@ -13,6 +13,7 @@ import pytest
 from hvd_spark import HorovodEstimator
 from hvd_spark._internal.common.specs import with_stored_names
 from hvd_spark._internal.data import materialize as data_mod
+from hvd_spark._internal.data.stats import column_stats
 
 NAMES = ["class", "wine features", "class label", "od280/od315", "_features", "x.y", "a`b", "über", "1st", "__x__"]
 
@@ -48,7 +49,7 @@ def test_prepare_and_stats_accept_every_name(spark):
     (infos,) = with_stored_names(infos)
     prepared = data_mod.prepare(df, infos, [], None, None, seed=0)
     assert prepared.columns == [i.stored for i in infos] + [data_mod.VAL_COL]
-    stats = data_mod.column_stats(prepared, infos, None)
+    stats = column_stats(prepared, infos, None)
     assert stats["rows"] == 6 and set(stats["columns"]) == set(NAMES)
     assert sorted(prepared.toPandas()["c5"]) == [float(i) for i in range(6)]  # 'x.y' read as itself
 

@@ -14,6 +14,7 @@ import pytest
 
 from hvd_spark import HorovodEstimator, JobCancelledError, RunInUseError, Store
 from hvd_spark._internal.data import materialize as data_mod
+from hvd_spark._internal.data.identity import data_identity
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _helpers import rank_processes, xor_estimator, xor_frame  # noqa: E402
@@ -48,11 +49,11 @@ def test_an_overwritten_table_has_another_identity(spark, tmp_path):
     name = f"t_{os.getpid()}"
     try:
         xor_frame(spark, 600).write.mode("overwrite").saveAsTable(name)
-        before = data_mod.data_identity(spark.table(name))
+        before = data_identity(spark.table(name))
         assert before.established and before.files >= 1, before
-        assert data_mod.data_identity(spark.table(name)) == before  # unchanged: the same identity
+        assert data_identity(spark.table(name)) == before  # unchanged: the same identity
         xor_frame(spark, 1500, seed=1).write.mode("overwrite").saveAsTable(name)
-        after = data_mod.data_identity(spark.table(name))
+        after = data_identity(spark.table(name))
         assert after.established and after.digest != before.digest
     finally:
         spark.sql(f"DROP TABLE IF EXISTS {name}")
@@ -62,17 +63,17 @@ def test_identity_of_other_sources(spark):
     from pyspark.sql import functions as F
 
     local = spark.createDataFrame([(1.0, 0), (2.0, 1)], "x double, y int")
-    assert data_mod.data_identity(local).established  # local rows: in the plan, or an RDD of this application
+    assert data_identity(local).established  # local rows: in the plan, or an RDD of this application
     other = spark.createDataFrame([(1.0, 0), (3.0, 1)], "x double, y int")
-    assert data_mod.data_identity(other).digest != data_mod.data_identity(local).digest
+    assert data_identity(other).digest != data_identity(local).digest
     sampled = spark.range(100).withColumn("r", F.rand(1))
-    ident = data_mod.data_identity(sampled)
+    ident = data_identity(sampled)
     assert not ident.established and "rand" in ident.reason
-    assert data_mod.data_identity(sampled).digest != ident.digest  # never reused
-    assert data_mod.data_identity(sampled, "always").established
-    assert not data_mod.data_identity(local, "never").established
+    assert data_identity(sampled).digest != ident.digest  # never reused
+    assert data_identity(sampled, "always").established
+    assert not data_identity(local, "never").established
     dated = spark.range(10).withColumn("age", F.datediff(F.current_date(), F.lit("2020-01-01")))
-    assert not data_mod.data_identity(dated).established  # the optimizer folds current_date() to a literal
+    assert not data_identity(dated).established  # the optimizer folds current_date() to a literal
 
 
 def test_a_cache_over_files_is_not_taken_for_unchanged_data(spark, tmp_path):
@@ -84,16 +85,16 @@ def test_a_cache_over_files_is_not_taken_for_unchanged_data(spark, tmp_path):
     cached = spark.read.parquet(src).cache()
     try:
         cached.count()
-        ident = data_mod.data_identity(cached)
+        ident = data_identity(cached)
         assert not ident.established and "cached" in ident.reason, ident
-        same_plan = data_mod.data_identity(spark.read.parquet(src))  # Spark substitutes the cache here too
+        same_plan = data_identity(spark.read.parquet(src))  # Spark substitutes the cache here too
         assert not same_plan.established, same_plan
     finally:
         cached.unpersist()
     local = xor_frame(spark, 60).cache()
     try:
         local.count()
-        assert data_mod.data_identity(local).established
+        assert data_identity(local).established
     finally:
         local.unpersist()
 

@@ -332,3 +332,30 @@ def test_spark_hooks_count_slots_and_explain_without_printing(spark, capsys):
     text = internals.explain_string(spark.range(3).filter("id > 1"), connect=False)
     assert "== Physical Plan ==" in text and "== Analyzed Logical Plan ==" in text
     assert "Physical Plan" not in capsys.readouterr().out
+
+
+def test_names_that_earlier_versions_saved_still_load():
+    """Spark ML's metadata of a save from the flat module layout names its class by the old module,
+    and a saved estimator's callbacks were pickled by the old module of hvd_spark.keras."""
+    import pickle
+
+    from pyspark.ml.util import DefaultParamsReader
+
+    import hvd_spark
+    import hvd_spark.keras as hk
+    from hvd_spark._internal.ml import estimator
+
+    get_class = DefaultParamsReader._DefaultParamsReader__get_class  # what load() and Pipeline.load use
+    assert get_class("hvd_spark._internal.transformer.TFTransformer") is hvd_spark.TFTransformer
+    assert get_class("hvd_spark._internal.estimator.HorovodEstimator") is hvd_spark.HorovodEstimator
+    assert get_class("hvd_spark.TFTransformer") is hvd_spark.TFTransformer  # what saves record now
+    assert estimator.__spec__.name == "hvd_spark._internal.ml.estimator"  # the alias left it alone
+    # A pickle by reference to the old module of a callback class loads as today's class.
+    cls = hk.MetricAverageCallback
+    try:
+        cls.__module__ = "hvd_spark._internal.keras_hvd"  # as earlier versions pickled it
+        payload = pickle.dumps(cls)
+    finally:
+        cls.__module__ = "hvd_spark._internal.rank.callbacks"
+    assert b"hvd_spark._internal.keras_hvd" in payload
+    assert pickle.loads(payload) is cls

@@ -104,7 +104,7 @@ HOSTLOSS = PRELUDE + textwrap.dedent("""
                 seen["failed_at"] = record.created
             if "restarting" in text:
                 seen["restart_at"] = record.created
-            if record.name == "hvd_spark":
+            if record.name == "hvd_spark" or record.name.startswith("hvd_spark._internal."):  # not ranks' output
                 seen["log"].append([record.created, text[:200]])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("hvd_spark").addHandler(Times())

@@ -16,24 +16,35 @@ import importlib.abc
 import importlib.util
 import sys
 
-# Saved metadata names a class by its defining module (Spark ML's rule). Saves record
-# ``hvd_spark.HorovodEstimator`` / ``hvd_spark.TFTransformer``; metadata that names the flat module
-# layout of earlier versions (``hvd_spark._internal.estimator`` or ``...transformer``) loads through these.
-_SAVED_NAMES = {
-    "hvd_spark._internal.estimator": "hvd_spark._internal.ml.estimator",
-    "hvd_spark._internal.transformer": "hvd_spark._internal.infer.transformer",
+# Saved metadata names a class by its defining module (Spark ML's rule), and pickles name classes
+# by module too. Saves record ``hvd_spark.HorovodEstimator`` / ``hvd_spark.TFTransformer``; what earlier
+# versions saved names the flat module layout they had, and loads through these names: each old module
+# is a module of its own holding the names of the modules that took its code.
+_SAVED_NAMES: dict[str, tuple[str, ...]] = {
+    "hvd_spark._internal.estimator": ("hvd_spark._internal.ml.estimator",),
+    "hvd_spark._internal.transformer": ("hvd_spark._internal.infer.transformer",),
+    "hvd_spark._internal.store": ("hvd_spark._internal.data.store",),
+    # callbacks of hvd_spark.keras in a saved estimator's objects
+    "hvd_spark._internal.keras_hvd": (
+        "hvd_spark._internal.rank.optimizer",
+        "hvd_spark._internal.rank.state",
+        "hvd_spark._internal.rank.batchnorm",
+        "hvd_spark._internal.rank.callbacks",
+    ),
 }
 
 
 class _SavedNameLoader(importlib.abc.Loader):
-    def __init__(self, target: str):
-        self.target = target
+    def __init__(self, targets: tuple[str, ...]):
+        self.targets = targets
 
     def create_module(self, spec):
-        return importlib.import_module(self.target)
+        return None  # a fresh module: the targets keep their own names and specs
 
     def exec_module(self, module) -> None:
-        pass
+        for target in self.targets:
+            names = vars(importlib.import_module(target))
+            module.__dict__.update({k: v for k, v in names.items() if not k.startswith("__")})
 
 
 class _SavedNameFinder(importlib.abc.MetaPathFinder):

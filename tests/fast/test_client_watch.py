@@ -44,7 +44,7 @@ def test_tasks_that_never_start_are_a_start_timeout_then_the_job_is_left():
     assert w.step(now=30.5)
     assert len(calls) == 1 and "did not start in time" in calls[0]
     assert isinstance(w.problem, JobTimeoutError) and w.problem.ranks == [0, 1]
-    assert "did not start within start_timeout=30s" in str(w.problem)
+    assert "the 2 barrier tasks did not all start within start_timeout=30s" in str(w.problem)
     assert w.step(now=30.5 + GIVE_UP_AFTER - CANCEL_AFTER - 1)
     assert not w.step(now=30.5 + GIVE_UP_AFTER - CANCEL_AFTER + 1)  # still running: stop waiting
     assert len(calls) == 1  # interrupted once

@@ -41,7 +41,7 @@ BAD = [
     ("validation", [0.1], TypeError, r"validation must be a fraction in \[0, 1\) or a column name"),
     ("callbacks", "cb", TypeError, r"callbacks must be a list of keras\.callbacks\.Callback"),
     ("batch_size", 0, ValueError, r"batch_size must be at least 1\. Received: batch_size=0"),
-    ("batch_size", 3.0, TypeError, r"batch_size must be an integer\. Received: 3\.0"),
+    ("batch_size", 3.5, TypeError, r"batch_size must be an integer\. Received: 3\.5"),
     ("epochs", True, TypeError, r"epochs must be an integer"),
     ("val_batch_size", 0, ValueError, r"val_batch_size must be at least 1 \(or None\)"),
     ("shuffle", 1, TypeError, r"shuffle must be True or False\. Received: 1"),
@@ -143,3 +143,21 @@ def test_a_store_object_and_a_backend_object():
     assert FitParams.from_params(_values(store=Store("/tmp/s"))).store == Store("/tmp/s")
     assert is_backend_object(InProcessBackend(2))
     assert not is_backend_object("gloo") and not is_backend_object(object())
+
+
+def test_numbers_from_numpy_and_search_spaces_are_taken_as_plain_python_numbers():
+    import json
+
+    import numpy as np  # the fast tier may load numpy: it is not one of the heavy libraries
+
+    from hvd_spark._internal.ml.fit_params import CONVERTERS
+
+    assert CONVERTERS["batch_size"](32.0) == 32 and type(CONVERTERS["batch_size"](np.float64(32.0))) is int
+    assert CONVERTERS["epochs"](np.int64(3)) == 3
+    with pytest.raises(TypeError, match="batch_size must be an integer"):
+        CONVERTERS["batch_size"](32.5)
+    assert CONVERTERS["stall_timeout"](np.int64(300)) == 300.0
+    v = CONVERTERS["validation"](np.float32(0.25))
+    assert type(v) is float and v == 0.25 and json.dumps(v)
+    assert CONVERTERS["validation"](0) == 0 and type(CONVERTERS["validation"](0)) is int  # keys stay as they were
+    assert json.dumps(CONVERTERS["loss_weights"]([np.float32(0.5), 1])) == "[0.5, 1]"

@@ -309,3 +309,21 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_command_the_host_lacks_is_named_with_exit_code_127():
+    import subprocess
+
+    from hvd_spark._internal.task.procs import popen_args
+
+    r = subprocess.run(**popen_args(["hvd-spark-no-such-command"]), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 127
+    assert "cannot run 'hvd-spark-no-such-command' on this host" in r.stderr
+    ok = subprocess.run(
+        **popen_args(["sh", "-c", "echo $HVD_SPARK_PROBE"]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"HVD_SPARK_PROBE": "kept", "PATH": "/usr/bin:/bin"},
+    )
+    assert ok.returncode == 0 and ok.stdout.strip() == "kept"  # the environment reaches the command

@@ -101,9 +101,14 @@ def _require_method(cls: type, name: str, params: Sequence[str], library: str, c
     fn = getattr(cls, name, None)
     if not callable(fn):
         raise _changed(library, f"{cls.__qualname__}.{name}", consequence)
-    got = list(inspect.signature(fn).parameters)[: len(params)]
-    if got != list(params):
-        raise _changed(library, f"{cls.__qualname__}.{name}{tuple(got)}, expected {tuple(params)}", consequence)
+    # The hooks call positionally: any signature that takes these arguments so will do (another name,
+    # a default, *args), as a user's subclass may write it.
+    signature = inspect.signature(fn)
+    try:
+        signature.bind(*params)
+    except TypeError:
+        got = tuple(signature.parameters)
+        raise _changed(library, f"{cls.__qualname__}.{name}{got}, expected {tuple(params)}", consequence) from None
 
 
 # -- Keras ---------------------------------------------------------------------------------------

@@ -100,6 +100,7 @@ class TaskSpec:
     abort_grace: float
     heartbeat_timeout: float = 30.0  # a task that hears nothing from the driver this long stops its rank
     warm: bool = False  # ask the host's warm server (warm.py) for the rank, if it can serve
+    warm_set: bool = False  # the driver decided warm; else the executor's own HVD_SPARK_WARM may turn it off
     app: str = ""  # the Spark application's id: warm servers are not shared across applications
     start_timeout: float = 600.0  # how long a task waits for a warm server to be ready
     use_gpu: bool = False  # each rank gets its task's GPUs (topology.gpu_env)

@@ -17,6 +17,7 @@ Three kinds of names live here:
 
 import dataclasses
 import math
+import numbers
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -69,7 +70,7 @@ PROGRESS_INTERVAL = 1.0  # defined here (not below) because the stall parser's m
 
 def parse_stall_timeout(name: str, value) -> float | None:
     """Parses a stall timeout: 0 turns the watchdog off (None), else at least ``MIN_STALL_TIMEOUT``."""
-    if not isinstance(value, str) and (isinstance(value, bool) or not isinstance(value, int | float)):
+    if not isinstance(value, str) and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
         raise ValueError(f"{name} must be a number of seconds (0: no stall watchdog). Received: {value!r}.")
     try:
         seconds = float(value)
@@ -219,9 +220,10 @@ STALL_TIMEOUT = _setting(
     argument="stall_timeout",
 )  # fmt: skip
 WARM = _setting(
-    "warm", "HVD_SPARK_WARM", "spark.hvd_spark.warm", "bool", True, ("driver",),
+    "warm", "HVD_SPARK_WARM", "spark.hvd_spark.warm", "bool", True, ("driver", "task"),
     "Ranks forked by the host's warm server (Gloo, no GPUs); 0: fresh processes. Read on the driver "
-    "(a job's `env` entry counts as its environment); the task follows the driver's decision.",
+    "(a job's `env` entry counts as its environment); the task follows the driver's decision, and "
+    "reads its executor's own variable only when the driver had none of these.",
     argument="warm",
 )  # fmt: skip
 WARM_IDLE = _setting(

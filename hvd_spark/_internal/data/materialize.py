@@ -28,13 +28,11 @@ from hvd_spark._internal.common.specs import (
     check_label_lengths,
     group_name,
 )
-from hvd_spark._internal.data.store import DATA_META, DATA_USED, Store
+from hvd_spark._internal.data.store import DATA_META, DATA_USED, FORMAT_VERSION, VAL_COL, Store
 
 logger = logging.getLogger(__name__)
 
-VAL_COL = "__hvd_spark_is_val"
 META_NAME = DATA_META
-FORMAT_VERSION = 3  # 2: attempt folders under data/<key>/, stored column names; 3: one write, stats in meta
 
 
 def column_info(df, name, role: str) -> ColumnInfo:
@@ -311,8 +309,6 @@ def check_class_indices(info: ColumnInfo, spec: TensorSpec, s: dict) -> None:
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(x)
 
-
-REUSE_MODES = ("auto", "always", "never")
 
 # Functions whose value differs from one evaluation of the data to the next.
 _NONDETERMINISTIC = re.compile(

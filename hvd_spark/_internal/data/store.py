@@ -42,6 +42,8 @@ _WRITERS = ("auto", "spark", "store")
 _SPARK_PROTOCOLS = ("file", "local", "hdfs", "viewfs")  # filesystems every Spark cluster's Hadoop serves
 
 
+FORMAT_VERSION = 3  # of data/<key>/: 2 had attempt folders and stored column names; 3: one write, stats in meta
+VAL_COL = "__hvd_spark_is_val"  # data/<key>/<VAL_COL>=true|false/: the validation split
 DATA_META = "_hvd_spark_meta.json"  # data/<key>/: names the published files
 DATA_USED = "_last_used.json"  # data/<key>/: when a fit last reused it
 DATA_READER_PREFIX = "_reading-"  # data/<key>/_reading-<fit>.json: a fit trains on it now (a lease)

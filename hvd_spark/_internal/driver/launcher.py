@@ -27,6 +27,7 @@ from typing import Any
 import cloudpickle
 
 from hvd_spark._internal.common import settings
+from hvd_spark._internal.common.choices import BACKENDS
 from hvd_spark._internal.common.outcomes import RankOutcome, TaskSpec
 from hvd_spark._internal.common.topology import (
     GPU_CONF_HELP,
@@ -268,9 +269,6 @@ def _driver_address(sc) -> str:
     return host
 
 
-BACKENDS = ("gloo", "mpi")
-
-
 def resolve_backend(backend: str | None = None, use_gloo: bool | None = None, use_mpi: bool | None = None) -> str:
     """The Horovod controller, ``"gloo"`` or ``"mpi"``, from ``backend`` or horovod's
     ``use_gloo`` / ``use_mpi`` flags (kept for ``horovod.spark.run`` compatibility)."""
@@ -335,6 +333,7 @@ class LaunchOptions:
     master: str = "?"  # the master URL, for messages
     app: str = ""  # the application's id
     warm: bool = True  # ranks forked by warm servers (see warm.py) where they can serve
+    warm_set: bool = False  # warm came from the argument, the driver's environment or conf (not the default)
     stall_timeout: float | None = None  # seconds a rank may go without progress (None: no watchdog)
     use_gpu: bool = False  # each rank gets its task's Spark-assigned GPUs (CUDA_VISIBLE_DEVICES)
 
@@ -412,6 +411,7 @@ def resolve_launch_options(
             "environment, and hvd_spark does not yet give each of them its own task's GPU. Use backend='gloo' "
             "(NCCL still carries the GPU allreduce when Horovod has it)."
         )
+    warm_choice = settings.WARM.get(warm, env=settings.environ(env), conf=conf, default=None)
     return LaunchOptions(
         num_proc=num_proc,
         slots=slots if slots is not None else num_proc,
@@ -428,8 +428,10 @@ def resolve_launch_options(
             settings.HEARTBEAT_TIMEOUT.get(conf=conf),
         ),
         env=dict(env) if env is not None else None,
-        # The driver decides (the job's env counts as its environment); the tasks follow.
-        warm=settings.WARM.get(warm, env=settings.environ(env), conf=conf),
+        # The argument, else the driver's environment (with the job's env on top), else conf; when none
+        # of them says, each executor's own HVD_SPARK_WARM may still turn it off (warm_set=False).
+        warm=warm_choice if warm_choice is not None else settings.WARM.default,
+        warm_set=warm_choice is not None,
         stall_timeout=settings.stall_timeout_setting(stall_timeout, stall_default, conf=conf),
         use_gpu=use_gpu,
     )
@@ -560,6 +562,7 @@ def _task_spec(options: LaunchOptions, payload: bytes, driver_addr: str, token: 
         abort_grace=options.abort_grace,
         heartbeat_timeout=options.heartbeat_timeout,
         warm=options.forks_warm,
+        warm_set=options.warm_set,
         app=options.app,
         start_timeout=options.start_timeout,
         use_gpu=options.use_gpu,

@@ -216,13 +216,15 @@ def overrun_due(t0: float, options, now: float) -> bool:
 
 
 def start_timeout_message(missing: list[int], num_proc: int, options, where: str) -> str:
+    """Why a job stopped before all its tasks started; ``missing`` is empty when the watcher cannot
+    tell which ones (a Spark Connect client)."""
     if missing:
-        what = f"{len(missing)} of {num_proc} barrier tasks (tasks/partitions {missing})"
-    else:  # seen from a Spark Connect client, which does not know which ones
-        what = f"not all of the {num_proc} barrier tasks"
+        what = f"{len(missing)} of {num_proc} barrier tasks (tasks/partitions {missing}) did not start"
+    else:
+        what = f"the {num_proc} barrier tasks did not all start"
     return (
-        f"{what} did not start within start_timeout={options.start_timeout:g}s. Spark could not schedule "
-        f"them all at once: check that {num_proc} task slots are free (master={where}) or raise start_timeout "
+        f"{what} within start_timeout={options.start_timeout:g}s. Spark could not schedule them all at once: "
+        f"check that {num_proc} task slots are free (master={where}) or raise start_timeout "
         f"({settings.ENV_START_TIMEOUT})."
     )
 

@@ -20,9 +20,10 @@ import logging
 import time
 from typing import Any
 
+from hvd_spark._internal.common.choices import MLFLOW_MODES as MODES
+
 logger = logging.getLogger(__name__)
 
-MODES = ("auto", "on", "off")
 TAG_PREFIX = "hvd_spark."
 _MAX_PARAM = 500  # characters of a param's value (MLflow's limit is 6000)
 

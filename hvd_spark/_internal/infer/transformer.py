@@ -15,6 +15,7 @@ from pyspark.ml.param import TypeConverters
 from pyspark.ml.param.shared import HasHandleInvalid, HasPredictionCol, HasProbabilityCol, HasRawPredictionCol
 from pyspark.ml.util import MLReadable, MLWritable
 
+from hvd_spark._internal.common.choices import INFERENCE_UDFS, PREDICTION_TASKS
 from hvd_spark._internal.common.contracts import FitSummary
 from hvd_spark._internal.common.specs import TensorSpec, column_label, stack_for_single_input
 from hvd_spark._internal.common.topology import task_cpus
@@ -25,9 +26,6 @@ from hvd_spark._internal.infer.device import GPU_BATCH_SIZE, on_device, task_dev
 from hvd_spark._internal.infer.expressions import arrow_udfs_available, feature_status, has_null_element
 from hvd_spark._internal.ml.fit_params import boolean, choice, int_at_least
 from hvd_spark._internal.ml.params import ColumnParams, _param, with_accessors
-
-PREDICTION_TASKS = ("multiclass", "binary", "regression")
-INFERENCE_UDFS = ("auto", "arrow", "pandas")
 
 
 @with_accessors(setters=("batch_size", "inference_udf"))
@@ -82,7 +80,7 @@ class TFTransformer(
         "prediction, probability and rawPrediction columns) or 'regression'. Set by fit from the "
         "estimator's task ('auto' / 'classification' / 'regression') and the model's output: the "
         "estimator's param says how to train, this one what the trained model's output is.",
-        choice("task", PREDICTION_TASKS),
+        choice("task", PREDICTION_TASKS, "'multiclass', 'binary' or 'regression'"),
     )
     from_logits = _param(
         "from_logits", "Whether a classifier's output is logits (else probabilities).", boolean("from_logits")
@@ -91,7 +89,7 @@ class TFTransformer(
         "inference_udf",
         "How transform() calls the model: 'auto' (default: an Arrow UDF where "
         "pyspark has them, >= 4.1, else a pandas UDF), 'arrow' or 'pandas'.",
-        choice("inference_udf", INFERENCE_UDFS),
+        choice("inference_udf", INFERENCE_UDFS, "'auto', 'arrow' or 'pandas'"),
     )
 
     def __init__(

@@ -24,6 +24,8 @@ from hvd_spark._internal.common.specs import (
     with_stored_names,
 )
 from hvd_spark._internal.data import materialize as data_mod
+from hvd_spark._internal.data.identity import data_identity, dataset_key
+from hvd_spark._internal.data.stats import check_stats
 from hvd_spark._internal.data.store import Store
 from hvd_spark._internal.driver.progress import BATCH_INTERVAL, FitProgress, interactive
 from hvd_spark._internal.infer.transformer import TFTransformer
@@ -507,12 +509,12 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         columns = f_infos + l_infos + ([w_info] if w_info else [])
         prepared = data_mod.prepare(dataset, f_infos, l_infos, w_info, c.validation, seed)
         t0 = time.time()
-        identity = data_mod.data_identity(dataset, c.p.reuse_data)
+        identity = data_identity(dataset, c.p.reuse_data)
         if not identity.established:
             logger.info("writing the data anew (it will not be reused by later fits): %s", identity.reason)
         else:
             logger.debug("data identity: %s", identity.reason)
-        key = data_mod.dataset_key(prepared, columns, c.validation, seed, identity)
+        key = dataset_key(prepared, columns, c.validation, seed, identity)
 
         from hvd_spark._internal.ml.model_info import class_index_outputs
 
@@ -520,7 +522,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         indices = class_index_outputs(loss, c.outputs)
 
         def check(stats: dict) -> None:
-            data_mod.check_stats(stats, f_infos, l_infos, w_info, c.inputs, c.outputs, c.validation, num_proc, indices)
+            check_stats(stats, f_infos, l_infos, w_info, c.inputs, c.outputs, c.validation, num_proc, indices)
 
         row_values = sum((s.elements or 1) for s in c.inputs) + sum((s.elements or 1) for s in c.outputs) + 1
         meta = data_mod.materialize(

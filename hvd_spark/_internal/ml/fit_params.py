@@ -17,22 +17,24 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hvd_spark._internal.common import settings
+from hvd_spark._internal.common.choices import BACKENDS, COMPRESSIONS, MLFLOW_MODES, READERS, REUSE_MODES, TASKS
 from hvd_spark._internal.data.store import Store, validate_run_id
-
-# The choices of the string params. The readers' names are rank/reader.py's READERS (that module loads
-# TensorFlow, so they are repeated here); the others are their owners' constants.
-BACKENDS = ("gloo", "mpi")
-COMPRESSIONS = ("none", "fp16")
-READERS = ("arrow", "petastorm")
-REUSE_MODES = ("auto", "always", "never")  # data/materialize.py REUSE_MODES
-TASKS = ("auto", "classification", "regression")  # ml/model_info.py TASKS
-MLFLOW_MODES = ("auto", "on", "off")  # driver/tracking.py MODES
 
 Converter = Callable[[Any], Any]
 
 
 def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+    """An integer (numpy's too), or a whole float such as 32.0 (what search spaces and JSON give)."""
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, numbers.Integral):
+        return True
+    return isinstance(x, numbers.Real) and float(x).is_integer()
+
+
+def _plain(x):
+    """A number as Python's own int or float (numpy's are not JSON, and JSON feeds the data keys)."""
+    return x if type(x) in (int, float) else float(x)
 
 
 def _is_number(x) -> bool:
@@ -128,7 +130,7 @@ def stall_seconds(x):
     if not _is_number(x):
         raise ValueError(f"stall_timeout must be a number of seconds (0: no stall watchdog). Received: {x!r}.")
     settings.parse_stall_timeout("stall_timeout", x)  # the range check, with its message
-    return x
+    return float(x)
 
 
 def mlflow_mode(x):
@@ -202,9 +204,9 @@ def loss_weights(x):
     if x is None:
         return None
     if isinstance(x, (list, tuple)) and all(_is_number(v) for v in x):
-        return x
+        return [_plain(v) for v in x]
     if isinstance(x, Mapping) and all(isinstance(k, str) and _is_number(v) for k, v in x.items()):
-        return x
+        return {k: _plain(v) for k, v in x.items()}
     raise TypeError(f"loss_weights must be a list of numbers or a dict of output name -> number. Received: {x!r}.")
 
 
@@ -236,7 +238,7 @@ def validation(x):
         raise TypeError(f"validation must be a fraction in [0, 1) or a column name. Received: validation={x!r}.")
     if not 0 <= x < 1:
         raise ValueError(f"validation must be a fraction in [0, 1) or a column name. Received: validation={x!r}.")
-    return x
+    return _plain(x)
 
 
 def verbosity(x):

@@ -3,6 +3,7 @@
 import hashlib
 import json
 
+from hvd_spark._internal.common.choices import TASKS
 from hvd_spark._internal.common.specs import TensorSpec
 
 
@@ -199,7 +200,6 @@ CLASSIFICATION_LOSSES = {
     "binary_crossentropy": "binary",
     "binary_focal_crossentropy": "binary",
 }
-TASKS = ("auto", "classification", "regression")
 SPARSE_LOSSES = ("sparse_categorical_crossentropy", "sparse_categorical_focal_crossentropy")
 
 

@@ -20,9 +20,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
+from hvd_spark._internal.common.choices import READERS
 from hvd_spark._internal.common.specs import ColumnInfo, TensorSpec, pack
-
-READERS = ("arrow", "petastorm")
 
 
 def petastorm_available() -> bool:

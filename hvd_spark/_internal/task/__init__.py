@@ -1,4 +1,4 @@
 """Inside a Spark barrier task (Spark's Python worker, one per rank): rendezvous through the
 barrier, start the rank's process (cold, or forked from a warm server), mpirun and its rsh agent
-for MPI jobs, watch the rank and report how it ended. Loads no pyspark at import (the barrier
-closure passes the task context in) and no TensorFlow."""
+for MPI jobs, watch the rank and report how it ended. Loads no pyspark at import (a task reads
+its ``BarrierTaskContext`` when it runs) and no TensorFlow."""

@@ -438,7 +438,9 @@ def _run_child(
         on_ranks_initialized=on_ranks_initialized,
     )
     env[settings.ENV_RANK_STARTED] = repr(time.time())  # the rank's start-up profile counts from here
-    warm_proc = warm.spawn(env, workdir, spec.app, spec.start_timeout) if spec.warm else None
+    # What the driver decided, unless it had nothing to go on: then this executor's own setting counts.
+    use_warm = spec.warm and (spec.warm_set or settings.WARM.get(env=os.environ))
+    warm_proc = warm.spawn(env, workdir, spec.app, spec.start_timeout) if use_warm else None
     rc, aborted = _run_watched(
         [sys.executable, "-m", "hvd_spark._internal.rank.entry", workdir],
         env,

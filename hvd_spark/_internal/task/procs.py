@@ -5,7 +5,7 @@ run Python code between ``fork`` and ``exec`` there: ``preexec_fn`` is documente
 threads (a lock another thread held at the fork, such as the dynamic loader's, stays held forever in
 the child). Children are therefore started without it: :func:`popen_args` gives ``subprocess.Popen``
 ``start_new_session=True`` (``setsid`` done by CPython's C code between fork and exec) and a command
-that goes through a tiny wrapper, a fresh single-threaded ``python -I -S`` that asks the kernel to
+that goes through a tiny wrapper, a fresh single-threaded ``python -s -S`` that asks the kernel to
 kill it when its parent dies (``PR_SET_PDEATHSIG``), exits at once if that parent is already gone
 (the race between the fork and the request) and then ``exec``s the real command, which keeps both
 (the pid and the death signal survive ``exec``).
@@ -23,7 +23,8 @@ from typing import Any
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 
-# Runs as `python -I -S -c WRAPPER <parent pid> <command...>`: stdlib only, no site packages.
+# Runs as `python -s -S -c WRAPPER <parent pid> <command...>`: stdlib only, no site packages; the
+# environment stays (an interpreter may need PYTHONHOME).
 WRAPPER = """\
 import os, sys
 try:
@@ -33,7 +34,11 @@ except (ImportError, OSError, AttributeError):
     pass  # not Linux: the task's own kill on exit still applies
 if os.getppid() != int(sys.argv[1]):
     os._exit(128 + 9)  # the task died before the request took effect: nothing to run for
-os.execvp(sys.argv[2], sys.argv[2:])
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as e:  # e.g. mpirun not installed on this executor
+    sys.stderr.write(f"hvd_spark: cannot run {sys.argv[2]!r} on this host: {e}\\n")
+    os._exit(127)
 """
 
 
@@ -42,7 +47,7 @@ def with_parent(cmd: Sequence[str], parent: int | None = None) -> list[str]:
     dies, for the process ``cmd`` becomes (Linux; elsewhere ``cmd`` runs as it is)."""
     if not sys.platform.startswith("linux"):
         return list(cmd)
-    return [sys.executable, "-I", "-S", "-c", WRAPPER, str(parent or os.getpid()), *cmd]
+    return [sys.executable, "-s", "-S", "-c", WRAPPER, str(parent or os.getpid()), *cmd]
 
 
 def popen_args(cmd: Sequence[str]) -> dict[str, Any]:

@@ -1,0 +1,158 @@
+"""Per-column statistics of the data a fit trains on (counts, nulls, ranges, lengths), computed in
+the same pass that writes it, and the checks of those statistics against the model: label ranges,
+class indices, row lengths. Driver side."""
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from hvd_spark._internal.common.specs import (
+    ColumnInfo,
+    TensorSpec,
+    check_feature_lengths,
+    check_label_lengths,
+)
+from hvd_spark._internal.data.store import VAL_COL
+
+logger = logging.getLogger(__name__)
+
+
+def stats_aggs(infos: Sequence[ColumnInfo]) -> list:
+    """The aggregate expressions of the data's statistics: row counts, nulls / NaNs per column (null
+    elements of arrays included), array lengths, value ranges of scalar columns and the validation
+    flag. Computed while the data is written (``DataFrame.observe``), so the input is evaluated once."""
+    from pyspark.sql import functions as F
+
+    aggs = [
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.col(VAL_COL).cast("int")).alias("val_rows"),
+        F.sum(F.col(VAL_COL).isNull().cast("int")).alias("val_nulls"),
+    ]
+    for i, info in enumerate(_unique(infos)):
+        c = F.col(info.stored)
+        if info.kind == "scalar":
+            bad = c.isNull() | (F.isnan(c.cast("double")) if not info.is_integer else F.lit(False))
+            aggs += [
+                F.sum(bad.cast("int")).alias(f"bad_{i}"),
+                F.lit(None).cast("int").alias(f"min_{i}"),
+                F.lit(None).cast("int").alias(f"max_{i}"),
+                F.min(c.cast("double")).alias(f"lo_{i}"),
+                F.max(c.cast("double")).alias(f"hi_{i}"),
+                F.sum((c.cast("double") != F.floor(c.cast("double"))).cast("int")).alias(f"frac_{i}"),
+            ]
+        else:
+            bad = c.isNull() | F.exists(c, lambda x: x.isNull() | F.isnan(x.cast("double")))
+            aggs += [
+                F.sum(bad.cast("int")).alias(f"bad_{i}"),
+                F.min(F.size(c)).alias(f"min_{i}"),
+                F.max(F.size(c)).alias(f"max_{i}"),
+                F.lit(None).cast("double").alias(f"lo_{i}"),
+                F.lit(None).cast("double").alias(f"hi_{i}"),
+                F.lit(None).cast("int").alias(f"frac_{i}"),
+            ]
+    return aggs
+
+
+def _unique(infos: Sequence[ColumnInfo]) -> list[ColumnInfo]:
+    return list({i.name: i for i in infos}.values())
+
+
+def stats_from(row: dict, infos: Sequence[ColumnInfo]) -> dict:
+    """The statistics (plain JSON) from the values of :func:`stats_aggs`."""
+    out: dict[str, Any] = {
+        "rows": row["rows"] or 0,
+        "val_rows": row["val_rows"] or 0,
+        "val_nulls": row["val_nulls"] or 0,
+        "columns": {},
+    }
+    for i, info in enumerate(_unique(infos)):
+        out["columns"][info.name] = {
+            "bad": row[f"bad_{i}"] or 0,
+            "min_len": row[f"min_{i}"],
+            "max_len": row[f"max_{i}"],
+            "min": row[f"lo_{i}"],
+            "max": row[f"hi_{i}"],
+            "fractional": row[f"frac_{i}"] or 0,
+        }
+    return out
+
+
+def column_stats(prepared, infos: Sequence[ColumnInfo], validation=None) -> dict:
+    """The statistics in a Spark job of their own (fit computes them while writing instead)."""
+    return stats_from(prepared.agg(*stats_aggs(infos)).collect()[0].asDict(), infos)
+
+
+def check_stats(
+    stats: dict,
+    features: Sequence[ColumnInfo],
+    labels: Sequence[ColumnInfo],
+    weight: ColumnInfo | None,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    validation,
+    num_proc: int,
+    class_indices: Sequence[bool] | None = None,
+) -> None:
+    """Raises ValueError for the first problem in the statistics (before any rank starts).
+    ``class_indices[i]``: output ``i`` is trained with a sparse cross-entropy (its labels are class indices)."""
+    rows = stats["rows"]
+    if rows == 0:
+        raise ValueError(
+            "The DataFrame passed to fit() is empty: 0 rows. Expected at least one row per process "
+            f"(num_proc={num_proc})."
+        )
+    for role, infos in (("feature", features), ("label", labels), ("sample weight", [weight] if weight else [])):
+        for info in infos:
+            bad = stats["columns"][info.name]["bad"]
+            if bad:
+                raise ValueError(
+                    f"{role.capitalize()} column '{info.name}' has {bad} of {rows} rows with null or "
+                    "NaN values. Remove or fill them before fit (e.g. df.dropna() / df.fillna())."
+                )
+    for info, spec in zip(features, inputs):
+        s = stats["columns"][info.name]
+        check_feature_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind)
+    for i, (info, spec) in enumerate(zip(labels, outputs)):
+        s = stats["columns"][info.name]
+        check_label_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind)
+        if class_indices is not None and i < len(class_indices) and class_indices[i]:
+            check_class_indices(info, spec, s)
+    if isinstance(validation, str) and stats["val_nulls"]:
+        raise ValueError(
+            f"validation column '{validation}' has {stats['val_nulls']} rows that are null or not 0/1. "
+            "Expected true/false or 1/0 in every row."
+        )
+    val_rows, train_rows = stats["val_rows"], rows - stats["val_rows"]
+    if validation and val_rows == 0:
+        raise ValueError(
+            f"The validation split is empty (validation={validation!r} selected 0 of {rows} rows). "
+            "Raise the fraction, mark some rows in the validation column, or set validation=None."
+        )
+    if train_rows == 0:
+        raise ValueError(f"The training split is empty: all {rows} rows went to validation ({validation!r}).")
+
+
+def check_class_indices(info: ColumnInfo, spec: TensorSpec, s: dict) -> None:
+    """A scalar label of an output trained with a sparse cross-entropy is a class index: every value must
+    be a whole number in ``[0, units)``. Raises ValueError naming the column and a value."""
+    units = spec.elements
+    if info.kind != "scalar" or units is None or units < 2 or s.get("min") is None:
+        return
+    low, high = s["min"], s["max"]
+    if low < 0 or high > units - 1:
+        bad = low if low < 0 else high
+        raise ValueError(
+            f"label column '{info.name}' holds class indices for output '{spec.name}', which has {units} units: "
+            f"every label must be in [0, {units - 1}]. Received labels from {_num(low)} to {_num(high)} "
+            f"(e.g. {_num(bad)}). Re-index the labels (e.g. pyspark.ml.feature.StringIndexer), or give the "
+            "output one unit per class."
+        )
+    if s.get("fractional"):
+        raise ValueError(
+            f"label column '{info.name}' holds class indices for output '{spec.name}' ({units} units), but "
+            f"{s['fractional']} rows are not whole numbers. Expected integers in [0, {units - 1}]."
+        )
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
