@@ -15,7 +15,7 @@ import time
 
 from benchmarks.common import RESULTS, mib
 
-ORDER = ["comm", "ps", "scaling", "e2e", "data", "inference", "connect", "speed", "memory", "parity"]
+ORDER = ["comm", "ps", "scaling", "e2e", "data", "inference", "connect", "speed", "memory", "parity", "elastic"]
 ROOT_ONLY = ["multihost"]  # needs root (network namespaces): run with --only multihost
 MODULES = {
     "multihost": "bench_multihost",
@@ -29,6 +29,7 @@ MODULES = {
     "speed": "bench_speed",
     "memory": "bench_memory",
     "parity": "bench_parity",
+    "elastic": "bench_elastic",
 }
 FILES = {
     "multihost": "multihost",
@@ -42,6 +43,7 @@ FILES = {
     "speed": "speed",
     "memory": "memory",
     "parity": "parity",
+    "elastic": "elastic",
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -265,6 +267,9 @@ def report() -> str:
     parity = _load("parity")
     if parity:
         _parity_section(lines, parity)
+    elastic = _load("elastic")
+    if elastic:
+        _elastic_section(lines, elastic)
     memory = _load("memory")
     if memory:
         _memory_section(lines, memory)
@@ -312,6 +317,26 @@ def _parity_section(lines, d) -> None:
     lines.append(
         f"- digits, {d['epochs']} epochs, Adam 1e-3, the same initial weights and steps; means over seeds "
         f"{d['seeds']}; per-seed figures in results/parity.json."
+    )
+    lines.append("")
+
+
+def _elastic_section(lines, d) -> None:
+    """Recovery from a killed executor: elastic continuation against a restart from the epoch (bench_elastic)."""
+    header = ["mode", "ranks after", "failure -> next first step (s)", "steps redone", "work lost (s)", "fit (s)"]
+    _table(lines, "### Recovery from a killed executor", header, d)
+    for mode, m in d["modes"].items():
+        rec = m.get("recovery") or {}
+        lost = m.get("work_lost_s")
+        lines.append(
+            f"| {mode} | {rec.get('to_size', '?')} | {m.get('recover_s') or float('nan'):.1f} "
+            f"| {m.get('steps_redone')} | {lost if lost is not None else float('nan'):.1f} | {m['fit_s']:.1f} |"
+        )
+    lines.append("")
+    ratios = ", ".join(f"{k[len('ratio_') :]} {v:.2f}" for k, v in d.items() if k.startswith("ratio_"))
+    lines.append(
+        f"- local-cluster with 3 executors, {d['rows']} rows, {d['epochs']} epochs; one executor killed (SIGKILL) "
+        f"20 steps into epoch 2. Elastic / restart: {ratios or 'n/a'}."
     )
     lines.append("")
 

@@ -6,16 +6,19 @@ Public API:
     Store, Checkpoint: shared storage for data, checkpoints and models; one complete checkpoint.
     run: run any Horovod function on Spark barrier tasks.
     local_session: a SparkSession for one machine, set up for barrier jobs.
-    FitSummary, RankSummary: what ``TFTransformer.getFitSummary()`` reports about the fit.
-    HvdSparkError, RankFailedError, JobTimeoutError, RankStalledError, LaunchError, RunInUseError,
-        JobCancelledError: run-time errors.
+    FitSummary, RankSummary, Recovery: what ``TFTransformer.getFitSummary()`` reports about the fit.
+    HvdSparkError, RankFailedError, JobTimeoutError, RankStalledError, NotEnoughSlotsError,
+        LaunchError, RunInUseError, JobCancelledError: run-time errors.
     mark_progress: for functions run with ``run``: tells the stall watchdog this rank progresses.
+    commit_state, committed_state: for functions run with ``run(..., max_restarts=...)``: rank 0's
+        latest state, from which a restarted (or resized) attempt continues.
 
     hvd_spark.keras (imported on its own): Keras 3 gradient averaging and callbacks for functions
     run with ``run``.
 """
 
-from hvd_spark._internal.common.contracts import FitSummary, RankSummary
+from hvd_spark._internal.common.commits import commit_state, committed_state
+from hvd_spark._internal.common.contracts import FitSummary, RankSummary, Recovery
 from hvd_spark._internal.common.events import mark_progress
 from hvd_spark._internal.data.store import Checkpoint, Store
 from hvd_spark._run import run
@@ -25,6 +28,7 @@ from hvd_spark.errors import (
     JobCancelledError,
     JobTimeoutError,
     LaunchError,
+    NotEnoughSlotsError,
     RankFailedError,
     RankStalledError,
     RunInUseError,
@@ -59,11 +63,15 @@ __all__ = [
     "local_session",
     "FitSummary",
     "RankSummary",
+    "Recovery",
     "HvdSparkError",
     "RankFailedError",
     "JobTimeoutError",
     "RankStalledError",
+    "NotEnoughSlotsError",
     "mark_progress",
+    "commit_state",
+    "committed_state",
     "LaunchError",
     "RunInUseError",
     "JobCancelledError",

@@ -25,6 +25,10 @@ def run(
     warm: bool | None = None,
     stall_timeout: float | None = None,
     use_gpu: bool | None = None,
+    max_restarts: int = 0,
+    min_num_proc: int | None = None,
+    max_num_proc: int | None = None,
+    elastic_timeout: float | None = None,
 ) -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` on ``num_proc`` Horovod ranks as one Spark barrier stage.
 
@@ -70,6 +74,17 @@ def run(
         use_gpu: give each rank exactly the GPUs Spark assigned to its task (``CUDA_VISIBLE_DEVICES``,
             TensorFlow's memory growth on, NCCL for Horovod's GPU collectives when built with it).
             Default: True when ``spark.task.resource.gpu.amount`` is set. See ``docs/gpu.md``.
+        max_restarts: times a failed job (a rank raising or dying, a lost executor, a stall) is started
+            again (default 0). Each new attempt calls ``fn`` anew on every rank; there,
+            :func:`hvd_spark.committed_state` returns the state rank 0 last passed to
+            :func:`hvd_spark.commit_state`, so ``fn`` continues from it. See docs/launcher.md,
+            "Restarts and elastic jobs".
+        min_num_proc: elastic: each attempt runs on the task slots there are, at least this many
+            (``num_proc`` is then only the first attempt's size); after a lost executor the job goes on
+            with fewer ranks instead of waiting for the lost slots. Needs ``max_restarts >= 1``.
+        max_num_proc: elastic: at most this many ranks (default: every task slot).
+        elastic_timeout: elastic: seconds with fewer than ``min_num_proc`` slots before
+            :class:`hvd_spark.NotEnoughSlotsError` (default 600).
 
     Returns:
         The return values of ``fn``, ordered by rank.
@@ -101,16 +116,11 @@ def run(
 
         store = Store.create(store)
         channel = (store, store._path("jobs"))
-    return launch(
-        fn,
-        args,
-        kwargs,
-        num_proc=num_proc,
+    launch_kwargs = dict(
         spark=spark,
         backend=backend,
         use_gloo=use_gloo,
         use_mpi=use_mpi,
-        env=env,
         num_threads=num_threads,
         start_timeout=start_timeout,
         timeout=timeout,
@@ -120,3 +130,71 @@ def run(
         stall_timeout=stall_timeout,
         use_gpu=use_gpu,
     )
+    elastic = min_num_proc is not None or max_num_proc is not None
+    if not elastic and not max_restarts:
+        if elastic_timeout is not None:
+            raise ValueError("elastic_timeout applies to elastic jobs only: set min_num_proc or max_num_proc too.")
+        return launch(fn, args, kwargs, num_proc=num_proc, env=env, **launch_kwargs)
+    return _run_with_restarts(
+        fn, args, kwargs, num_proc, env, launch_kwargs, max_restarts, min_num_proc, max_num_proc, elastic_timeout
+    )
+
+
+def _run_with_restarts(
+    fn, args, kwargs, num_proc, env, launch_kwargs, max_restarts, min_num_proc, max_num_proc, elastic_timeout
+):
+    """Attempts of ``fn`` until one succeeds or no restart is left, each from rank 0's latest commit;
+    elastic attempts sized by the task slots there are."""
+    import logging
+
+    from hvd_spark._internal.common import settings
+    from hvd_spark._internal.common.commits import CommitKeeper, Restoring
+    from hvd_spark._internal.common.restarts import RESTARTABLE, should_restart
+    from hvd_spark._internal.ml.backend import SparkBackend
+    from hvd_spark._internal.ml.plan import Elastic, wait_for_slots
+
+    logger = logging.getLogger(__name__)
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an integer >= 0. Received: max_restarts={max_restarts!r}.")
+    elastic = None
+    if min_num_proc is not None or max_num_proc is not None:
+        low = 1 if min_num_proc is None else min_num_proc
+        for name, value in (("min_num_proc", low), ("max_num_proc", max_num_proc)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}.")
+        if max_num_proc is not None and low > max_num_proc:
+            raise ValueError(f"min_num_proc must be at most max_num_proc. Received: {low} > {max_num_proc}.")
+        if max_restarts < 1:
+            raise ValueError(
+                "min_num_proc / max_num_proc need max_restarts >= 1: going on after a lost rank is a restart "
+                f"on the slots left. Received: max_restarts={max_restarts}."
+            )
+        elastic = Elastic(
+            low, max_num_proc, settings.ELASTIC_TIMEOUT.get(elastic_timeout), poll=settings.ELASTIC_POLL.get()
+        )
+    keeper = CommitKeeper()
+    spark_backend = SparkBackend(num_proc=num_proc, env=env, on_event=keeper, **launch_kwargs)
+    if elastic is not None:
+        size = num_proc or wait_for_slots(spark_backend, elastic, "starting")
+    else:
+        size = num_proc
+    restarts = 0
+    while True:
+        attempt = spark_backend.with_num_proc(size) if size is not None else spark_backend
+        try:
+            return attempt.run(Restoring(fn, keeper.state), args, kwargs)
+        except RESTARTABLE as e:
+            if not should_restart(e, restarts, max_restarts):
+                raise
+            restarts += 1
+            if elastic is not None:
+                size = wait_for_slots(spark_backend, elastic, f"after the failure of attempt {restarts}")
+            logger.warning(
+                "attempt %d failed (%s); restarting (%d of max_restarts=%d) on %s ranks from %s",
+                restarts,
+                str(e).splitlines()[0],
+                restarts,
+                max_restarts,
+                size if size is not None else "all",
+                f"commit {keeper.commits}" if keeper.state is not None else "the start (nothing committed)",
+            )

@@ -63,7 +63,9 @@ class RankStalledError(JobTimeoutError):
     that one rank never joins); the job was stopped, each rank having printed its stack.
 
     Attributes:
-        ranks: the ranks without progress, the one silent longest first.
+        ranks: the ranks without progress, the most likely culprit first (a stopped process, a rank
+            outside the collective the others wait in, else the lowest progress count), then by
+            progress count and silence.
         hosts: rank -> the address of its host.
     """
 
@@ -73,6 +75,22 @@ class RankStalledError(JobTimeoutError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.ranks, self.hosts))
+
+
+class NotEnoughSlotsError(JobTimeoutError):
+    """Elastic training had fewer task slots than ``min_num_proc`` for longer than ``elastic_timeout``.
+
+    Attributes:
+        slots: the task slots at the end of the wait.
+        min_num_proc: the fewest ranks training goes on with.
+    """
+
+    def __init__(self, message: str, ranks=(), slots: int = 0, min_num_proc: int = 0):
+        self.slots, self.min_num_proc = int(slots), int(min_num_proc)
+        super().__init__(message, ranks)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.ranks, self.slots, self.min_num_proc))
 
 
 class RunInUseError(HvdSparkError):

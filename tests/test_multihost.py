@@ -85,6 +85,7 @@ HOSTLOSS = PRELUDE + textwrap.dedent("""
     import keras, numpy as np, pandas as pd
     from sklearn.datasets import load_digits
     store, marker, start_timeout = sys.argv[2], sys.argv[3], float(sys.argv[4])
+    elastic = sys.argv[5:] == ["elastic"]  # go on without the lost host and grow back when it returns
 
     class HoldOnSecondHost(keras.callbacks.Callback):
         # Mid-epoch 2 on the rank of host 10.77.0.3: leave a marker, then wait to be killed with the host.
@@ -115,11 +116,12 @@ HOSTLOSS = PRELUDE + textwrap.dedent("""
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
                               keras.layers.Dense(10, activation="softmax")])
+    sizes = dict(min_num_proc=1, max_num_proc=2, checkpoint_every=1) if elastic else dict(num_proc=2)
     est = hvd_spark.HorovodEstimator(
-        num_proc=2, store=store, model=model, optimizer=keras.optimizers.Adam(0.01),
+        store=store, model=model, optimizer=keras.optimizers.Adam(0.01),
         loss="sparse_categorical_crossentropy", metrics=["accuracy"], feature_cols=["features"],
         label_cols=["label"], batch_size=32, epochs=4, verbose=1, start_timeout=start_timeout, max_restarts=1,
-        run_id="hostloss", callbacks=[HoldOnSecondHost()])
+        run_id="hostloss", callbacks=[HoldOnSecondHost()], **sizes)
     try:
         try:
             fitted = est.fit(df)
@@ -130,7 +132,8 @@ HOSTLOSS = PRELUDE + textwrap.dedent("""
         emit({"restarts": summary.restarts, "epochs": len(fitted.getHistory()["loss"]),
               "checkpoints": [c.epoch for c in hvd_spark.Store(store).checkpoints("hostloss")],
               "accuracy": fitted.getHistory()["accuracy"][-1], "digests": [r.weights_digest for r in summary.ranks],
-              "hosts": [r.host for r in summary.ranks], "finished_at": time.time(), **seen})
+              "hosts": [r.host for r in summary.ranks], "finished_at": time.time(),
+              "recoveries": [r.__dict__ for r in summary.recoveries], **seen})
     finally:
         spark.stop()
 """)
@@ -300,6 +303,37 @@ def test_host_lost_mid_epoch_then_training_finishes_when_it_returns(cluster, tmp
         f"host loss: failure seen {out['failed_at'] - killed_at:.1f} s after the kill, restart logged "
         f"{out['restart_at'] - killed_at:.1f} s after, fit finished {out['finished_at'] - killed_at:.1f} s after"
     )
+
+
+@pytest.mark.parametrize("cluster", ["shared"], indirect=True)  # once: on the shared-hostname set-up
+def test_elastic_fit_goes_on_without_a_lost_host_and_grows_when_it_returns(cluster, tmp_path):
+    """The same loss mid-epoch 2 with min_num_proc=1: the fit goes on at once on the host left, from its
+    commit inside the epoch; once that one-rank attempt has made a commit the host returns, and the fit
+    grows back to both hosts at the next epoch end."""
+    marker = tmp_path / "held"
+    store = tmp_path / "store"
+    proc = _start_driver(cluster, HOSTLOSS, str(store), str(marker), "180", "elastic", workdir=tmp_path)
+    _wait_for(marker, proc, tmp_path)
+    killed_at = time.time()
+    cluster.kill_host(3)
+    ckpts = store / "runs" / "hostloss" / "checkpoints"
+    before = set(os.listdir(ckpts))
+    deadline = time.monotonic() + 300
+    while not {n for n in os.listdir(ckpts) if n.endswith(".json")} - before:  # the one-rank attempt commits
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "driver.err").read_text()[-5000:]
+        time.sleep(0.2)
+    cluster.start_worker(3)  # the host returns
+    out = _result(proc, tmp_path)
+    assert "error" not in out, out
+    kinds = [(r["kind"], r["from_size"], r["to_size"]) for r in out["recoveries"]]
+    assert kinds == [("shrink", 2, 1), ("grow", 1, 2)], out["recoveries"]
+    assert out["recoveries"][0]["resumed_from"].startswith("epoch 1 step "), out["recoveries"]
+    assert out["recoveries"][0]["lost_hosts"] == ["10.77.0.3"]
+    assert out["epochs"] == 4 and out["checkpoints"][-1] == 4
+    assert len(set(out["digests"])) == 1 and sorted(out["hosts"]) == ["10.77.0.2", "10.77.0.3"]
+    for r in out["recoveries"]:
+        print(f"recovery {r['kind']}: {r['seconds']} s to the next first step, {r['steps_redone']} steps redone")
+    print(f"elastic host loss: fit finished {out['finished_at'] - killed_at:.1f} s after the kill")
 
 
 def _wait_for(marker, proc, workdir, timeout=300):

@@ -229,3 +229,46 @@ def test_use_gpu_without_gpus_scheduled_names_the_conf_keys_before_any_work(spar
     assert "spark.task.resource.gpu.amount" in str(e.value) and "spark.executor.resource.gpu.amount" in str(e.value)
     with pytest.raises(TypeError, match=r"use_gpu must be True, False or None\. Received: use_gpu='yes'"):
         hvd_spark.run(rank_output, num_proc=1, spark=spark, use_gpu="yes")
+
+
+def committing_job(marker: str):
+    """Ten allreduce steps, each committed; rank 1 kills itself after step 5 of the first attempt."""
+    import signal
+
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    import hvd_spark
+
+    hvd.init()
+    state = hvd_spark.committed_state({"step": 0, "total": 0.0})
+    start, total = state["step"], state["total"]
+    for step in range(start, 10):
+        total += float(hvd.allreduce(tf.constant([1.0]), op=hvd.Sum).numpy()[0])
+        hvd_spark.commit_state({"step": step + 1, "total": total})
+        if step == 4 and hvd.rank() == 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+    return {"start": start, "total": total, "size": hvd.size()}
+
+
+def test_a_restarted_job_continues_from_rank_0s_last_commit(spark, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="hvd_spark")
+    marker = str(tmp_path / "killed")
+    out = hvd_spark.run(
+        committing_job, args=(marker,), min_num_proc=1, max_num_proc=2, max_restarts=1, verbose=0, stall_timeout=60
+    )
+    assert os.path.exists(marker)  # the first attempt lost rank 1
+    # the second attempt started at rank 0's last commit (after 5 steps), not at 0, and made the other 5
+    assert [r["start"] for r in out] == [5, 5] and [r["total"] for r in out] == [20.0, 20.0]
+    assert [r["size"] for r in out] == [2, 2]
+    assert any("restarting (1 of max_restarts=1) on 2 ranks from commit" in r.getMessage() for r in caplog.records)
+
+
+def test_elastic_run_arguments_are_checked_before_any_work(spark):
+    with pytest.raises(ValueError, match="max_restarts >= 1"):
+        hvd_spark.run(collectives, min_num_proc=1)
+    with pytest.raises(ValueError, match="min_num_proc must be at most max_num_proc"):
+        hvd_spark.run(collectives, min_num_proc=3, max_num_proc=2, max_restarts=1)
+    with pytest.raises(ValueError, match="elastic_timeout applies to elastic jobs only"):
+        hvd_spark.run(collectives, elastic_timeout=5)

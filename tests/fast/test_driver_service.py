@@ -1,5 +1,7 @@
-"""The driver service over real sockets: the token check, the message kinds, broadcast."""
+"""The driver service over real sockets: the token check, the message kinds, broadcast; the stall
+watchdog's order and its report."""
 
+import dataclasses
 import time
 
 import pytest
@@ -258,7 +260,7 @@ def test_the_job_is_stalled_only_when_no_unfinished_rank_moves(clock, service):
     assert stalled == [
         (1, 0.5, 5, "epoch 1 step 5"),
         (0, 0.25, 7, "epoch 1 step 7"),
-    ]  # the longest silent first
+    ]  # the rank behind first
     assert service.stalled_ranks(0.25) == []  # rank 0 moved 0.25 s ago: not stalled for longer
     ranks[0].send({KIND: Kind.PROGRESS, "rank": 0, "count": 8, "where": "epoch 1 step 8"})
     _until(lambda: service.progress[0][1] == 8)
@@ -269,3 +271,141 @@ def test_the_job_is_stalled_only_when_no_unfinished_rank_moves(clock, service):
     assert [r for r, *_ in service.stalled_ranks(0.1)] == [1]  # the finished rank is out of it
     for c in tasks + ranks:
         c.close()
+
+
+def test_the_rank_behind_is_named_first_even_when_heard_from_last(clock):
+    """The order of a stall: the fewest marks (mark_progress calls) first, then the longest silent,
+    then the lowest rank. A busy block's ticks (the count moves, the marks do not) keep a rank alive
+    without moving it along."""
+    from types import SimpleNamespace
+
+    from hvd_spark._internal.driver.supervisor import Supervisor
+
+    svc = DriverService(4, bind="127.0.0.1")
+    svc.start()
+    addr = f"127.0.0.1:{svc.port}"
+    tasks = [TaskClient(addr, svc.token, {"role": "task", "partition": p}) for p in range(4)]
+    ranks = [TaskClient(addr, svc.token, {"role": "rank", "rank": r}) for r in range(4)]
+    try:
+        for r, task in enumerate(tasks):
+            task.send({KIND: Kind.RANK, "rank": r})
+        _until(lambda: len(svc.progress) == 4)
+
+        def progress(rank, count, marks, where):
+            ranks[rank].send({KIND: Kind.PROGRESS, "rank": rank, "count": count, "marks": marks, "where": where})
+            _until(lambda: svc.progress[rank][1] == count)
+
+        progress(3, 10, 10, "epoch 1 step 10")
+        progress(1, 10, 10, "epoch 1 step 10")  # heard at the same time as rank 3: the lower rank first
+        clock.now += 0.25
+        progress(2, 10, 10, "epoch 1 step 10")  # the same step, heard from later: after ranks 1 and 3
+        clock.now += 0.25
+        progress(0, 9, 9, "epoch 1 step 9")  # heard from last, but one step behind: first
+        clock.now += 0.5
+        assert svc.stalled_ranks(0.1) == [
+            (0, 0.5, 9, "epoch 1 step 9"),
+            (1, 1.0, 10, "epoch 1 step 10"),
+            (3, 1.0, 10, "epoch 1 step 10"),
+            (2, 0.75, 10, "epoch 1 step 10"),
+        ]
+        # Rank 0 uploads in a busy block: its count moves past the others', its marks stay.
+        progress(0, 13, 9, "uploading the checkpoint")
+        assert svc.stalled_ranks(0.1) == []  # alive
+        clock.now += 2.0
+        stalled = svc.stalled_ranks(0.1)
+        assert [r for r, *_ in stalled] == [0, 1, 3, 2] and stalled[0][2:] == (9, "uploading the checkpoint")
+        # The supervisor's problem keeps that order and carries the counts to the report.
+        problem = Supervisor(svc, SimpleNamespace(), where="local")._stall(0.1)
+        assert problem is not None and problem.ranks == [0, 1, 3, 2]
+        assert problem.counts == {0: 9, 1: 10, 2: 10, 3: 10}
+        assert problem.stalled_hosts == {r: "127.0.0.1" for r in range(4)}
+        assert problem.message.startswith("stalled: no rank made progress for stall_timeout=0.1s, the rank furthest")
+        first, *_ = problem.message.split("; ")
+        assert first.endswith("rank 0 on host 127.0.0.1: none for 2 s, last at uploading the checkpoint (count 9)")
+    finally:
+        for c in tasks + ranks:
+            c.close()
+        svc.stop()
+
+
+def _stall(ranks, counts):
+    from hvd_spark._internal.driver.supervisor import Problem
+
+    return Problem("stalled", ranks, stalled_hosts={r: "h" for r in ranks}, counts=counts)
+
+
+_USER = (
+    "",
+    ['File "train.py", line 9 in on_train_batch_end', 'File "keras/trainer.py", line 3 in fit'],
+)  # a rank in user code
+_WAITING = ("", ['File "horovod/tensorflow/mpi_ops.py", line 1 in allreduce', 'File "x.py", line 5 in f'])
+
+
+def test_the_counts_alone_name_the_rank_behind_when_the_stacks_do_not_tell():
+    from hvd_spark._internal.driver.supervisor import explain_problem
+
+    for stacks in ({}, {0: _USER, 1: _USER}):  # no stacks came back; every rank is in user code
+        message, ranks = explain_problem(_stall([0, 1], {0: 4, 1: 3}), stacks)
+        assert "\nMost likely stalled: rank(s) [1] (behind the others: progress count 3, the others 4)" in message
+        assert ranks == [1, 0]
+    message, ranks = explain_problem(_stall([2, 0, 1], {2: 5, 0: 7, 1: 8}), {})
+    assert "Most likely stalled: rank(s) [2] (behind the others: progress count 5, the others 7 to 8)" in message
+    assert ranks == [2, 0, 1]
+    message, ranks = explain_problem(_stall([1, 2, 0], {0: 7, 1: 5, 2: 5}), {})
+    assert "Most likely stalled: rank(s) [1, 2] (behind" in message and ranks == [1, 2, 0]
+    # Equal counts and no telling stacks: no line, the problem's order.
+    message, ranks = explain_problem(_stall([1, 0], {0: 4, 1: 4}), {0: _USER, 1: _USER})
+    assert "Most likely" not in message and ranks == [1, 0]
+    message, ranks = explain_problem(_stall([1, 0], None), {})
+    assert "Most likely" not in message and ranks == [1, 0]
+    # A timeout is no stall: no line, whatever it carries.
+    timeout = dataclasses.replace(_stall([0, 1], {0: 4, 1: 3}), stalled_hosts=None)
+    message, ranks = explain_problem(timeout, {})
+    assert "Most likely" not in message and ranks == [0, 1]
+
+
+def test_the_stacks_weigh_more_than_the_counts_and_both_are_said():
+    from hvd_spark._internal.driver.supervisor import explain_problem
+
+    # Agreeing: rank 1 is outside the collective rank 0 waits in, and behind.
+    message, ranks = explain_problem(_stall([1, 0], {0: 4, 1: 3}), {0: _WAITING, 1: _USER})
+    assert (
+        "\nMost likely stalled: rank(s) [1] (outside the Horovod collective the others wait in; behind the "
+        "others: progress count 3, the others 4)\n" in message
+    )
+    assert ranks == [1, 0]
+    # Disagreeing: the stacks name rank 1, the counts rank 0; rank 1 first, both said.
+    message, ranks = explain_problem(_stall([0, 1], {0: 3, 1: 4}), {0: _WAITING, 1: _USER})
+    assert (
+        "\nMost likely stalled: rank(s) [1] (outside the Horovod collective the others wait in); the progress "
+        "counts put rank(s) [0] behind (progress count 3, the others 4), the stacks weigh more\n" in message
+    )
+    assert ranks == [1, 0]
+    lines = message.split("Where each unfinished rank was:\n")[1].splitlines()
+    assert lines[0].startswith("  rank 1: File") and lines[1].startswith("  rank 0: File")  # in the report's order
+    # A stopped process is the strongest evidence.
+    message, ranks = explain_problem(_stall([0, 1], {0: 3, 1: 4}), {0: _USER, 1: ("stopped", None)})
+    assert "Most likely stalled: rank(s) [1] (stopped or silent: no Python stack); the progress counts" in message
+    assert ranks == [1, 0]
+    # Stacks that name every rank (all stopped) single out none: the counts decide.
+    message, ranks = explain_problem(_stall([1, 0], {0: 3, 1: 4}), {0: ("stopped", None), 1: ("stopped", None)})
+    assert "Most likely stalled: rank(s) [0] (behind the others: progress count 3, the others 4)" in message
+    assert ranks == [0, 1]
+
+
+def test_a_stall_report_from_counts_alone_names_the_rank_behind_in_the_error():
+    """A fit's ranks: the one that sleeps in a callback and the one that waits in the next step's
+    collective both show user code (Keras runs the collective inside the traced step)."""
+    from hvd_spark._internal.common.outcomes import ABORTED, STATE_PREFIX, RankOutcome
+    from hvd_spark._internal.driver.supervisor import JobReport, conclude
+    from hvd_spark.errors import RankStalledError
+
+    records = [
+        RankOutcome(r, ABORTED, tail=(f"{STATE_PREFIX}sleeping", "Stack (most recent call first):", f"  {frame}"))
+        for r, frame in ((0, 'File "keras/trainer.py", line 3 in fit'), (1, 'File "cb.py", line 2 in on_epoch_end'))
+    ]
+    report = JobReport(problem=_stall([1, 0], {0: 41, 1: 40}))
+    with pytest.raises(RankStalledError) as caught:
+        conclude(records, report, num_proc=2, description="job", elapsed=1.0)
+    assert caught.value.ranks[0] == 1 and caught.value.ranks == [1, 0]
+    assert "Most likely stalled: rank(s) [1]" in str(caught.value)

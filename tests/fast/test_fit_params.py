@@ -65,6 +65,12 @@ BAD = [
     ("task", "multiclass", ValueError, r"task must be one of \['auto', 'classification', 'regression'\]"),
     ("task", 1, TypeError, r"task must be one of"),
     ("mlflow", "yes", ValueError, r"mlflow must be 'auto', 'on' or 'off' \(or True / False\)"),
+    ("min_num_proc", 0, ValueError, r"min_num_proc must be at least 1"),
+    ("max_num_proc", 1.5, TypeError, r"max_num_proc must be an integer"),
+    ("elastic_timeout", -1, ValueError, r"elastic_timeout must be .*greater than 0"),
+    ("checkpoint_every", 0, ValueError, r"checkpoint_every must be a number of steps .* or a duration"),
+    ("checkpoint_every", "often", ValueError, r"checkpoint_every must be .*Received: checkpoint_every='often'"),
+    ("checkpoint_every", 2.5, ValueError, r"checkpoint_every must be a number of steps"),
 ]
 
 
@@ -90,6 +96,11 @@ GOOD = [
     ("mlflow", True, True),
     ("mlflow", "ON", "ON"),
     ("use_gpu", False, False),
+    ("checkpoint_every", 50, 50),
+    ("checkpoint_every", 50.0, 50),
+    ("checkpoint_every", "10min", "10min"),
+    ("checkpoint_every", " 90s", "90s"),
+    ("min_num_proc", 2, 2),
 ]
 
 
@@ -130,6 +141,27 @@ def test_the_record_is_built_checked_and_frozen():
 def test_the_required_params_must_be_given(missing, match):
     with pytest.raises(ValueError, match=match):
         FitParams.from_params(_values(**{missing: None}))
+
+
+def test_elastic_bounds_are_checked_together():
+    p = FitParams.from_params(_values(min_num_proc=2, max_num_proc=4, max_restarts=1))
+    assert p.elastic and not FitParams.from_params(_values()).elastic
+    with pytest.raises(ValueError, match=r"min_num_proc must be at most max_num_proc\. Received: min_num_proc=3"):
+        FitParams.from_params(_values(min_num_proc=3, max_num_proc=2, max_restarts=1))
+    with pytest.raises(ValueError, match=r"need max_restarts >= 1"):
+        FitParams.from_params(_values(min_num_proc=2))
+    with pytest.raises(ValueError, match=r"num_proc \(the ranks to start with\) must lie between"):
+        FitParams.from_params(_values(min_num_proc=2, max_num_proc=3, num_proc=4, max_restarts=1))
+    with pytest.raises(ValueError, match=r"elastic_timeout applies to elastic training only"):
+        FitParams.from_params(_values(elastic_timeout=30))
+    with pytest.raises(ValueError, match=r"checkpoint_every .* needs reader='arrow'"):
+        FitParams.from_params(_values(checkpoint_every=10, reader="petastorm"))
+
+
+def test_checkpoint_periods_in_seconds():
+    from hvd_spark._internal.ml.fit_params import every_seconds
+
+    assert [every_seconds(x) for x in ("90s", "10min", "1h", "2.5m", 40)] == [90, 600, 3600, 150, None]
 
 
 def test_params_without_a_none_value_refuse_none_and_unknown_names_are_refused():

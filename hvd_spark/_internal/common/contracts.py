@@ -36,6 +36,29 @@ class RankSummary:
 
 
 @dataclass(frozen=True)
+class Recovery:
+    """One restart or resize of a fit's training job."""
+
+    kind: str  # "restart" (as many ranks as before), "shrink" (fewer: slots were lost) or "grow"
+    cause: str  # the failure's first line, or why training grew
+    from_size: int  # ranks before
+    to_size: int  # ranks after
+    resumed_from: str  # the commit the next attempt started from: "epoch 2 step 40", "epoch 3", "the start"
+    steps_redone: int | None  # optimizer steps the stopped attempt had made past that commit (None: unknown)
+    lost_hosts: tuple[str, ...] = ()  # hosts whose executor or network went away
+    seconds: float | None = None  # from the failure (or the stop) to the next attempt's first step
+
+    def describe(self) -> str:
+        took = f"{self.seconds:.1f}s to the next first step" if self.seconds is not None else "time unknown"
+        redone = "unknown" if self.steps_redone is None else str(self.steps_redone)
+        lost = f", lost {', '.join(self.lost_hosts)}" if self.lost_hosts else ""
+        return (
+            f"{self.kind} {self.from_size} -> {self.to_size} ranks from {self.resumed_from}{lost}; "
+            f"{redone} step(s) redone; {took}; cause: {self.cause}"
+        )
+
+
+@dataclass(frozen=True)
 class FitSummary:
     """How a ``fit`` went: ``TFTransformer.getFitSummary()`` on the model it returned.
 
@@ -50,6 +73,7 @@ class FitSummary:
     train_job_seconds: float  # the training job(s): launch, training and shutdown of every attempt
     fit_seconds: float
     ranks: tuple[RankSummary, ...]
+    recoveries: tuple[Recovery, ...] = ()  # every restart and resize of the training job, in order
 
 
 @dataclass(frozen=True)
@@ -77,8 +101,9 @@ class DataSpec:
 @dataclass(frozen=True)
 class RunConfig:
     """Everything a rank needs to train (``worker.train``), built by the driver; plain data and
-    bytes, so it pickles without Spark. The last four fields change with every attempt of a fit
-    (``dataclasses.replace``)."""
+    bytes, so it pickles without Spark. The fields after "per attempt" change with every attempt of a
+    fit, and the per-rank lists and step counts with its world size (``ml/plan.sized``), through
+    ``dataclasses.replace``."""
 
     store: dict[str, Any]  # Store.to_config()
     run_id: str
@@ -105,11 +130,23 @@ class RunConfig:
     final_model: str = ""  # where rank 0 saves the trained model: this fit's own file in the store
     lease: tuple[str, str] | None = None  # (path, token) of the run's writer lease, checked before each checkpoint
     validation_exact: bool = True  # every validation row counted once (False: validation_steps per rank)
+    # --- the data plan (common/dataplan.py): what ranks of any number read ---
+    train_paths: tuple[str, ...] = ()  # the training files, in the order the units number them
+    train_units: tuple[tuple[int, int, int], ...] = ()  # (file, row group, rows) of each row group with rows
+    train_table: tuple[tuple[str, int], ...] = ()  # (path, rows): files spread per rank for any size (petastorm)
+    val_table: tuple[tuple[str, int], ...] = ()
+    fixed_steps: int | None = None  # the user's train_steps_per_epoch (None: each rank's share once)
+    fixed_val_steps: int | None = None  # the user's validation_steps_per_epoch
+    checkpoint_steps: int | None = None  # commits inside an epoch every N steps
+    checkpoint_seconds: float | None = None  # or every so many seconds (rank 0's clock)
+    resize_marker: str | None = None  # store path the driver writes when training should grow
     # --- per attempt ---
     initial_epoch: int = 0
     resume_ckpt: str | None = None  # checkpoint model path in the store, when resuming
     history_so_far: tuple[dict[str, float], ...] = ()
     model_bytes: bytes | None = None  # the user's model as a .keras file, when not resuming
+    resume_step: int = 0  # steps of epoch initial_epoch + 1 the resumed commit holds (0: an epoch end)
+    resume_cursor: dict | None = None  # that commit's data cursor (dataplan.Cursor.to_json())
 
 
 def history_from(logs_per_epoch: list[dict[str, float]]) -> dict[str, list[float]]:

@@ -91,6 +91,7 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "count": parse_count,
     "bytes": parse_count,
     "seconds (0: off)": parse_stall_timeout,
+    "path": lambda name, value: str(value),
 }
 
 _NO: Any = object()  # no default given
@@ -218,6 +219,29 @@ STALL_TIMEOUT = _setting(
     "Seconds without any rank's progress before the job is stopped as stalled; 0 or unset: no "
     "watchdog for `run`, 300 s for a fit (`stall_timeout` Param).",
     argument="stall_timeout",
+)  # fmt: skip
+FIRST_STEP_TIMEOUT = _setting(
+    "first_step_timeout", "HVD_SPARK_FIRST_STEP_TIMEOUT", None, "seconds", 1800.0, ("rank",),
+    "Seconds a rank's first training step (Keras tracing and compiling the train step) counts as "
+    "progress for the stall watchdog; a first step still running after that is caught `stall_timeout` "
+    "seconds later.",
+)  # fmt: skip
+ELASTIC_TIMEOUT = _setting(
+    "elastic_timeout", "HVD_SPARK_ELASTIC_TIMEOUT", "spark.hvd_spark.elasticTimeout", "seconds", 600.0, ("driver",),
+    "Elastic training (`min_num_proc`): seconds with fewer task slots than `min_num_proc` before the fit "
+    "or `run` fails with `NotEnoughSlotsError`.",
+    argument="elastic_timeout",
+)  # fmt: skip
+ELASTIC_POLL = _setting(
+    "elastic_poll", "HVD_SPARK_ELASTIC_POLL", None, "seconds", 2.0, ("driver",),
+    "Elastic training: seconds between counts of the task slots, while waiting for `min_num_proc` of "
+    "them and while a job runs on fewer than it could (training grows at the next epoch end).",
+)  # fmt: skip
+DATA_TRACE = _setting(
+    "data_trace", "HVD_SPARK_DATA_TRACE", None, "path", None, ("rank",),
+    "A folder on the rank's host: each rank of a fit appends, for every training batch its reader "
+    "yields, the epoch, the step and the first feature column's values (as JSON lines, one file per "
+    "rank process). For proving which rows were trained (the elastic tests); costs a write per batch.",
 )  # fmt: skip
 WARM = _setting(
     "warm", "HVD_SPARK_WARM", "spark.hvd_spark.warm", "bool", True, ("driver", "task"),

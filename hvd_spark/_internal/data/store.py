@@ -36,7 +36,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_CKPT = re.compile(r"^epoch-(\d{4,})\.json$")
+_CKPT = re.compile(r"^epoch-(\d{4,})(?:-step-(\d{7,}))?\.json$")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _WRITERS = ("auto", "spark", "store")
 _SPARK_PROTOCOLS = ("file", "local", "hdfs", "viewfs")  # filesystems every Spark cluster's Hadoop serves
@@ -77,13 +77,20 @@ class Lease:
     lost: threading.Event = field(default_factory=threading.Event)
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Checkpoint:
-    """A complete checkpoint: the model after ``epoch`` epochs and its metadata (history, ...)."""
+    """A complete checkpoint: the model after ``epoch`` epochs and ``step`` steps of the next one
+    (0: an epoch checkpoint; more: a commit inside an epoch, whose metadata holds the data cursor),
+    and its metadata (history, ...)."""
 
     epoch: int
     model_path: str
     meta_path: str
+    step: int = 0
+
+    @property
+    def position(self) -> str:
+        return f"epoch {self.epoch} step {self.step}" if self.step else f"epoch {self.epoch}"
 
 
 class Store:
@@ -467,10 +474,33 @@ class Store:
         out = []
         for name in names:
             m = _CKPT.match(name)
-            if m and f"epoch-{m.group(1)}.keras" in names:
-                model = posixpath.join(ckpt_dir, f"epoch-{m.group(1)}.keras")
-                out.append(Checkpoint(int(m.group(1)), model, posixpath.join(ckpt_dir, name)))
-        return sorted(out)
+            model_name = name[: -len(".json")] + ".keras"
+            if m and model_name in names:
+                step = int(m.group(2)) if m.group(2) else 0
+                model = posixpath.join(ckpt_dir, model_name)
+                out.append(Checkpoint(int(m.group(1)), model, posixpath.join(ckpt_dir, name), step))
+        return sorted(out, key=lambda c: (c.epoch, c.step))
+
+    def _parquet_metadata(self, path: str):
+        """The footer (pyarrow ``FileMetaData``) of the Parquet file at ``path``."""
+        import pyarrow.parquet as pq
+
+        self._fresh(path)
+        with self._fs.open(path, "rb") as f:
+            return pq.ParquetFile(f).metadata
+
+    def _epoch_checkpoints(self, run_id: str) -> list[Checkpoint]:
+        """The checkpoints at epoch ends, oldest first (no commits inside an epoch)."""
+        return [c for c in self.checkpoints(run_id) if not c.step]
+
+    def _remove_commits_before(self, run_id: str, epoch: int, step: int) -> None:
+        """Removes the commits inside an epoch older than ``(epoch, step)``: once a newer checkpoint
+        is complete they are never resumed from. Epoch checkpoints stay."""
+        for c in self.checkpoints(run_id):
+            if c.step and (c.epoch, c.step) < (epoch, step):
+                for path in (c.meta_path, c.model_path):  # the JSON first: never a JSON without its model
+                    with contextlib.suppress(FileNotFoundError):
+                        self._rm(path)
 
     def latest_checkpoint(self, run_id: str) -> Checkpoint | None:
         ckpts = self.checkpoints(run_id)
@@ -632,8 +662,10 @@ class Store:
         return self._download_file(path, local)
 
 
-def checkpoint_names(epoch: int) -> tuple[str, str]:
-    return f"epoch-{epoch:04d}.keras", f"epoch-{epoch:04d}.json"
+def checkpoint_names(epoch: int, step: int = 0) -> tuple[str, str]:
+    """The files of the checkpoint after ``epoch`` epochs and ``step`` steps of the next one."""
+    stem = f"epoch-{epoch:04d}" + (f"-step-{step:07d}" if step else "")
+    return f"{stem}.keras", f"{stem}.json"
 
 
 def validate_run_id(run_id: str) -> str:

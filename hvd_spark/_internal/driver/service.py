@@ -43,7 +43,7 @@ class Kind(StrEnum):
     BEAT = "beat"  # a heartbeat, every settings.HEARTBEAT_INTERVAL seconds each way: {}
     GATHER = "gather"  # a task's contribution to an all-gather: {"round", "info"}
     GATHERED = "gathered"  # to every task once all have contributed: {"round", "infos"} (partition order)
-    PROGRESS = "progress"  # a rank's progress count, when it moved: {"rank", "count", "where"}
+    PROGRESS = "progress"  # a rank's progress, when its count moved: {"rank", "count", "marks", "where"}
     INITIALIZED = "initialized"  # a rank's hvd.init() returned: {"rank"}
     RANKS_INITIALIZED = "ranks_initialized"  # to every task: every rank's hvd.init() returned
 
@@ -161,8 +161,9 @@ class DriverService:
         self.vanished: dict[int, float] = {}  # partition -> when its connection closed before its rank was done
         self.failures: list[dict] = []  # in the order they reached the driver
         self._gathers: dict[str, dict[int, tuple]] = {}  # round -> partition -> (conn, info)
-        # rank -> (monotonic time its count last moved, count, where): from its task's rank message on
-        self.progress: dict[int, tuple[float, int, str]] = {}
+        # rank -> (monotonic time its count last moved, count, where, marks): from its task's rank message
+        # on. The count moves on every tick (alive); marks only on mark_progress (steps done).
+        self.progress: dict[int, tuple[float, int, str, int]] = {}
         self.initialized: set[int] = set()  # ranks whose hvd.init() returned
         self.rank_conns: dict[int, int] = {}  # rank -> its process's open connections (closed when it exits)
 
@@ -257,7 +258,7 @@ class DriverService:
             with self._lock:
                 self.rank_of_partition[conn.partition] = msg["rank"]
                 conn.rank = msg["rank"]
-                self.progress.setdefault(int(msg["rank"]), (time.monotonic(), 0, "starting"))
+                self.progress.setdefault(int(msg["rank"]), (time.monotonic(), 0, "starting", 0))
                 self._lock.notify_all()
         elif kind == Kind.EVENT:
             if self._on_event is not None:
@@ -285,9 +286,10 @@ class DriverService:
                 self.broadcast({KIND: Kind.RANKS_INITIALIZED})
         elif kind == Kind.PROGRESS:
             rank, count = int(msg.get("rank", -1)), int(msg.get("count", 0))
+            marks = int(msg.get("marks", count))
             with self._lock:
-                if count != self.progress.get(rank, (0.0, -1, ""))[1]:
-                    self.progress[rank] = (time.monotonic(), count, str(msg.get("where") or ""))
+                if count != self.progress.get(rank, (0.0, -1, "", 0))[1]:
+                    self.progress[rank] = (time.monotonic(), count, str(msg.get("where") or ""), marks)
 
     def _gather(self, conn: _Conn, msg: dict) -> None:
         """Collects one contribution per partition of a round; the last one sends them all out. A
@@ -332,19 +334,24 @@ class DriverService:
 
     def stalled_ranks(self, timeout: float) -> list[tuple[int, float, int, str]]:
         """The unfinished ranks, when none of them moved its progress count for ``timeout`` seconds
-        (counted from its task's rank message), else []: ``(rank, seconds, count, where)`` each,
-        the longest still first. One rank that hangs stops the others at their next collective; a
-        rank that is slow but moving (rank 0 saving a checkpoint) keeps the job alive."""
+        (counted from its task's rank message), else []: ``(rank, seconds, marks, where)`` each.
+
+        One rank that hangs stops the others at their next collective; a rank that is slow but
+        moving (rank 0 uploading a checkpoint in a ``busy`` block) keeps the job alive. The order
+        names the rank that is behind first: the fewest marks (its ``mark_progress`` calls: the
+        steps it finished), then the longest silent, then the lowest rank. Silence alone does not
+        tell: the ranks report once a second, so a rank that sleeps and one that waits for it in
+        the next collective fell silent within about a second of each other."""
         now = time.monotonic()
         with self._lock:
             out = [
-                (rank, now - moved, count, where)
-                for rank, (moved, count, where) in self.progress.items()
+                (rank, now - moved, marks, where)
+                for rank, (moved, _count, where, marks) in self.progress.items()
                 if rank not in self.done
             ]
         if not out or any(quiet <= timeout for _, quiet, _, _ in out):
             return []
-        return sorted(out, key=lambda r: -r[1])
+        return sorted(out, key=lambda r: (r[2], -r[1], r[0]))
 
     def snapshot(self):
         with self._lock:

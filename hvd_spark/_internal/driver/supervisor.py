@@ -45,6 +45,7 @@ class Problem:
     message: str
     ranks: list[int]
     stalled_hosts: dict[int, str] | None = None  # a stall (rank -> host), not a timeout
+    counts: dict[int, int] | None = None  # a stall: rank -> its progress marks (steps done) at the stall
 
     def error(self, message: str | None = None) -> JobTimeoutError:
         if self.stalled_hosts is not None:
@@ -146,7 +147,8 @@ class Supervisor:
             self._abort(self.problem.message, dump=True)
 
     def _stall(self, timeout: float) -> Problem | None:
-        """A Problem when ranks' progress stood still for ``timeout`` seconds (the stall watchdog)."""
+        """A Problem when ranks' progress stood still for ``timeout`` seconds (the stall watchdog),
+        its ranks in the service's order: the rank furthest behind first."""
         stalled = self.service.stalled_ranks(timeout)
         if not stalled:
             return None
@@ -158,10 +160,11 @@ class Supervisor:
             for rank, quiet, count, where in stalled
         ]
         return Problem(
-            f"stalled: no rank made progress for stall_timeout={timeout:g}s, the one silent longest first: "
-            + "; ".join(parts),
+            f"stalled: no rank made progress for stall_timeout={timeout:g}s, the rank furthest behind first "
+            "(the lowest progress count, then the longest silent): " + "; ".join(parts),
             [rank for rank, *_ in stalled],
             stalled_hosts=hosts,
+            counts={rank: count for rank, _, count, _ in stalled},
         )
 
     def should_cancel(self) -> bool:
@@ -366,15 +369,68 @@ def _where_ranks_were(stacks: dict[int, tuple[str, list[str] | None]], ranks: li
     return "\n".join(out)
 
 
-def _stall_suspects(stacks: dict[int, tuple[str, list[str] | None]]) -> list[int]:
-    """The ranks that most likely stalled the others: stopped or silent processes, else the ranks
-    outside any Horovod collective while others wait in one (a collective they never joined)."""
+def _stall_suspects(stacks: dict[int, tuple[str, list[str] | None]]) -> tuple[list[int], str]:
+    """The ranks that the stacks say most likely stalled the others, and why: stopped or silent
+    processes, else the ranks outside any Horovod collective while others wait in one (a
+    collective they never joined); ``([], "")`` when the stacks do not tell."""
     silent = [r for r, (state, frames) in stacks.items() if frames is None or state in ("stopped", "tracing-stop")]
     if silent:
-        return sorted(silent)
+        return sorted(silent), "stopped or silent: no Python stack"
     waiting = {r for r, (_, frames) in stacks.items() if frames and any("horovod" in f for f in frames)}
     elsewhere = sorted(set(stacks) - waiting)
-    return elsewhere if waiting and elsewhere else []
+    if waiting and elsewhere:
+        return elsewhere, "outside the Horovod collective the others wait in"
+    return [], ""
+
+
+def _behind(ranks: list[int], counts: dict[int, int]) -> tuple[list[int], str]:
+    """The ranks with the lowest progress count and how far behind they are, when the counts
+    differ; else ``([], "")``."""
+    known = {r: counts[r] for r in ranks if r in counts}
+    if len(set(known.values())) < 2:
+        return [], ""
+    low = min(known.values())
+    others = sorted({c for c in known.values() if c != low})
+    reached = f"{others[0]}" if len(others) == 1 else f"{others[0]} to {others[-1]}"
+    return [r for r in ranks if known.get(r) == low], f"progress count {low}, the others {reached}"
+
+
+def explain_problem(problem: Problem, stacks: dict[int, tuple[str, list[str] | None]]) -> tuple[str, list[int]]:
+    """The message of a job stopped for ``problem`` and its ranks in the order to report them, from
+    the ranks' stacks after the abort (``rank -> (process state, frames or None)``).
+
+    A stall adds the line ``Most likely stalled: rank(s) [...]`` and names those ranks first. The
+    evidence, strongest first: a process that is stopped or printed no stack; a rank outside any
+    Horovod collective while others wait in one; the lowest progress count (the rank that finished
+    fewer steps is behind: the others wait for it). When the stacks tell, their ranks are the
+    likely ones, and the line also names the ranks with the lowest count when those differ. When
+    the stacks do not tell (none came back, every rank is in user code, or they name every rank)
+    and the counts differ, the ranks with the lowest count are the likely ones. The other ranks keep the problem's order
+    (lowest count first). Every problem then lists where each unfinished rank was."""
+    message, ranks = problem.message, list(problem.ranks)
+    if problem.stalled_hosts is not None:
+        suspects, why = _stall_suspects(stacks)
+        suspects = [r for r in ranks if r in suspects]
+        if len(ranks) > 1 and len(suspects) == len(ranks):
+            suspects = []  # stacks that name every rank single out none
+        behind, how_far = _behind(ranks, problem.counts or {})
+        line = ""
+        if suspects and behind and set(behind) != set(suspects):
+            line = (
+                f"{suspects} ({why}); the progress counts put rank(s) {behind} behind ({how_far}), "
+                "the stacks weigh more"
+            )
+        elif suspects:
+            line = f"{suspects} ({why}" + (f"; behind the others: {how_far})" if behind else ")")
+        elif behind:
+            suspects, line = behind, f"{behind} (behind the others: {how_far})"
+        if suspects:
+            message += f"\nMost likely stalled: rank(s) {line}"
+            ranks = suspects + [r for r in ranks if r not in suspects]
+    where = _where_ranks_were(stacks, ranks)
+    if where:
+        message += f"\nWhere each unfinished rank was:\n{where}"
+    return message, ranks
 
 
 def conclude(
@@ -403,20 +459,8 @@ def conclude(
     if errors:
         _raise_failure(pick_failure(errors))
     if report.problem is not None:
-        problem = report.problem
-        stacks = _stacks(records, problem.ranks)
-        message = problem.message
-        suspects = _stall_suspects(stacks) if problem.stalled_hosts is not None else []
-        if suspects:
-            message += (
-                f"\nMost likely stalled: rank(s) {suspects} (stopped or silent, or outside the Horovod collective "
-                "the others wait in)"
-            )
-            problem = dataclasses.replace(problem, ranks=suspects + [r for r in problem.ranks if r not in suspects])
-        where = _where_ranks_were(stacks, problem.ranks)
-        if where:
-            message += f"\nWhere each unfinished rank was:\n{where}"
-        raise problem.error(message)
+        message, ranks = explain_problem(report.problem, _stacks(records, report.problem.ranks))
+        raise dataclasses.replace(report.problem, ranks=ranks).error(message)
     if stage_error is not None:
         raise LaunchError(f"the Spark barrier stage of {description} failed: {stage_error}") from stage_error
     by_rank = {r.rank: r for r in records}

@@ -82,6 +82,35 @@ class SparkBackend(Backend):
         spark = self._kwargs.get("spark") or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
         return resolve_launch_options(spark, num_proc=None).num_proc
 
+    def available_slots(self) -> int:
+        """The barrier task slots of the executors registered now (elastic training sizes its attempts by
+        them). A classic session only: Spark Connect does not show its executors to the client."""
+        from pyspark.sql import SparkSession
+
+        from hvd_spark._internal.common import internals
+        from hvd_spark._internal.common.topology import task_slots
+
+        spark = self._kwargs.get("spark") or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+        sc = getattr(spark, "sparkContext", None)
+        if sc is None or type(spark).__module__.startswith("pyspark.sql.connect"):
+            raise NotImplementedError(
+                "elastic training counts the executors' task slots, which a Spark Connect client cannot see; "
+                "use a classic session (or fixed num_proc with max_restarts)."
+            )
+        from hvd_spark._internal.common.topology import slots_from_master_url, task_cpus
+
+        if slots_from_master_url(sc.master):  # local[N]: the slots never change
+            return task_slots(sc.master, default_parallelism=sc.defaultParallelism, task_cpus=task_cpus(sc.getConf()))
+        return internals.spark_executor_slots(sc)[1]
+
+    def with_num_proc(self, num_proc: int) -> "SparkBackend":
+        """The same backend running ``num_proc`` ranks."""
+        kwargs = dict(self._kwargs)
+        options = kwargs.get("options")
+        if options is not None:
+            kwargs["options"] = dataclasses.replace(options, num_proc=num_proc, slots=max(options.slots, num_proc))
+        return SparkBackend(num_proc=num_proc, env=self._env, **kwargs)
+
 
 @dataclasses.dataclass(frozen=True)
 class RankContext:
@@ -133,9 +162,12 @@ class InProcessBackend(Backend):
         self.rank_fn = rank_fn
         self._env = dict(env or {})
         self.calls = 0  # run() calls so far: one per training attempt of a fit
+        self.sizes: list[int] = []  # the ranks of each run() call
+        self.slots = num_proc  # what available_slots() says: a test sets it to play lost or returning slots
 
     def run(self, fn: Callable, args=(), kwargs: dict[str, Any] | None = None, env: dict[str, str] | None = None):
         self.calls += 1
+        self.sizes.append(self._num_proc)
         results = []
         for rank in range(self._num_proc):
             token = _RANK.set(RankContext(rank, self._num_proc, dict(self._env, **(env or {}))))
@@ -152,6 +184,14 @@ class InProcessBackend(Backend):
 
     def num_processes(self) -> int:
         return self._num_proc
+
+    def available_slots(self) -> int:
+        return int(self.slots() if callable(self.slots) else self.slots)
+
+    def with_num_proc(self, num_proc: int) -> "InProcessBackend":
+        """This backend, now playing ``num_proc`` ranks (its counters go on)."""
+        self._num_proc = num_proc
+        return self
 
 
 def rank_function(backend: Any) -> Callable[..., Any]:

@@ -13,14 +13,12 @@ from pyspark import keyword_only
 from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 
-from hvd_spark._internal.common import settings
+from hvd_spark._internal.common import dataplan, settings
 from hvd_spark._internal.common.contracts import DataSpec, FitSummary, RankSummary, RunConfig
 from hvd_spark._internal.common.specs import (
-    assign_files,
     match_columns,
     specs_to_dicts,
     stack_for_single_input,
-    steps_per_epoch,
     with_stored_names,
 )
 from hvd_spark._internal.data import materialize as data_mod
@@ -31,7 +29,7 @@ from hvd_spark._internal.driver.progress import BATCH_INTERVAL, FitProgress, int
 from hvd_spark._internal.infer.transformer import TFTransformer
 from hvd_spark._internal.ml import plan as plan_mod
 from hvd_spark._internal.ml.backend import fit_backend
-from hvd_spark._internal.ml.fit_params import FitParams, is_backend_object
+from hvd_spark._internal.ml.fit_params import FitParams, every_seconds, is_backend_object
 from hvd_spark._internal.ml.params import EstimatorParams
 from hvd_spark.errors import HvdSparkError, RunInUseError
 
@@ -98,6 +96,17 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             ``spark.task.resource.gpu.amount`` is set; see docs/gpu.md).
         max_restarts: how many times a failed training job (a rank raising or dying, a lost
             executor, a stall) is started again from the latest checkpoint (default 0).
+        min_num_proc: elastic training (see docs/estimator.md, "Elastic training"): the fewest ranks.
+            Training starts once this many task slots exist, continues on the slots left after a
+            lost rank, executor or host (from the latest commit; each such recovery is one of
+            ``max_restarts``, which must be >= 1), and fails with ``NotEnoughSlotsError`` after
+            ``elastic_timeout`` seconds with fewer.
+        max_num_proc: elastic training: the most ranks (default: the application's task slots);
+            when slots come back, training grows at the next epoch end.
+        elastic_timeout: seconds with fewer than ``min_num_proc`` slots before failing (default 600).
+        checkpoint_every: commits inside an epoch, every N steps (an int) or every period
+            (``"90s"``, ``"10min"``, ``"1h"``), each with the data cursor, so that a restart or a
+            resize continues the epoch with exactly the rows not yet read (``reader="arrow"``).
         backward_passes_per_step: batches each rank accumulates before one allreduce and update
             (default 1; Keras' ``gradient_accumulation_steps``): like a batch that many times
             larger, with that many fewer allreduces.
@@ -158,6 +167,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         stall_timeout: float | None = None,
         use_gpu: bool | None = None,
         max_restarts: int = 0,
+        min_num_proc: int | None = None,
+        max_num_proc: int | None = None,
+        elastic_timeout: float | None = None,
+        checkpoint_every: int | str | None = None,
         backward_passes_per_step: int = 1,
         gradient_compression: str = "none",
         reader: str = "arrow",
@@ -198,6 +211,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             stall_timeout=None,
             use_gpu=None,
             max_restarts=0,
+            min_num_proc=None,
+            max_num_proc=None,
+            elastic_timeout=None,
+            checkpoint_every=None,
             backward_passes_per_step=1,
             gradient_compression="none",
             reader="arrow",
@@ -317,10 +334,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 with _removed_after(checked.store, written):
                     cfg = self._plan_ranks(checked, plan, written, lease)
                     listeners = [tracker.on_event] if tracker else []
-                    results, restarts, t_train = self._train_with_restarts(
-                        dataset.sparkSession, checked, cfg, listeners, lease
-                    )
-                    model = self._verify_and_build(checked, written, cfg, results, restarts, t_train, t_start)
+                    trained = self._train_with_restarts(dataset.sparkSession, checked, cfg, listeners, lease)
+                    model = self._verify_and_build(checked, written, cfg, trained, t_start)
         except BaseException:
             if tracker is not None:
                 tracker.close(error=True)
@@ -386,9 +401,17 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
         p = self._fit_params()
         ensure_visible(p.verbose)
+        if p.elastic and self._backend_object is None:
+            from hvd_spark._internal.driver.sessions import is_connect
+
+            if is_connect(dataset.sparkSession):
+                raise NotImplementedError(
+                    "min_num_proc / max_num_proc (elastic training) count the executors' task slots, which a "
+                    "Spark Connect client cannot see. Use a classic session, or a fixed num_proc with max_restarts."
+                )
         options = resolve_launch_options(
             dataset.sparkSession,
-            num_proc=p.num_proc,
+            num_proc=None if p.elastic else p.num_proc,
             backend=p.backend,
             start_timeout=p.start_timeout,
             stall_timeout=p.stall_timeout,
@@ -397,6 +420,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             # verbose=2 shows everything, TF's C++ notices included, unless the driver's env says otherwise
             env={TF_LOG_LEVEL: os.environ.get(TF_LOG_LEVEL, "0")} if p.verbose == 2 else None,
         )
+        if p.elastic:  # the first attempt's ranks: the slots there are, within the bounds (train_with_restarts waits)
+            first = p.num_proc or (options.slots if p.max_num_proc is None else min(options.slots, p.max_num_proc))
+            options = dataclasses.replace(options, num_proc=max(1, first))
         if self._backend_object is None:
             # The hosts' warm servers start importing TF now, while the checks and the data's writing run.
             prewarm(dataset.sparkSession, options, background=True)
@@ -543,23 +569,21 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         from hvd_spark._internal.common.serde import dumps_keras_obj
 
         p, meta, num_proc = c.p, w.meta, c.options.num_proc
-        train_files, _ = assign_files(meta["train_files"], num_proc)
-        if len(meta["train_files"]) < num_proc:
+        if (len(meta["train_files"]) < num_proc and p.reader == "petastorm") or meta["train_rows"] < num_proc:
             logger.warning(
                 "%d training rows in %d file(s) for %d processes: some ranks read the same rows",
                 meta["train_rows"],
                 len(meta["train_files"]),
                 num_proc,
             )
-        # Validation files each to exactly one rank (a rank may have none): every row is counted once.
-        val_files = assign_files(meta["val_files"], num_proc, share=False)[0] if meta["val_rows"] else None
+        train_paths = tuple(path for path, _ in meta["train_files"])
+        units: tuple[tuple[int, int, int], ...] = ()
+        if p.reader == "arrow":  # the data plan: every rank reads its share of any row group
+            units = tuple(
+                (u.file, u.group, u.rows) for u in dataplan.row_groups(train_paths, c.store._parquet_metadata)
+            )
+        every = p.checkpoint_every
         batch_size, val_batch = p.batch_size, p.val_batch
-        steps = p.train_steps_per_epoch or steps_per_epoch(meta["train_rows"], batch_size, num_proc)
-        val_steps = (
-            (p.validation_steps_per_epoch or steps_per_epoch(meta["val_rows"], val_batch, num_proc))
-            if val_files
-            else None
-        )
         # a new run, or one that failed before its first checkpoint: what it trains
         plan_mod.record_run(c.store, plan, feature_cols=p.feature_cols, label_cols=p.label_cols, data_key=w.key)
         comp = {
@@ -568,16 +592,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         }
         comp["loss_weights"] = p.loss_weights
         comp["learning_rate"] = p.learning_rate
-        logger.info(
-            "training run '%s' on %d ranks: %d train rows, %d val rows, %d steps/epoch, batch %d per rank",
-            plan.run_id,
-            num_proc,
-            meta["train_rows"],
-            meta["val_rows"],
-            steps,
-            batch_size,
-        )
-        return RunConfig(
+        cfg = RunConfig(
             store=c.store.to_config(),
             run_id=plan.run_id,
             epochs=p.epochs,
@@ -585,12 +600,12 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             custom_objects=cloudpickle.dumps(c.custom_objects) if c.custom_objects else None,
             callbacks=cloudpickle.dumps(list(p.callbacks)) if p.callbacks else None,
             data=w.data,
-            train_files=train_files,
-            val_files=val_files,
+            train_files=[],
+            val_files=None,
             batch_size=batch_size,
             val_batch_size=val_batch,
-            steps_per_epoch=int(steps),
-            validation_steps=int(val_steps) if val_steps else None,
+            steps_per_epoch=1,
+            validation_steps=None,
             shuffle=p.shuffle,
             shuffle_buffer_size=p.shuffle_buffer_size,
             seed=w.seed,
@@ -603,20 +618,40 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             final_model=c.store.model_path(plan.run_id, plan.fit_id),
             lease=(lease.path, lease.token) if lease is not None else None,
             validation_exact=p.validation_steps_per_epoch is None,
+            train_paths=train_paths,
+            train_units=units,
+            train_table=tuple((path, int(rows)) for path, rows in meta["train_files"]),
+            val_table=tuple((path, int(rows)) for path, rows in meta["val_files"]) if meta["val_rows"] else (),
+            fixed_steps=p.train_steps_per_epoch,
+            fixed_val_steps=p.validation_steps_per_epoch,
+            checkpoint_steps=every if isinstance(every, int) else None,
+            checkpoint_seconds=every_seconds(every),
+            resize_marker=f"{c.store.run_path(plan.run_id)}/_resize.json" if p.elastic else None,
         )
+        cfg = plan_mod.sized(cfg, num_proc)
+        logger.info(
+            "training run '%s' on %d ranks: %d train rows, %d val rows, %d steps/epoch, batch %d per rank",
+            plan.run_id,
+            num_proc,
+            meta["train_rows"],
+            meta["val_rows"],
+            cfg.steps_per_epoch,
+            batch_size,
+        )
+        return cfg
 
-    def _train_with_restarts(
-        self, spark, c: "_Checked", cfg: RunConfig, listeners=(), lease=None
-    ) -> tuple[list[dict], int, float]:
+    def _train_with_restarts(self, spark, c: "_Checked", cfg: RunConfig, listeners=(), lease=None) -> plan_mod.Trained:
         """Step 5: the training attempts (``plan.train_with_restarts``), each through the fit's backend:
         a Spark barrier stage running ``rank/train.py``'s ``train`` by default (``backend.fit_backend``).
 
-        Returns the ranks' results, the number of restarts and the seconds the attempts took.
+        Returns the ranks' results, the number of restarts, the seconds the attempts took and the
+        recoveries (restarts and resizes).
         """
         from hvd_spark._internal.common.serde import model_to_bytes
 
         store = c.store
-        progress = FitProgress(c.p.verbose, bar=cfg.progress_interval > 0, listeners=list(listeners))
+        probe = plan_mod.AttemptProbe()
+        progress = FitProgress(c.p.verbose, bar=cfg.progress_interval > 0, listeners=[*listeners, probe])
         backend, rank_fn = fit_backend(
             self._backend_object,
             spark=spark,
@@ -625,6 +660,14 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             description="HorovodEstimator.fit",
             channel=(store, f"{store.run_path(cfg.run_id)}/_live"),  # progress on Spark Connect
         )
+        elastic = None
+        if c.p.elastic:
+            elastic = plan_mod.Elastic(
+                min_num_proc=c.p.min_num_proc or 1,
+                max_num_proc=c.p.max_num_proc,
+                timeout=settings.ELASTIC_TIMEOUT.get(c.p.elastic_timeout),
+                poll=settings.ELASTIC_POLL.get(),
+            )
         trained = plan_mod.train_with_restarts(
             backend,
             rank_fn,
@@ -633,11 +676,14 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             max_restarts=c.p.max_restarts,
             model_bytes=lambda: model_to_bytes(c.model),
             lease=lease,
+            elastic=elastic,
+            probe=probe,
         )
-        return trained.results, trained.restarts, trained.seconds
+        return trained
 
-    def _verify_and_build(self, c: "_Checked", w: "_Written", cfg: RunConfig, results, restarts, t_train, t_start):
+    def _verify_and_build(self, c: "_Checked", w: "_Written", cfg: RunConfig, trained: plan_mod.Trained, t_start):
         """Step 6: every rank ended with the same weights (what proves the averaging); the model."""
+        results, restarts, t_train = trained.results, trained.restarts, trained.seconds
 
         digests = {r["weights_digest"] for r in results}
         if len(digests) > 1:
@@ -669,6 +715,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             train_job_seconds=t_train,
             fit_seconds=time.time() - t_start,
             ranks=tuple(RankSummary.from_result(r) for r in sorted(results, key=lambda r: r["rank"])),
+            recoveries=trained.recoveries,
         )
         model = self._transformer(c, cfg.final_model, cfg.run_id, epoch_logs)
         model._fit_summary = summary

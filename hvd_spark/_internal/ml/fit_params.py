@@ -13,6 +13,7 @@ Pure: no Spark, Keras or Horovod, so the fast tier tests it.
 import dataclasses
 import numbers
 import os
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -292,6 +293,32 @@ def positive_float(name: str) -> Converter:
     return conv
 
 
+_EVERY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|min|m|h)\s*$")
+
+
+def checkpoint_every(x):
+    """``checkpoint_every``: a number of steps (an int >= 1), or a duration as a string: ``"90s"``,
+    ``"10min"``, ``"1h"``; None: checkpoints at epoch ends only."""
+    if x is None:
+        return None
+    if _is_number(x) and float(x) == int(x) and int(x) >= 1 and not isinstance(x, bool):
+        return int(x)
+    if isinstance(x, str) and _EVERY.match(x):
+        return x.strip()
+    raise ValueError(
+        "checkpoint_every must be a number of steps (an integer >= 1) or a duration such as '90s', '10min' "
+        f"or '1h'. Received: checkpoint_every={x!r}."
+    )
+
+
+def every_seconds(x) -> float | None:
+    """The seconds of a ``checkpoint_every`` duration string (None for a number of steps)."""
+    m = _EVERY.match(x) if isinstance(x, str) else None
+    if m is None:
+        return None
+    return float(m.group(1)) * {"s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600}[m.group(2)]
+
+
 # The converter of every estimator param: params.py gives each Param its own, FitParams checks with them.
 CONVERTERS: dict[str, Converter] = {
     "num_proc": int_at_least("num_proc", 1, optional=True),
@@ -324,6 +351,10 @@ CONVERTERS: dict[str, Converter] = {
     "stall_timeout": stall_seconds,
     "use_gpu": boolean("use_gpu", optional=True),
     "max_restarts": int_at_least("max_restarts", 0),
+    "min_num_proc": int_at_least("min_num_proc", 1, optional=True),
+    "max_num_proc": int_at_least("max_num_proc", 1, optional=True),
+    "elastic_timeout": seconds("elastic_timeout"),
+    "checkpoint_every": checkpoint_every,
     "backward_passes_per_step": int_at_least("backward_passes_per_step", 1),
     "gradient_compression": choice("gradient_compression", COMPRESSIONS, "'none' or 'fp16'"),
     "reader": choice("reader", READERS),
@@ -389,6 +420,10 @@ class FitParams:
     stall_timeout: float | None = None
     use_gpu: bool | None = None
     max_restarts: int = 0
+    min_num_proc: int | None = None
+    max_num_proc: int | None = None
+    elastic_timeout: float | None = None
+    checkpoint_every: int | str | None = None
     backward_passes_per_step: int = 1
     gradient_compression: str = "none"
     reader: str = "arrow"
@@ -411,6 +446,30 @@ class FitParams:
             raise ValueError(f"feature_cols must name at least one column. Received: feature_cols={self.feature_cols}.")
         if not self.label_cols:
             raise ValueError(f"label_cols must name at least one column. Received: label_cols={self.label_cols}.")
+        if self.elastic:
+            low, high = self.min_num_proc or 1, self.max_num_proc
+            if high is not None and low > high:
+                raise ValueError(
+                    f"min_num_proc must be at most max_num_proc. Received: min_num_proc={low}, max_num_proc={high}."
+                )
+            if self.num_proc is not None and (self.num_proc < low or (high is not None and self.num_proc > high)):
+                raise ValueError(
+                    f"num_proc (the ranks to start with) must lie between min_num_proc={low} and "
+                    f"max_num_proc={high}. Received: num_proc={self.num_proc}."
+                )
+            if self.max_restarts < 1:
+                raise ValueError(
+                    "min_num_proc / max_num_proc (elastic training) need max_restarts >= 1: continuing after a "
+                    "lost rank is a restart of the training job on the slots left. "
+                    f"Received: max_restarts={self.max_restarts}."
+                )
+        elif self.elastic_timeout is not None:
+            raise ValueError("elastic_timeout applies to elastic training only: set min_num_proc or max_num_proc too.")
+        if self.checkpoint_every is not None and self.reader == "petastorm":
+            raise ValueError(
+                "checkpoint_every (commits inside an epoch) needs reader='arrow', which records which rows each "
+                "rank has read. Received: reader='petastorm'."
+            )
         if self.mlflow not in MLFLOW_MODES:
             raise ValueError(f"mlflow must be 'auto', 'on' or 'off' in the record. Received: mlflow={self.mlflow!r}.")
 
@@ -434,6 +493,11 @@ class FitParams:
     def as_dict(self) -> dict[str, Any]:
         """``{param name: value}`` (a shallow copy: the model and objects are the same objects)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the fit is elastic: it goes on with fewer ranks after a loss and grows back."""
+        return self.min_num_proc is not None or self.max_num_proc is not None
 
     @property
     def val_batch(self) -> int:

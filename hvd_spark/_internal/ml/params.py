@@ -184,6 +184,28 @@ class EstimatorParams(ColumnParams):
         "max_restarts",
         "Times a failed training job is started again from the latest checkpoint (default 0).",
     )
+    min_num_proc = _checked(
+        "min_num_proc",
+        "Elastic training: the fewest ranks it goes on with. It starts once this many task slots exist, "
+        "continues on the slots left after a lost rank, executor or host (from the latest commit), and "
+        "fails after elastic_timeout with fewer. Needs max_restarts >= 1. Default: not elastic.",
+    )
+    max_num_proc = _checked(
+        "max_num_proc",
+        "Elastic training: the most ranks; when slots come back, training grows to up to this many at "
+        "the next epoch end. Default: the application's task slots (when min_num_proc is set).",
+    )
+    elastic_timeout = _checked(
+        "elastic_timeout",
+        "Elastic training: seconds with fewer than min_num_proc task slots before fit fails with "
+        "NotEnoughSlotsError (default 600).",
+    )
+    checkpoint_every = _checked(
+        "checkpoint_every",
+        "Commits inside an epoch: every N steps (an integer), or every period ('90s', '10min', '1h'); each "
+        "also records which rows every rank has read, so that a restart or resize continues the epoch "
+        "with exactly the rows left. Default None: checkpoints at epoch ends only.",
+    )
     backward_passes_per_step = _checked(
         "backward_passes_per_step",
         "Batches whose gradients each rank accumulates before one allreduce and update (Keras' "

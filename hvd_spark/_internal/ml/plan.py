@@ -9,18 +9,20 @@ horovod.spark's shape (``ml/backend.py``), so the fast tests drive this module w
 process.
 """
 
+import contextlib
 import dataclasses
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from hvd_spark._internal.common.contracts import RunConfig
+from hvd_spark._internal.common.contracts import Recovery, RunConfig
 from hvd_spark._internal.common.restarts import LOST_HOST_TYPES, RESTARTABLE, should_restart
 from hvd_spark._internal.data.store import Checkpoint, Lease, Store
 from hvd_spark._internal.ml.model_info import architecture_diff
-from hvd_spark.errors import JobTimeoutError, RankFailedError, RankStalledError, RunInUseError
+from hvd_spark.errors import JobTimeoutError, NotEnoughSlotsError, RankFailedError, RankStalledError, RunInUseError
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +114,7 @@ def model_path_of(store: Store, plan: ResumePlan, epochs: int) -> str:
     asked epoch (never rewritten; the latest one when that epoch's is gone)."""
     if plan.finished(epochs):
         assert plan.resume is not None
-        at_epoch = {ck.epoch: ck.model_path for ck in store.checkpoints(plan.run_id)}
+        at_epoch = {ck.epoch: ck.model_path for ck in store._epoch_checkpoints(plan.run_id)}
         return at_epoch.get(epochs, plan.resume.model_path)
     return store.model_path(plan.run_id, plan.fit_id)
 
@@ -136,6 +138,159 @@ def record_run(store: Store, plan: ResumePlan, *, feature_cols: Any, label_cols:
     )
 
 
+def sized(cfg: RunConfig, num_proc: int) -> RunConfig:
+    """``cfg`` for an attempt on ``num_proc`` ranks: training files per rank (the petastorm reader),
+    validation files per rank (each file read by exactly one rank), steps per epoch (each rank's share
+    of an epoch once, or the user's ``train_steps_per_epoch``) and validation steps."""
+    from hvd_spark._internal.common.dataplan import steps_for
+    from hvd_spark._internal.common.specs import assign_files, steps_per_epoch
+
+    train_rows = sum(r for _, r in cfg.train_table)
+    val_rows = sum(r for _, r in cfg.val_table)
+    train_files = assign_files(list(cfg.train_table), num_proc)[0] if cfg.train_table else cfg.train_files
+    val_files = assign_files(list(cfg.val_table), num_proc, share=False)[0] if val_rows else None
+    if cfg.fixed_steps:
+        steps = cfg.fixed_steps
+    elif cfg.train_units:  # the planned reader: each rank reads floor(rows / ranks) rows once
+        steps = max(1, steps_for(train_rows // num_proc, cfg.batch_size))
+    else:
+        steps = steps_per_epoch(train_rows, cfg.batch_size, num_proc)
+    val_steps = (cfg.fixed_val_steps or steps_per_epoch(val_rows, cfg.val_batch_size, num_proc)) if val_files else None
+    return dataclasses.replace(
+        cfg, train_files=train_files, val_files=val_files, steps_per_epoch=int(steps), validation_steps=val_steps
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Elastic:
+    """Elastic training's bounds: at least ``min_num_proc`` ranks, at most ``max_num_proc`` (None: every
+    task slot); fail after ``timeout`` seconds with fewer slots than ``min_num_proc``. ``poll``: seconds
+    between slot counts; ``settle``: seconds a count must hold before a job is sized by it (an executor
+    that just died may still be counted)."""
+
+    min_num_proc: int
+    max_num_proc: int | None
+    timeout: float
+    poll: float = 2.0
+    settle: float = 3.0
+
+    def size_for(self, slots: int) -> int:
+        return slots if self.max_num_proc is None else min(slots, self.max_num_proc)
+
+
+class AttemptProbe:
+    """What the driver hears from rank 0 of the running attempt (an ``on_event`` listener): when it
+    finished its first step and the optimizer step it last reported (``position`` events)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time):
+        self.clock = clock
+        self.first_step_at: float | None = None
+        self.iterations: int | None = None
+
+    def new_attempt(self) -> None:
+        self.first_step_at = None
+        self.iterations = None
+
+    def __call__(self, rank: int, payload: dict) -> None:
+        if payload.get("kind") != "position":
+            return
+        if self.first_step_at is None:
+            self.first_step_at = float(payload.get("time") or self.clock())
+        self.iterations = int(payload.get("iterations", 0))
+
+
+def _slots_of(backend: Any) -> int:
+    count = getattr(backend, "available_slots", None)
+    if count is None:
+        raise NotImplementedError(
+            f"elastic training needs a backend that counts its task slots (available_slots()); "
+            f"{type(backend).__name__} has none."
+        )
+    return int(count())
+
+
+def wait_for_slots(backend: Any, elastic: Elastic, why: str, sleep: Callable[[float], None] = time.sleep) -> int:
+    """The ranks of the next attempt: the task slots now (up to ``max_num_proc``), once at least
+    ``min_num_proc`` have held for ``settle`` seconds.
+
+    Raises:
+        NotEnoughSlotsError: fewer than ``min_num_proc`` slots for ``timeout`` seconds.
+    """
+    t0 = time.monotonic()
+    seen_low = None
+    while True:
+        slots = _slots_of(backend)
+        if slots >= elastic.min_num_proc:
+            if elastic.settle > 0:
+                sleep(elastic.settle)
+                slots = min(slots, _slots_of(backend))
+            if slots >= elastic.min_num_proc:
+                return elastic.size_for(slots)
+        seen_low = slots if seen_low is None else min(seen_low, slots)
+        waited = time.monotonic() - t0
+        if waited >= elastic.timeout:
+            raise NotEnoughSlotsError(
+                f"{why}: the application has {slots} task slot(s) (at least {seen_low} over {waited:.0f}s); "
+                f"elastic training needs min_num_proc={elastic.min_num_proc} "
+                f"(max_num_proc={elastic.max_num_proc}) and waited elastic_timeout={elastic.timeout:g}s. "
+                "Add executors, or lower min_num_proc.",
+                slots=slots,
+                min_num_proc=elastic.min_num_proc,
+            )
+        if waited == 0 or int(waited) % 30 < elastic.poll:
+            logger.warning(
+                "%s: %d task slot(s), fewer than min_num_proc=%d; waiting up to %.0fs more",
+                why,
+                slots,
+                elastic.min_num_proc,
+                elastic.timeout - waited,
+            )
+        sleep(min(elastic.poll, max(0.0, elastic.timeout - waited)))
+
+
+class _GrowWatch:
+    """While an attempt runs on fewer ranks than it could, counts the task slots every ``poll`` seconds;
+    once more exist it writes the resize marker (``cfg.resize_marker``), which rank 0 reads at the next
+    epoch end and all ranks then stop there together."""
+
+    def __init__(self, backend: Any, elastic: Elastic, store: Store, marker: str, size: int):
+        self.backend, self.elastic, self.store, self.marker, self.size = backend, elastic, store, marker, size
+        self._stop = threading.Event()
+        self.asked: int | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="hvd_spark-grow-watch")
+
+    def __enter__(self):
+        if self.elastic.max_num_proc is None or self.size < self.elastic.max_num_proc:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        with contextlib.suppress(Exception):
+            self.store._rm(self.marker)
+        return False
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.elastic.poll):
+            try:
+                target = self.elastic.size_for(_slots_of(self.backend))
+            except Exception as e:  # counting failed this time: try again at the next poll
+                logger.debug("counting task slots failed: %s", e)
+                continue
+            if target > self.size:
+                self.asked = target
+                self.store._write_json(self.marker, {"size": target, "time": time.time()})
+                logger.info(
+                    "%d task slots available: training grows from %d to %d ranks at the next epoch end",
+                    target,
+                    self.size,
+                    target,
+                )
+                return
+
+
 @dataclasses.dataclass(frozen=True)
 class Trained:
     """What the training attempts of a fit ended with."""
@@ -143,6 +298,26 @@ class Trained:
     results: list[dict]  # the last attempt's per-rank results, in rank order
     restarts: int  # failed attempts that were started again
     seconds: float  # the attempts' time, launch to end
+    recoveries: tuple[Recovery, ...] = ()  # every restart and resize, in order
+
+
+def _with_backend_size(backend: Any, num_proc: int) -> Any:
+    resize = getattr(backend, "with_num_proc", None)
+    if resize is None:
+        raise NotImplementedError(
+            f"elastic training needs a backend that runs any number of ranks (with_num_proc(n)); "
+            f"{type(backend).__name__} has none."
+        )
+    return resize(num_proc)
+
+
+def _commit_iterations(store: Store, ckpt: Checkpoint | None) -> int:
+    if ckpt is None:
+        return 0
+    try:
+        return int(store._read_json(ckpt.meta_path).get("iterations") or 0)
+    except FileNotFoundError:
+        return 0
 
 
 def train_with_restarts(
@@ -154,15 +329,23 @@ def train_with_restarts(
     max_restarts: int,
     model_bytes: Callable[[], bytes],
     lease: Lease | None = None,
+    elastic: Elastic | None = None,
+    probe: AttemptProbe | None = None,
 ) -> Trained:
     """One ``backend.run(rank_fn, args=(cfg,))`` per attempt, each from the latest complete checkpoint
-    (none: from the user's model, ``model_bytes()``); a failed attempt starts again when
+    or commit (none: from the user's model, ``model_bytes()``); a failed attempt starts again when
     ``restarts.should_restart`` says so.
+
+    With ``elastic``, each attempt runs on the task slots there are (``wait_for_slots``): after a loss
+    the next attempt has fewer ranks, and while an attempt has fewer than it could, a watch asks it to
+    stop at the next epoch end so that the next one grows (not counted as a restart). Every restart and
+    resize is logged and returned as a :class:`Recovery`.
 
     Raises:
         RunInUseError: another fit took the run over meanwhile (this fit's writer ``lease`` was lost,
             or a rank found the run's lease not its own).
         JobTimeoutError: as the backend raised it; after an attempt that lost hosts, the message says so.
+        NotEnoughSlotsError: elastic, and fewer than ``min_num_proc`` slots for ``elastic.timeout``.
         RankFailedError, LaunchError, RankStalledError: the backend's, when no restart is left.
         JobCancelledError: never restarted.
     """
@@ -171,27 +354,57 @@ def train_with_restarts(
     cached_model: bytes | None = None
     restarts = 0
     lost_hosts: set[str] = set()  # hosts whose executor or network went away in a failed attempt
+    probe = probe or AttemptProbe()
+    recoveries: list[Recovery] = []
+    pending: dict | None = None  # the recovery under way: completed with the next attempt's first step
+    size = backend.num_processes() if elastic is None else wait_for_slots(backend, elastic, "starting")
+    if elastic is not None:
+        backend = _with_backend_size(backend, size)
+    cfg = sized(cfg, size) if cfg.train_table else cfg
+
+    def close_pending() -> None:
+        nonlocal pending
+        if pending is None:
+            return
+        failed_at = pending.pop("failed_at")
+        seconds = probe.first_step_at - failed_at if probe.first_step_at else None
+        recovery = Recovery(**pending, seconds=seconds)
+        recoveries.append(recovery)
+        logger.warning("recovery: %s", recovery.describe())
+        pending = None
+
     while True:
         resume = store.latest_checkpoint(run_id)
         if resume is not None:
-            logger.info("resuming run '%s' from epoch %d of %d", run_id, resume.epoch, cfg.epochs)
+            logger.info("resuming run '%s' from %s of %d epochs", run_id, resume.position, cfg.epochs)
         elif cached_model is None:
             cached_model = model_bytes()
+        meta = store._read_json(resume.meta_path) if resume else {}
         cfg = dataclasses.replace(
             cfg,
             initial_epoch=resume.epoch if resume else 0,
             resume_ckpt=resume.model_path if resume else None,
-            history_so_far=tuple(store._read_json(resume.meta_path)["history"]) if resume else (),
+            history_so_far=tuple(meta.get("history", ())) if resume else (),
             model_bytes=None if resume else cached_model,
+            resume_step=resume.step if resume else 0,
+            resume_cursor=meta.get("cursor") if resume else None,
         )
         if resume is not None and resume.epoch >= cfg.epochs:
             # The failed attempt had finished training; only the final model was missing.
             store._upload_file(store._local_copy(resume.model_path), cfg.final_model)
             results = [{"rank": 0, "weights_digest": "", "epoch_logs": list(cfg.history_so_far)}]
-            return Trained(results, restarts, time.time() - t0)
+            close_pending()
+            return Trained(results, restarts, time.time() - t0, tuple(recoveries))
+        probe.new_attempt()
+        grow = (
+            _GrowWatch(backend, elastic, store, cfg.resize_marker, size)
+            if elastic is not None and cfg.resize_marker
+            else contextlib.nullcontext()
+        )
         try:
             try:
-                results = backend.run(rank_fn, args=(cfg,))
+                with grow:
+                    results = list(backend.run(rank_fn, args=(cfg,)))
             except JobTimeoutError as e:
                 if not lost_hosts or isinstance(e, RankStalledError):
                     raise
@@ -200,8 +413,8 @@ def train_with_restarts(
                     "has fewer task slots until they return.",
                     ranks=e.ranks,
                 ) from e
-            return Trained(list(results), restarts, time.time() - t0)
         except RESTARTABLE as e:
+            failed_at = time.time()
             if (lease is not None and lease.lost.is_set()) or (
                 isinstance(e, RankFailedError) and e.exc_type.endswith("RunInUseError")
             ):
@@ -211,12 +424,17 @@ def train_with_restarts(
                     f"stopped before writing another checkpoint. Cause: {str(e).splitlines()[0]}",
                     run_id=run_id,
                 ) from e
+            lost_now: tuple[str, ...] = ()
             if isinstance(e, RankFailedError) and e.exc_type in LOST_HOST_TYPES and e.host:
                 lost_hosts.add(e.host)
+                lost_now = (e.host,)
             if not should_restart(e, restarts, max_restarts):
                 raise
+            pending = None  # an attempt that failed before its first step: its recovery is this one's
             restarts += 1
             latest = store.latest_checkpoint(run_id)
+            reached = probe.iterations
+            redone = max(0, reached - _commit_iterations(store, latest)) if reached is not None else None
             logger.warning(
                 "training attempt %d of run '%s' failed (%s); restarting (%d of max_restarts=%d) from %s",
                 restarts,
@@ -225,5 +443,41 @@ def train_with_restarts(
                 str(e) if isinstance(e, JobTimeoutError) else str(e).splitlines()[0],
                 restarts,
                 max_restarts,
-                f"the checkpoint of epoch {latest.epoch}" if latest else "the start",
+                f"the checkpoint of {latest.position}" if latest else "the start",
             )
+            new_size = size
+            if elastic is not None:
+                new_size = wait_for_slots(backend, elastic, f"after the failure of attempt {restarts}")
+                backend = _with_backend_size(backend, new_size)
+                cfg = sized(cfg, new_size)
+            pending = dict(
+                kind="restart" if new_size == size else ("shrink" if new_size < size else "grow"),
+                cause=str(e).splitlines()[0][:300],
+                from_size=size,
+                to_size=new_size,
+                resumed_from=latest.position if latest else "the start",
+                steps_redone=redone,
+                lost_hosts=lost_now,
+                failed_at=failed_at,
+            )
+            size = new_size
+            continue
+        close_pending()
+        if elastic is not None and any(r.get("stopped_for_resize") for r in results):
+            latest = store.latest_checkpoint(run_id)
+            new_size = wait_for_slots(backend, elastic, "growing")
+            pending = dict(
+                kind="grow" if new_size > size else "restart",
+                cause=f"task slots came back ({new_size} usable)",
+                from_size=size,
+                to_size=new_size,
+                resumed_from=latest.position if latest else "the start",
+                steps_redone=0,
+                lost_hosts=(),
+                failed_at=time.time(),
+            )
+            size = new_size
+            backend = _with_backend_size(backend, size)
+            cfg = sized(cfg, size)
+            continue
+        return Trained(results, restarts, time.time() - t0, tuple(recoveries))

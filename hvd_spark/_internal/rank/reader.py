@@ -15,13 +15,14 @@ number of steps per epoch, the same on every rank, so uneven shards neither dead
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from hvd_spark._internal.common.choices import READERS
 from hvd_spark._internal.common.specs import ColumnInfo, TensorSpec, pack
+from hvd_spark._internal.rank.rows import ParquetSet, column_values, epoch_batches, open_parquet
 
 
 def petastorm_available() -> bool:
@@ -64,34 +65,6 @@ def _target_shape(spec: TensorSpec, info: ColumnInfo, is_label: bool):
     return tuple(spec.shape)
 
 
-def column_values(column) -> np.ndarray:
-    """A pyarrow column (Array or ChunkedArray) as numpy: scalars 1-D, fixed-length lists 2-D.
-
-    Lists are read from their flat child values and reshaped, never row by row. Nulls were
-    refused on the driver before the data was written.
-    """
-    import pyarrow as pa
-
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    n = len(column)
-    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type) or pa.types.is_fixed_size_list(column.type):
-        flat = column.flatten()  # respects slicing offsets
-        values = flat.to_numpy(zero_copy_only=False)
-        return values.reshape(n, -1) if n else values.reshape(0, 0)
-    return column.to_numpy(zero_copy_only=False)
-
-
-def _open_parquet(url: str, storage_options: dict | None):
-    import fsspec
-    import pyarrow.parquet as pq
-
-    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
-        return pq.ParquetFile(path, memory_map=True)
-    return pq.ParquetFile(fs.open(path, "rb"), pre_buffer=True)
-
-
 def arrow_batches(
     files: Sequence[str],
     names: Sequence[str],
@@ -113,7 +86,7 @@ def arrow_batches(
     repeats exactly. A window never spans two passes. ``first_pass`` numbers the first pass (a resumed
     run starts at its epoch, so it does not replay the first epochs' order).
     """
-    parquet = [_open_parquet(f, storage_options) for f in files]
+    parquet = [open_parquet(f, storage_options) for f in files]
     units = [
         (i, g)
         for i, pf in enumerate(parquet)
@@ -150,7 +123,7 @@ def _arrow_signature(files: Sequence[str], names: Sequence[str], storage_options
     """tf.TensorSpecs of the row-group batches, from the first file's Parquet schema."""
     import pyarrow as pa
 
-    schema = _open_parquet(files[0], storage_options).schema_arrow
+    schema = open_parquet(files[0], storage_options).schema_arrow
     sig = {}
     for name in names:
         t = schema.field(name).type
@@ -237,9 +210,7 @@ def rank_dataset(
 ):
     """Yields a ``tf.data.Dataset`` of ``(x, y)`` or ``(x, y, sample_weight)`` batches: endless, or
     ``passes`` passes over the files (validation: one, so that each row counts once)."""
-    names = list(
-        dict.fromkeys([c.stored for c in features] + [c.stored for c in labels] + ([weight.stored] if weight else []))
-    )
+    names = _column_names(features, labels, weight)
     if reader == "petastorm":
         source = _petastorm_source(files, names, shuffle, seed, workers, passes)
     elif reader == "arrow":
@@ -249,30 +220,79 @@ def rank_dataset(
     with source as ds:
         # Whole row groups go through the conversion below (no per-row tf.data work); rebatch then
         # cuts them into training batches.
-        in_shapes = [_target_shape(s, c, False) for s, c in zip(inputs, features)]
-        out_shapes = [_target_shape(s, c, True) for s, c in zip(outputs, labels)]
-        in_types = [tf.as_dtype(s.dtype) if s.dtype else tf.float32 for s in inputs]
-
-        def shaped(v, shape):
-            return tf.reshape(v, [-1, *shape]) if shape is not None else v
-
-        def convert(columns):
-            xs = [shaped(tf.cast(columns[c.stored], dt), shape) for c, shape, dt in zip(features, in_shapes, in_types)]
-            ys = [
-                shaped(tf.cast(columns[c.stored], tf.int32 if c.is_integer else tf.float32), shape)
-                for c, shape in zip(labels, out_shapes)
-            ]
-            x, y = pack(xs, inputs), pack(ys, outputs)  # dicts for a model built on dicts
-            if weight is not None:
-                return x, y, tf.cast(columns[weight.stored], tf.float32)
-            return x, y
-
+        convert = _converter(features, labels, weight, inputs, outputs)
         ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE).rebatch(batch_size, drop_remainder=False)
         if shuffle and reader == "petastorm":
             # Petastorm yields row groups whole: a buffer of batches mixes them (it spans passes). The
             # arrow reader mixes rows across row groups itself, within each pass (shuffle_buffer_size rows).
             ds = ds.shuffle(max(1, shuffle_buffer_size // batch_size), seed=seed, reshuffle_each_iteration=True)
         yield ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _column_names(features, labels, weight) -> list[str]:
+    return list(
+        dict.fromkeys([c.stored for c in features] + [c.stored for c in labels] + ([weight.stored] if weight else []))
+    )
+
+
+def _converter(features, labels, weight, inputs, outputs):
+    """{column: values} -> ``(x, y)`` or ``(x, y, sample_weight)`` in the model's shapes and types."""
+    in_shapes = [_target_shape(s, c, False) for s, c in zip(inputs, features)]
+    out_shapes = [_target_shape(s, c, True) for s, c in zip(outputs, labels)]
+    in_types = [tf.as_dtype(s.dtype) if s.dtype else tf.float32 for s in inputs]
+
+    def shaped(v, shape):
+        return tf.reshape(v, [-1, *shape]) if shape is not None else v
+
+    def convert(columns):
+        xs = [shaped(tf.cast(columns[c.stored], dt), shape) for c, shape, dt in zip(features, in_shapes, in_types)]
+        ys = [
+            shaped(tf.cast(columns[c.stored], tf.int32 if c.is_integer else tf.float32), shape)
+            for c, shape in zip(labels, out_shapes)
+        ]
+        x, y = pack(xs, inputs), pack(ys, outputs)  # dicts for a model built on dicts
+        if weight is not None:
+            return x, y, tf.cast(columns[weight.stored], tf.float32)
+        return x, y
+
+    return convert
+
+
+def planned_dataset(
+    files: Sequence[str],
+    units,
+    epochs,
+    *,
+    features: Sequence[ColumnInfo],
+    labels: Sequence[ColumnInfo],
+    weight: ColumnInfo | None,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    batch_size: int,
+    storage_options: dict | None = None,
+    trace: "Callable[[int, int, dict], None] | None" = None,
+) -> "tf.data.Dataset":
+    """The training batches of a rank for the epochs ``epochs()`` yields (``(plan, share, rows)``
+    each, see :func:`epoch_batches`; called anew for each pass of the dataset), as a
+    ``tf.data.Dataset`` of ``(x, y)`` or ``(x, y, sample_weight)``.
+
+    ``trace``: called as ``trace(epoch, batch number in the epoch, batch)`` for every batch read
+    (``HVD_SPARK_DATA_TRACE``)."""
+    names = _column_names(features, labels, weight)
+    sig = _arrow_signature(files, names, storage_options)
+    data = ParquetSet(files, storage_options)
+
+    def gen():
+        epoch, step = None, 0
+        for e, batch in epoch_batches(data, units, epochs(), names, batch_size, numbered=True):
+            epoch, step = e, (step + 1 if e == epoch else 0)
+            if trace is not None:
+                trace(e, step, batch)
+            yield batch
+
+    ds = tf.data.Dataset.from_generator(gen, output_signature=sig)
+    convert = _converter(features, labels, weight, inputs, outputs)
+    return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
 
 
 def _check_list_rows(column, spec: TensorSpec) -> None:

@@ -13,11 +13,13 @@ import tempfile
 import time
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import keras
 
 from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.contracts import RunConfig
+from hvd_spark._internal.common.events import busy
 from hvd_spark._internal.rank.callbacks import is_number
 
 logger = logging.getLogger(__name__)
@@ -103,8 +105,8 @@ def train(cfg: RunConfig) -> dict:
         MetricAverageCallback,
         RankRandomnessCallback,
     )
+    from hvd_spark._internal.rank.cursor import DataPlan, PositionCallback, ResizeCheck, Segment
     from hvd_spark._internal.rank.optimizer import make_distributed
-    from hvd_spark._internal.rank.reader import rank_dataset
     from hvd_spark._internal.rank.state import BroadcastStateCallback, StateAgreementCallback
 
     rank, size = hvd.rank(), hvd.size()
@@ -128,22 +130,15 @@ def train(cfg: RunConfig) -> dict:
     ticks = _Ticks()
     tmp = tempfile.mkdtemp(prefix="hvd_spark-rank-")
     store = Store.from_config(cfg.store)
+    planned = cfg.reader == "arrow" and bool(cfg.train_units)
+    data = DataPlan(cfg, size) if planned else None
+    segments = data.segments() if data is not None else [Segment(cfg.initial_epoch, cfg.epochs, cfg.steps_per_epoch)]
     try:
-        with (
-            rank_dataset(
-                cfg.train_files[rank],
-                batch_size=cfg.batch_size,
-                shuffle=cfg.shuffle,
-                shuffle_buffer_size=cfg.shuffle_buffer_size,
-                seed=_rank_seed(cfg.seed, rank),
-                first_pass=cfg.initial_epoch,  # a resumed run goes on with new orders, not the first epochs'
-                **data_kw,
-            ) as train_ds,
-            _maybe_val(cfg, rank, data_kw) as val_ds,
-        ):
+        with _maybe_val(cfg, rank, data_kw) as val_ds:
             callbacks: list = [
                 startup,
                 ticks,
+                _FirstStep(),
                 BroadcastStateCallback(),
                 RankRandomnessCallback(cfg.seed, rank),  # after the broadcast, which copies rank 0's generators
                 state_cb,  # before validation and checkpoints: layer state agrees
@@ -153,22 +148,47 @@ def train(cfg: RunConfig) -> dict:
                 steps = None if cfg.validation_exact else cfg.validation_steps
                 callbacks.append(ExactValidationCallback(val_ds, steps, [ticks]))
             callbacks += user_callbacks
+            ckpt_cb = None
             if rank == 0:
-                callbacks.append(_CheckpointCallback(store, cfg.run_id, cfg.history_so_far, tmp, cfg.lease, cfg.epochs))
+                ckpt_cb = _CheckpointCallback(
+                    store,
+                    cfg.run_id,
+                    cfg.history_so_far,
+                    tmp,
+                    cfg.lease,
+                    cfg.epochs,
+                    data=data,
+                    every_steps=cfg.checkpoint_steps,
+                    every_seconds=cfg.checkpoint_seconds,
+                    step_multiple=cfg.backward_passes_per_step,
+                )
+                callbacks.append(ckpt_cb)
                 callbacks.append(_tensorboard(store, cfg.run_id, tmp))
                 callbacks.append(EventCallback(cfg.epochs, send_event, cfg.steps_per_epoch, cfg.progress_interval))
+                callbacks.append(PositionCallback(send_event))
+            resize_cb = None
+            if cfg.resize_marker:  # last: the epoch's checkpoint is written before training stops to grow
+                marker = cfg.resize_marker
+                resize_cb = ResizeCheck(lambda: store._exists(marker), cfg.epochs)
+                callbacks.append(resize_cb)
             startup.mark("data")
             send_event({"kind": "start", "rank": rank, "initial_epoch": cfg.initial_epoch}) if rank == 0 else None
             t0 = time.time()
-            model.fit(
-                train_ds,
-                epochs=cfg.epochs,
-                initial_epoch=cfg.initial_epoch,
-                steps_per_epoch=cfg.steps_per_epoch,
-                callbacks=callbacks,
-                verbose=2 if (cfg.verbose >= 2 and rank == 0) else 0,
-                shuffle=False,
-            )  # the reader shuffles (row groups, rows, a buffer)
+            for seg in segments:
+                if ckpt_cb is not None:
+                    ckpt_cb.segment = seg
+                with _train_data(cfg, rank, data, seg, data_kw) as train_ds:
+                    model.fit(
+                        train_ds,
+                        epochs=seg.end,
+                        initial_epoch=seg.first,
+                        steps_per_epoch=seg.steps,
+                        callbacks=callbacks,
+                        verbose=2 if (cfg.verbose >= 2 and rank == 0) else 0,
+                        shuffle=False,
+                    )  # the reader shuffles (row-group order, rows within windows)
+                if (resize_cb is not None and resize_cb.stopped) or model.stop_training:
+                    break
             train_seconds = time.time() - t0
         result = {
             "rank": rank,
@@ -180,13 +200,17 @@ def train(cfg: RunConfig) -> dict:
             "state_reconciled": state_cb.reconciled,
             "startup": startup.phases,
         }
+        if resize_cb is not None and resize_cb.stopped:
+            result["stopped_for_resize"] = True  # the driver starts the next attempt on more ranks
+            return result
         if rank == 0:
             from hvd_spark._internal.common.serde import save_model_file
 
+            assert ckpt_cb is not None
             final = os.path.join(tmp, "model.keras")
-            save_model_file(model, final)
-            store._upload_file(final, cfg.final_model)
-            ckpt_cb = next(c for c in callbacks if isinstance(c, _CheckpointCallback))
+            with busy("saving the final model"):
+                save_model_file(model, final)
+                store._upload_file(final, cfg.final_model)
             result["epoch_logs"] = ckpt_cb.history
         return result
     finally:
@@ -245,6 +269,75 @@ class _Ticks(keras.callbacks.Callback):
         self._tick(f"the end of epoch {epoch + 1}")
 
 
+class _FirstStep(keras.callbacks.Callback):
+    """A rank's first training step (Keras traces and compiles the train step, which can take minutes
+    for a large model) counts as progress for the stall watchdog, up to ``FIRST_STEP_TIMEOUT``."""
+
+    def __init__(self):
+        super().__init__()
+        self._busy = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._busy is None:
+            self._busy = busy("the first training step (tracing)", limit=settings.FIRST_STEP_TIMEOUT.get())
+            self._busy.__enter__()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._busy is not None and self._busy is not False:
+            self._busy.__exit__(None, None, None)
+            self._busy = False
+
+    def on_train_end(self, logs=None):
+        self.on_train_batch_end(0)
+
+
+def _train_data(cfg: RunConfig, rank: int, data, seg, data_kw: dict):
+    """The rank's training batches for the epochs of ``seg``: its shares of the data plan (the arrow
+    reader), or its own files read endlessly (petastorm; whole epochs only)."""
+    import contextlib
+
+    from hvd_spark._internal.rank.reader import planned_dataset, rank_dataset
+
+    if data is None:
+        return rank_dataset(
+            cfg.train_files[rank],
+            batch_size=cfg.batch_size,
+            shuffle=cfg.shuffle,
+            shuffle_buffer_size=cfg.shuffle_buffer_size,
+            seed=_rank_seed(cfg.seed, rank),
+            first_pass=seg.first,
+            **data_kw,
+        )
+    kw = {k: v for k, v in data_kw.items() if k not in ("reader",)}
+    trace = _data_trace(rank, seg, data.size)
+    ds = planned_dataset(
+        cfg.train_paths, data.units, data.epochs_of(seg, rank), batch_size=cfg.batch_size, trace=trace, **kw
+    )
+    return contextlib.nullcontext(ds)
+
+
+def _data_trace(rank: int, seg, size: int):
+    """``HVD_SPARK_DATA_TRACE``: a JSON line per batch read (epoch, step within the epoch, the first
+    feature column's values), appended to this process's file in that folder; None when unset."""
+    folder = settings.DATA_TRACE.get()
+    if not folder:
+        return None
+    import json
+
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{socket.gethostname()}-{os.getpid()}.jsonl")
+
+    def trace(epoch: int, step: int, batch: dict) -> None:
+        first = next(iter(batch.values()))
+        ids = first[:, 0] if first.ndim > 1 else first
+        step += seg.steps_before if epoch == seg.first else 0
+        record = {"t": time.time(), "rank": rank, "size": size, "epoch": epoch, "step": step, "ids": ids.tolist()}
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    return trace
+
+
 class _NullContext:
     def __enter__(self):
         return None
@@ -276,7 +369,8 @@ def _tensorboard(store, run_id: str, tmp: str):
 
         def on_epoch_end(self, epoch, logs=None):
             super().on_epoch_end(epoch, logs)  # written and flushed (TF flushes a writer leaving as_default)
-            store._upload_dir(local, store.logs_path(run_id))
+            with busy("uploading TensorBoard logs"):
+                store._upload_dir(local, store.logs_path(run_id))
 
         def on_train_end(self, logs=None):
             super().on_train_end(logs)
@@ -287,13 +381,18 @@ def _tensorboard(store, run_id: str, tmp: str):
 
 
 class _CheckpointCallback(keras.callbacks.Callback):
-    """Rank 0: after each epoch, the model (weights, optimizer state, epoch, metrics) to the store.
+    """Rank 0: after each epoch, the model (weights, optimizer state, epoch, metrics) to the store;
+    with ``every_steps`` or ``every_seconds``, also commits inside an epoch, each recording the data
+    cursor (``data.cursor``: which positions every rank has read) and the optimizer's step count.
 
     The ``.keras`` file is uploaded first and the ``.json`` after it, each atomically; a
-    checkpoint counts as complete once its JSON exists. Before writing, the run's writer lease must
-    still be this fit's (``lease``: its path and token) and the epoch's checkpoint must not exist:
-    a fit that lost its run to another (a stalled or cancelled one) stops with ``RunInUseError``
-    instead of writing into it, and a run never holds more epochs than asked.
+    checkpoint counts as complete once its JSON exists, so a crash while committing leaves the
+    previous one the latest. A complete checkpoint removes the commits before it. Before writing,
+    the run's writer lease must still be this fit's (``lease``: its path and token) and the
+    checkpoint must not exist: a fit that lost its run to another (a stalled or cancelled one) stops
+    with ``RunInUseError`` instead of writing into it, and a run never holds more epochs than asked.
+    Commits fall on multiples of ``step_multiple`` steps (``backward_passes_per_step``: never between
+    the batches of one update).
     """
 
     def __init__(
@@ -304,13 +403,23 @@ class _CheckpointCallback(keras.callbacks.Callback):
         tmp: str,
         lease: tuple[str, str] | None = None,
         epochs: int | None = None,
+        *,
+        data=None,
+        every_steps: int | None = None,
+        every_seconds: float | None = None,
+        step_multiple: int = 1,
     ):
         super().__init__()
         self.store, self.run_id, self.tmp = store, run_id, tmp
         self.lease, self.epochs = lease, epochs
         self.history: list[dict] = [dict(h) for h in history_so_far]
+        self.data, self.every_steps, self.every_seconds = data, every_steps, every_seconds
+        self.step_multiple = max(1, step_multiple)
+        self.segment: Any = None  # the rank/cursor.Segment being trained: set by train() before each model.fit
+        self._epoch = 0
+        self._last_commit = time.monotonic()
 
-    def _check_still_ours(self, epoch: int, meta_path: str) -> None:
+    def _check_still_ours(self, epoch: int, meta_path: str, what: str) -> None:
         from hvd_spark.errors import RunInUseError
 
         if self.epochs is not None and epoch > self.epochs:
@@ -325,31 +434,56 @@ class _CheckpointCallback(keras.callbacks.Callback):
                 who = f"host {held.get('host')}, pid {held.get('pid')}" if held else "nobody (released)"
                 raise RunInUseError(
                     f"run '{self.run_id}' is no longer this fit's to write: its writer lease is held by {who}. "
-                    f"The checkpoint of epoch {epoch} was not written.",
+                    f"The checkpoint of {what} was not written.",
                     run_id=self.run_id,
                 )
         if self.store._exists(meta_path):
             raise RunInUseError(
-                f"the checkpoint of epoch {epoch} of run '{self.run_id}' was written by another fit meanwhile; "
+                f"the checkpoint of {what} of run '{self.run_id}' was written by another fit meanwhile; "
                 "not overwriting it.",
                 run_id=self.run_id,
             )
 
-    def on_epoch_end(self, epoch, logs=None):
-        from hvd_spark._internal.common.events import mark_progress
+    def _write(self, epoch: int, step: int, meta: dict) -> None:
+        """The checkpoint after ``epoch`` epochs and ``step`` steps of the next one."""
         from hvd_spark._internal.common.serde import save_model_file
         from hvd_spark._internal.data.store import checkpoint_names
 
-        mark_progress(f"saving the checkpoint of epoch {epoch + 1}")
+        what = f"epoch {epoch} step {step}" if step else f"epoch {epoch}"
+        with busy(f"saving the checkpoint of {what}"):  # a large model to an object store: slow, not stalled
+            model_name, meta_name = checkpoint_names(epoch, step)
+            ckpt_dir = self.store.checkpoints_path(self.run_id)
+            self._check_still_ours(epoch if step == 0 else epoch + 1, f"{ckpt_dir}/{meta_name}", what)
+            local = os.path.join(self.tmp, model_name)
+            save_model_file(self.model, local)
+            self.store._upload_file(local, f"{ckpt_dir}/{model_name}")
+            meta = dict(meta, epoch=epoch, step=step, iterations=int(self.model.optimizer.iterations.numpy()))
+            self.store._write_json(f"{ckpt_dir}/{meta_name}", dict(meta, time=time.time()))
+            os.remove(local)
+            self.store._remove_commits_before(self.run_id, epoch, step)
+        self._last_commit = time.monotonic()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.data is None or self.segment is None or (self.every_steps is None and self.every_seconds is None):
+            return
+        seg, done = self.segment, batch + 1
+        in_epoch = (seg.steps_before if self._epoch == seg.first else 0) + done
+        if done >= seg.steps or in_epoch % self.step_multiple:
+            return  # the epoch's last step is an epoch checkpoint; never inside an accumulation
+        due = (self.every_steps is not None and in_epoch % self.every_steps == 0) or (
+            self.every_seconds is not None and time.monotonic() - self._last_commit >= self.every_seconds
+        )
+        if not due:
+            return
+        cursor = self.data.cursor(seg, self._epoch, done)
+        self._write(
+            self._epoch, in_epoch, {"logs": {}, "history": self.history[: self._epoch], "cursor": cursor.to_json()}
+        )
+
+    def on_epoch_end(self, epoch, logs=None):
         logs = {k: float(v) for k, v in (logs or {}).items() if is_number(v)}
         self.history = self.history[:epoch] + [logs]
-        model_name, meta_name = checkpoint_names(epoch + 1)
-        ckpt_dir = self.store.checkpoints_path(self.run_id)
-        self._check_still_ours(epoch + 1, f"{ckpt_dir}/{meta_name}")
-        local = os.path.join(self.tmp, model_name)
-        save_model_file(self.model, local)
-        self.store._upload_file(local, f"{ckpt_dir}/{model_name}")
-        self.store._write_json(
-            f"{ckpt_dir}/{meta_name}", {"epoch": epoch + 1, "logs": logs, "history": self.history, "time": time.time()}
-        )
-        os.remove(local)
+        self._write(epoch + 1, 0, {"logs": logs, "history": self.history})

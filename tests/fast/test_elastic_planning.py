@@ -1,0 +1,164 @@
+"""Elastic training's decisions without Spark (ml/plan.py): each attempt sized by the task slots there
+are, a smaller attempt after a lost executor, growing back at an epoch end once slots return, the
+error after too long with too few slots, and the recoveries a fit reports. Ranks are played in
+process by ``InProcessBackend``, whose ``slots`` a test changes as Spark's would change."""
+
+import dataclasses
+import time
+
+import pytest
+
+from hvd_spark._internal.common.outcomes import TASK_LOST
+from hvd_spark._internal.data.store import Store, checkpoint_names
+from hvd_spark._internal.ml import plan
+from hvd_spark._internal.ml.backend import InProcessBackend, in_process_rank
+from hvd_spark.errors import NotEnoughSlotsError, RankFailedError
+from tests.fast.test_fit_planning import _config, _ModelBytes
+
+FAST = dict(poll=0.05, settle=0.0)
+
+
+class ElasticWriter:
+    """``rank/train.py``'s effects as an elastic fit has them: rank 0 writes each epoch's checkpoint
+    (with the optimizer's step count), every rank stops after an epoch when the driver's resize marker
+    is there (``ResizeCheck``); ``events`` maps an epoch (1-based) to what happens in it."""
+
+    def __init__(self, backend: InProcessBackend, events: dict):
+        self.backend, self.events = backend, dict(events)
+        self.sizes: list[int] = []
+
+    def __call__(self, cfg):
+        me = in_process_rank()
+        store = Store.from_config(cfg.store)
+        if me.rank == 0:
+            self.sizes.append(me.size)
+        for epoch in range(cfg.initial_epoch + 1, cfg.epochs + 1):
+            event = self.events.get(epoch)
+            if event == "lose" and me.rank == me.size - 1:
+                del self.events[epoch]
+                self.backend.slots = me.size - 1  # its executor is gone with it
+                raise RankFailedError(me.rank, TASK_LOST, "the executor was lost", host="10.0.0.9")
+            if event == "lose" and me.rank < me.size - 1:
+                return {"rank": me.rank}  # its peer fails: the epoch's allreduce never completes
+            if me.rank == 0:
+                folder = store.checkpoints_path(cfg.run_id)
+                model_name, meta_name = checkpoint_names(epoch)
+                store._write_bytes(f"{folder}/{model_name}", b"w")
+                history = [{"loss": 1.0 / e} for e in range(1, epoch + 1)]
+                store._write_json(f"{folder}/{meta_name}", {"history": history, "iterations": 10 * epoch})
+            if event == "return" and me.rank == 0:
+                del self.events[epoch]
+                self.backend.slots = self.backend.slots + 1
+                deadline = time.monotonic() + 5
+                while not store._exists(cfg.resize_marker) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+            if epoch < cfg.epochs and cfg.resize_marker and store._exists(cfg.resize_marker):
+                return {"rank": me.rank, "stopped_for_resize": True}
+        result = {"rank": me.rank, "weights_digest": "same"}
+        if me.rank == 0:
+            store._write_bytes(cfg.final_model, b"final")
+            result["epoch_logs"] = [{"loss": 1.0 / e} for e in range(1, cfg.epochs + 1)]
+        return result
+
+
+def _elastic_cfg(store, run_id, epochs):
+    cfg = _config(store, run_id, epochs)
+    return dataclasses.replace(
+        cfg,
+        train_table=(("part-0", 40), ("part-1", 40), ("part-2", 40)),
+        resize_marker=f"{store.run_path(run_id)}/_resize.json",
+    )
+
+
+def test_a_lost_executor_shrinks_the_job_and_returning_slots_grow_it(tmp_path):
+    store = Store(str(tmp_path))
+    backend = InProcessBackend(3)
+    writer = ElasticWriter(backend, {2: "lose", 3: "return"})
+    elastic = plan.Elastic(min_num_proc=2, max_num_proc=3, timeout=5, **FAST)
+    trained = plan.train_with_restarts(
+        backend,
+        writer,
+        _elastic_cfg(store, "r", 5),
+        store,
+        max_restarts=1,
+        model_bytes=_ModelBytes(),
+        elastic=elastic,
+    )
+    assert writer.sizes == [3, 2, 3]  # lost one rank in epoch 2, grew back after epoch 3
+    assert [r.kind for r in trained.recoveries] == ["shrink", "grow"]
+    shrink, grow = trained.recoveries
+    assert (shrink.from_size, shrink.to_size, shrink.resumed_from) == (3, 2, "epoch 1")
+    assert shrink.lost_hosts == ("10.0.0.9",)
+    assert (grow.from_size, grow.to_size, grow.resumed_from, grow.steps_redone) == (2, 3, "epoch 3", 0)
+    assert trained.restarts == 1  # growing is no restart
+    assert [c.epoch for c in store._epoch_checkpoints("r")] == [1, 2, 3, 4, 5]
+    assert not store._exists(f"{store.run_path('r')}/_resize.json")  # the marker does not outlive the attempt
+
+
+def test_each_attempt_is_sized_for_its_ranks(tmp_path):
+    store = Store(str(tmp_path))
+    cfg = plan.sized(dataclasses.replace(_elastic_cfg(store, "r", 1), val_table=(("v0", 10), ("v1", 5))), 2)
+    assert cfg.steps_per_epoch == 15 and len(cfg.train_files) == 2 and len(cfg.val_files) == 2  # 120 rows / 2 / 4
+    cfg = plan.sized(cfg, 3)
+    assert cfg.steps_per_epoch == 10 and len(cfg.train_files) == 3
+    assert sorted(len(f) for f in cfg.val_files) == [0, 1, 1]  # each validation file read by one rank
+
+
+def test_too_few_slots_for_too_long_is_a_clear_error_within_the_bound(tmp_path):
+    store = Store(str(tmp_path))
+    backend = InProcessBackend(3)
+    backend.slots = 1
+    elastic = plan.Elastic(min_num_proc=2, max_num_proc=3, timeout=0.5, **FAST)
+    t0 = time.monotonic()
+    with pytest.raises(NotEnoughSlotsError) as err:
+        plan.train_with_restarts(
+            backend,
+            ElasticWriter(backend, {}),
+            _elastic_cfg(store, "r", 2),
+            store,
+            max_restarts=1,
+            model_bytes=_ModelBytes(),
+            elastic=elastic,
+        )
+    assert time.monotonic() - t0 < 5  # the bound, not the training's timeouts
+    assert "1 task slot(s)" in str(err.value) and "min_num_proc=2" in str(err.value)
+    assert (err.value.slots, err.value.min_num_proc) == (1, 2)
+    assert backend.calls == 0  # no attempt started
+
+
+def test_slots_that_return_within_the_bound_start_the_job(tmp_path):
+    store = Store(str(tmp_path))
+    backend = InProcessBackend(2)
+    counts = iter([1, 1, 2, 2, 2, 2, 2, 2, 2, 2])
+    backend.slots = lambda: next(counts, 2)
+    trained = plan.train_with_restarts(
+        backend,
+        ElasticWriter(backend, {}),
+        _elastic_cfg(store, "r", 1),
+        store,
+        max_restarts=1,
+        model_bytes=_ModelBytes(),
+        elastic=plan.Elastic(min_num_proc=2, max_num_proc=None, timeout=5, **FAST),
+    )
+    assert backend.sizes == [2] and trained.recoveries == ()
+
+
+def test_a_backend_without_slot_counts_cannot_be_elastic(tmp_path):
+    class Plain:
+        def num_processes(self):
+            return 2
+
+        def run(self, fn, args=(), kwargs=None, env=None):
+            raise AssertionError("not reached")
+
+    store = Store(str(tmp_path))
+    with pytest.raises(NotImplementedError, match="available_slots"):
+        plan.train_with_restarts(
+            Plain(),
+            lambda cfg: None,
+            _elastic_cfg(store, "r", 1),
+            store,
+            max_restarts=1,
+            model_bytes=_ModelBytes(),
+            elastic=plan.Elastic(min_num_proc=1, max_num_proc=2, timeout=1, **FAST),
+        )
