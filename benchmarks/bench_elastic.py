@@ -85,8 +85,8 @@ SCRIPT = textwrap.dedent("""
             "steps_per_epoch": summary.steps_per_epoch,
             "recoveries": [r.__dict__ for r in summary.recoveries],
             "ranks": len(summary.ranks),
-            "train_s": [r.train_seconds for r in summary.ranks],
-            "iterations": [r.iterations for r in summary.ranks],
+            "train_s": summary.ranks[0].train_seconds,
+            "steps": summary.ranks[0].iterations - summary.ranks[0].start_iterations,
         }))
     finally:
         spark.stop()
@@ -112,10 +112,8 @@ def run_mode(mode: str, rows: int, epochs: int) -> dict:
 
 def summarize(result: dict) -> dict:
     rec = result["recoveries"][0] if result["recoveries"] else {}
-    # a step's time from the last attempt: its optimizer steps over its time inside model.fit
-    step_s = None
-    if result["train_s"] and result["train_s"][0]:
-        step_s = result["train_s"][0] / max(1, result["steps_per_epoch"])  # per step of an epoch, on rank 0
+    # a step's time in the last attempt: rank 0's time inside model.fit over its optimizer steps
+    step_s = result["train_s"] / result["steps"] if result["train_s"] and result["steps"] else None
     seconds, redone = rec.get("seconds"), rec.get("steps_redone")
     lost = seconds + redone * step_s if None not in (seconds, redone, step_s) else None
     return {

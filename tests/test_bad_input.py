@@ -85,6 +85,13 @@ CASES = [
     (dict(validation=0.000001), ValueError, r"The validation split is empty"),
     (dict(validation="y3"), ValueError, r"validation column 'y3' has 2 rows that are null or not 0/1"),
     (dict(backend="nccl"), ValueError, r"backend must be 'gloo' or 'mpi'"),
+    (
+        dict(num_proc=None, min_num_proc=3, max_restarts=1),
+        ValueError,
+        r"min_num_proc=3 is more than the 2 task slots of master local\[2\], which never change",
+    ),
+    (dict(min_num_proc=2, max_num_proc=2), ValueError, r"need max_restarts >= 1"),
+    (dict(checkpoint_every="often"), ValueError, r"checkpoint_every must be a number of steps"),
     (dict(run_id="../escape"), ValueError, r"run_id must be 1-128 letters"),
     (dict(feature_cols=["x", "y"]), ValueError, r"feature_cols must name one column per model input \(1"),
     (dict(sample_weight_col="x"), TypeError, r"sample weight column 'x' must be numeric"),

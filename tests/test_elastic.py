@@ -135,7 +135,7 @@ def _trained_rows(trace_dir: pathlib.Path):
 
 def test_a_killed_executor_shrinks_the_fit_and_its_return_grows_it(tmp_path):
     trace = tmp_path / "trace"
-    data = run_result_script(SCRIPT, str(tmp_path / "store"), str(trace), cwd=tmp_path, timeout=1500)
+    data = run_result_script(SCRIPT, str(tmp_path / "store"), str(trace), cwd=tmp_path, timeout=900)
     kinds = [r["kind"] for r in data["recoveries"]]
     assert data["epochs"] == 4, data
     assert kinds[:1] == ["shrink"] and "grow" in kinds, data["recoveries"]  # 3 -> 2 after the kill, back to 3

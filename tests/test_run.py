@@ -272,3 +272,6 @@ def test_elastic_run_arguments_are_checked_before_any_work(spark):
         hvd_spark.run(collectives, min_num_proc=3, max_num_proc=2, max_restarts=1)
     with pytest.raises(ValueError, match="elastic_timeout applies to elastic jobs only"):
         hvd_spark.run(collectives, elastic_timeout=5)
+    # local[2] has two slots for good: waiting elastic_timeout for a third would be pointless
+    with pytest.raises(ValueError, match=r"min_num_proc=3 is more than the 2 task slots of this local master"):
+        hvd_spark.run(collectives, min_num_proc=3, max_restarts=1)

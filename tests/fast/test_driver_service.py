@@ -409,3 +409,34 @@ def test_a_stall_report_from_counts_alone_names_the_rank_behind_in_the_error():
         conclude(records, report, num_proc=2, description="job", elapsed=1.0)
     assert caught.value.ranks[0] == 1 and caught.value.ranks == [1, 0]
     assert "Most likely stalled: rank(s) [1]" in str(caught.value)
+
+
+def test_a_task_that_vanishes_before_its_rank_finished_stops_the_job_at_once():
+    """Its executor died: Spark may keep the barrier stage open (waiting to run it again on slots that
+    are gone), so the supervisor cannot wait for Spark to fail it; it stops the other ranks now."""
+    from types import SimpleNamespace
+
+    from hvd_spark._internal.common.outcomes import TASK_LOST
+    from hvd_spark._internal.driver.supervisor import Supervisor
+
+    svc = DriverService(2, bind="127.0.0.1")
+    svc.start()
+    addr = f"127.0.0.1:{svc.port}"
+    tasks = [TaskClient(addr, svc.token, {"role": "task", "partition": p}) for p in range(2)]
+    aborts: list[str] = []
+    try:
+        for r, task in enumerate(tasks):
+            task.send({KIND: Kind.RANK, "rank": r})
+        _until(lambda: len(svc.rank_of_partition) == 2)
+        options = SimpleNamespace(heartbeat_timeout=600, start_timeout=600, timeout=None, stall_timeout=None)
+        sup = Supervisor(svc, options, where="local", say=lambda *a: None, on_abort=aborts.append)
+        sup.step()
+        assert sup.aborted_at is None  # both tasks there: nothing to do
+        tasks[1].close()
+        _until(lambda: 1 in svc.vanished)
+        sup.step()
+        assert sup.aborted_at is not None and [(o.rank, o.type) for o in sup.lost] == [(1, TASK_LOST)]
+        assert aborts and aborts[0].startswith("rank 1 on host")
+    finally:
+        tasks[0].close()
+        svc.stop()

@@ -17,6 +17,7 @@ class RankSummary:
     rank: int
     weights_digest: str  # a hash of every weight: equal on every rank when averaging held
     iterations: int | None = None  # the optimizer's step counter (continues across resumes)
+    start_iterations: int | None = None  # the counter when the last training attempt started
     train_seconds: float | None = None  # time inside model.fit on this rank
     state_reconciled: int | None = None  # layer-state variables averaged across ranks (BatchNormalization ...)
     host: str | None = None  # the address of the host the rank ran on
@@ -28,6 +29,7 @@ class RankSummary:
             rank=int(result["rank"]),
             weights_digest=str(result.get("weights_digest", "")),
             iterations=result.get("iterations"),
+            start_iterations=result.get("start_iterations"),
             train_seconds=result.get("train_seconds"),
             state_reconciled=result.get("state_reconciled"),
             host=result.get("host"),
@@ -44,7 +46,9 @@ class Recovery:
     from_size: int  # ranks before
     to_size: int  # ranks after
     resumed_from: str  # the commit the next attempt started from: "epoch 2 step 40", "epoch 3", "the start"
-    steps_redone: int | None  # optimizer steps the stopped attempt had made past that commit (None: unknown)
+    # optimizer steps the stopped attempt had made past that commit, as rank 0 last reported them
+    # (every 0.5 s: the last half second may be missing); None: unknown
+    steps_redone: int | None
     lost_hosts: tuple[str, ...] = ()  # hosts whose executor or network went away
     seconds: float | None = None  # from the failure (or the stop) to the next attempt's first step
 

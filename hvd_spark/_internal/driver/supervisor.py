@@ -117,7 +117,9 @@ class Supervisor:
             service.broadcast({KIND: Kind.BEAT})
             self._next_beat = now + settings.HEARTBEAT_INTERVAL
         if not self.lost and self.aborted_at is None:
-            self.lost = _lost_ranks(service, opts.heartbeat_timeout)
+            # Silent tasks, or tasks whose connection closed before their rank finished (their executor
+            # died: Spark may hold the barrier stage open, waiting to run it again on slots that are gone).
+            self.lost = _lost_ranks(service, opts.heartbeat_timeout) or _vanished_ranks(service)
             if self.lost:
                 what = f"rank {self.lost[0].rank} on host {self.lost[0].host}: {self.lost[0].message}"
                 self.say(logging.ERROR, f"{what}; stopping the other ranks")

@@ -97,11 +97,25 @@ class SparkBackend(Backend):
                 "elastic training counts the executors' task slots, which a Spark Connect client cannot see; "
                 "use a classic session (or fixed num_proc with max_restarts)."
             )
-        from hvd_spark._internal.common.topology import slots_from_master_url, task_cpus
+        from hvd_spark._internal.common.topology import task_cpus
 
-        if slots_from_master_url(sc.master):  # local[N]: the slots never change
+        if sc.master.strip().startswith("local") and not sc.master.strip().startswith("local-cluster"):
+            # local[N]: one JVM whose slots never change
             return task_slots(sc.master, default_parallelism=sc.defaultParallelism, task_cpus=task_cpus(sc.getConf()))
-        return internals.spark_executor_slots(sc)[1]
+        return internals.spark_executor_slots(sc)[1]  # executors come and go, local-cluster's too
+
+    def fixed_slots(self) -> int | None:
+        """The task slots of a ``local[N]`` master, which never change; None on a cluster master."""
+        from pyspark.sql import SparkSession
+
+        spark = self._kwargs.get("spark") or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+        sc = getattr(spark, "sparkContext", None)
+        master = (
+            sc.master.strip() if sc is not None and not type(spark).__module__.startswith("pyspark.sql.connect") else ""
+        )
+        if master.startswith("local") and not master.startswith("local-cluster"):
+            return self.available_slots()
+        return None
 
     def with_num_proc(self, num_proc: int) -> "SparkBackend":
         """The same backend running ``num_proc`` ranks."""

@@ -420,6 +420,12 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             # verbose=2 shows everything, TF's C++ notices included, unless the driver's env says otherwise
             env={TF_LOG_LEVEL: os.environ.get(TF_LOG_LEVEL, "0")} if p.verbose == 2 else None,
         )
+        static = options.master.startswith("local") and not options.master.startswith("local-cluster")
+        if p.elastic and static and (p.min_num_proc or 1) > options.slots and self._backend_object is None:
+            raise ValueError(
+                f"min_num_proc={p.min_num_proc} is more than the {options.slots} task slots of master "
+                f"{options.master}, which never change: lower min_num_proc, or use a cluster master."
+            )
         if p.elastic:  # the first attempt's ranks: the slots there are, within the bounds (train_with_restarts waits)
             first = p.num_proc or (options.slots if p.max_num_proc is None else min(options.slots, p.max_num_proc))
             options = dataclasses.replace(options, num_proc=max(1, first))

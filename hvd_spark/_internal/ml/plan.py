@@ -215,7 +215,14 @@ def wait_for_slots(backend: Any, elastic: Elastic, why: str, sleep: Callable[[fl
 
     Raises:
         NotEnoughSlotsError: fewer than ``min_num_proc`` slots for ``timeout`` seconds.
+        ValueError: at once, on a master whose slots never change (``local[N]``) with too few of them.
     """
+    fixed = getattr(backend, "fixed_slots", lambda: None)()
+    if fixed is not None and fixed < elastic.min_num_proc:
+        raise ValueError(
+            f"min_num_proc={elastic.min_num_proc} is more than the {fixed} task slots of this local master, which "
+            "never change: lower min_num_proc, or use a cluster master."
+        )
     t0 = time.monotonic()
     seen_low = None
     while True:

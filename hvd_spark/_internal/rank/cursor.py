@@ -139,7 +139,7 @@ class PositionCallback(keras.callbacks.Callback):
     """Rank 0: tells the driver the optimizer's step count after the first step and then at most
     every ``interval`` seconds (what a recovery's redone steps and time are measured by)."""
 
-    def __init__(self, send, interval: float = 2.0):
+    def __init__(self, send, interval: float = 0.5):
         super().__init__()
         self._send, self.interval = send, interval
         self._last: float | None = None

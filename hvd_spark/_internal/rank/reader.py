@@ -258,6 +258,9 @@ def _converter(features, labels, weight, inputs, outputs):
     return convert
 
 
+BLOCK_ROWS = 8192  # rows per block of whole batches handed from the reader's Python to tf.data
+
+
 def planned_dataset(
     files: Sequence[str],
     units,
@@ -282,17 +285,28 @@ def planned_dataset(
     sig = _arrow_signature(files, names, storage_options)
     data = ParquetSet(files, storage_options)
 
+    group = max(1, BLOCK_ROWS // batch_size)  # batches per block crossing from Python to tf.data
+
     def gen():
         epoch, step = None, 0
-        for e, batch in epoch_batches(data, units, epochs(), names, batch_size, numbered=True):
-            epoch, step = e, (step + 1 if e == epoch else 0)
-            if trace is not None:
-                trace(e, step, batch)
-            yield batch
+        for e, block in epoch_batches(data, units, epochs(), names, batch_size, numbered=True, group=group):
+            if e != epoch:
+                epoch, step = e, 0
+            n = len(next(iter(block.values())))
+            for start in range(0, n, batch_size):
+                if trace is not None:
+                    trace(e, step, {k: v[start : start + batch_size] for k, v in block.items()})
+                step += 1
+            yield block
 
     ds = tf.data.Dataset.from_generator(gen, output_signature=sig)
     convert = _converter(features, labels, weight, inputs, outputs)
-    return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
+
+    def batches(*block):  # a block is whole batches and, at an epoch's end, a smaller last one
+        return tf.data.Dataset.from_tensor_slices(block if len(block) > 1 else block[0]).batch(batch_size)
+
+    ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE).flat_map(batches)
+    return ds.prefetch(tf.data.AUTOTUNE)
 
 
 def _check_list_rows(column, spec: TensorSpec) -> None:

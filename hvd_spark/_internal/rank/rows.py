@@ -85,9 +85,11 @@ def share_rows(
             a, w = hi, w + 1
 
 
-def batched(chunks, batch_size: int, limit: int | None = None) -> Iterator[dict[str, np.ndarray]]:
-    """``chunks`` regrouped into batches of exactly ``batch_size`` rows (the last one smaller); with
-    ``limit``, exactly ``limit`` rows (``chunks`` must hold that many)."""
+def batched(chunks, batch_size: int, limit: int | None = None, group: int = 1) -> Iterator[dict[str, np.ndarray]]:
+    """``chunks`` regrouped into blocks of exactly ``group`` batches of ``batch_size`` rows (the last
+    block holds what is left, which may end in a smaller batch); with ``limit``, exactly ``limit`` rows
+    (``chunks`` must hold that many). The reader cuts blocks into batches in tf.data."""
+    batch_size = batch_size * group
     buf: list[dict[str, np.ndarray]] = []
     held = 0
     taken = 0
@@ -116,11 +118,14 @@ def batched(chunks, batch_size: int, limit: int | None = None) -> Iterator[dict[
         yield joined()
 
 
-def epoch_batches(data: ParquetSet, units, epochs, names, batch_size: int, numbered: bool = False) -> Iterator:
+def epoch_batches(
+    data: ParquetSet, units, epochs, names, batch_size: int, numbered: bool = False, group: int = 1
+) -> Iterator:
     """The batches of several epochs, one after the other; ``epochs`` yields ``(plan, share,
     rows)`` per epoch: the rank reads ``rows`` rows from its ``share`` of ``plan``, going over the
     share again when ``rows`` is larger (a fixed ``train_steps_per_epoch``). Batches never span two
-    epochs. ``numbered``: yields ``(epoch, batch)`` pairs."""
+    epochs. ``numbered``: yields ``(epoch, batch)`` pairs; ``group``: blocks of that many batches
+    (:func:`batched`)."""
     for plan, share, rows in epochs:
         if not share or rows <= 0:
             continue
@@ -129,5 +134,5 @@ def epoch_batches(data: ParquetSet, units, epochs, names, batch_size: int, numbe
             while True:
                 yield from share_rows(data, units, plan, share, names)
 
-        for batch in batched(cycled(), batch_size, limit=rows):
+        for batch in batched(cycled(), batch_size, limit=rows, group=group):
             yield (plan.epoch, batch) if numbered else batch

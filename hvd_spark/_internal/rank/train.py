@@ -174,6 +174,7 @@ def train(cfg: RunConfig) -> dict:
             startup.mark("data")
             send_event({"kind": "start", "rank": rank, "initial_epoch": cfg.initial_epoch}) if rank == 0 else None
             t0 = time.time()
+            start_iterations = int(model.optimizer.iterations.numpy())
             for seg in segments:
                 if ckpt_cb is not None:
                     ckpt_cb.segment = seg
@@ -195,6 +196,7 @@ def train(cfg: RunConfig) -> dict:
             "size": size,
             "weights_digest": _weights_digest(model),
             "iterations": int(model.optimizer.iterations.numpy()),
+            "start_iterations": start_iterations,
             "train_seconds": train_seconds,
             "host": os.environ.get(settings.ENV_HOST) or os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),
             "state_reconciled": state_cb.reconciled,
