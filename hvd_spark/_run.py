@@ -131,9 +131,19 @@ def run(
         use_gpu=use_gpu,
     )
     elastic = min_num_proc is not None or max_num_proc is not None
+    if elastic_timeout is not None and not elastic:
+        raise ValueError("elastic_timeout applies to elastic jobs only: set min_num_proc or max_num_proc too.")
+    if elastic:
+        from pyspark.sql import SparkSession
+
+        from hvd_spark._internal.driver.sessions import is_connect
+
+        if is_connect(spark or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()):
+            raise NotImplementedError(
+                "min_num_proc / max_num_proc count the executors' task slots, which a Spark Connect client cannot "
+                "see. Use a classic session, or a fixed num_proc with max_restarts."
+            )
     if not elastic and not max_restarts:
-        if elastic_timeout is not None:
-            raise ValueError("elastic_timeout applies to elastic jobs only: set min_num_proc or max_num_proc too.")
         return launch(fn, args, kwargs, num_proc=num_proc, env=env, **launch_kwargs)
     return _run_with_restarts(
         fn, args, kwargs, num_proc, env, launch_kwargs, max_restarts, min_num_proc, max_num_proc, elastic_timeout

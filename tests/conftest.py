@@ -53,6 +53,11 @@ def pytest_collection_modifyitems(session, config, items):
         if any(item.get_closest_marker(name) for item in items) and not available()
     ]
     left_out = [item for item in items if any(item.get_closest_marker(name) for name in missing)]
+    # The multihost tier (about 14 minutes) runs when asked for by its marker: -m multihost.
+    tier = [item for item in items if item.get_closest_marker("multihost") and item not in left_out]
+    if tier and "multihost" not in (config.option.markexpr or ""):
+        config._hvd_spark_tier_left_out = len(tier)
+        left_out += tier
     if left_out:
         items[:] = [item for item in items if item not in left_out]
         config.hook.pytest_deselected(items=left_out)
@@ -65,6 +70,10 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for what, count in getattr(config, "_hvd_spark_left_out", []):
         terminalreporter.write_line(f"not on this Spark line: {count} test(s) that need {what}")
+    if getattr(config, "_hvd_spark_tier_left_out", 0):
+        terminalreporter.write_line(
+            f"multihost tier not run ({config._hvd_spark_tier_left_out} tests): bash scripts/test.sh -m multihost"
+        )
 
 
 @pytest.fixture(scope="session")

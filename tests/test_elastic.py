@@ -123,14 +123,14 @@ def _trained_rows(trace_dir: pathlib.Path):
         else:
             merged.append([(t, epoch, step, size), records])
     trained: dict[int, list[int]] = {}
-    sizes = []
-    for i, ((_, _, _, size), records) in enumerate(merged):
-        sizes.append(size)
+    starts = []
+    for i, ((_, epoch, step, size), records) in enumerate(merged):
+        starts.append((epoch, step, size))
         nxt = merged[i + 1][0][1:3] if i + 1 < len(merged) else None
         for r in records:
             if nxt is None or (r["epoch"], r["step"]) < tuple(nxt):
                 trained.setdefault(r["epoch"], []).extend(int(v) for v in r["ids"])
-    return trained, sizes
+    return trained, starts
 
 
 def test_a_killed_executor_shrinks_the_fit_and_its_return_grows_it(tmp_path):
@@ -145,8 +145,12 @@ def test_a_killed_executor_shrinks_the_fit_and_its_return_grows_it(tmp_path):
     assert data["ranks"] == [0, 1, 2]  # finished on three ranks
     assert len(data["digests"]) == 1  # identical weights on every rank (fit checks it too)
     assert data["loss"][-1] < data["loss"][0]
-    trained, sizes = _trained_rows(trace)
-    assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3, sizes
+    trained, starts = _trained_rows(trace)
+    sizes = [size for _, _, size in starts]
+    assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3, starts
+    # the two-rank attempt read on from the commit's cursor (its first batch is the commit's next step)
+    committed = int(shrink["resumed_from"].split()[-1])
+    assert starts[1] == (1, committed, 2), (starts, shrink)
     assert sorted(trained) == [0, 1, 2, 3]
     for epoch, ids in trained.items():
         assert len(ids) == len(set(ids)), f"epoch {epoch + 1}: a row trained twice"

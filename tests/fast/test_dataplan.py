@@ -177,3 +177,14 @@ def test_a_fixed_number_of_rows_goes_over_the_share_again():
     chunks = [{"id": np.arange(3)}]
     out = list(batched(iter(chunks * 3), 2, limit=7))
     assert [b["id"].tolist() for b in out] == [[0, 1], [2, 0], [1, 2], [0]]
+
+
+def test_the_rows_left_out_rotate_even_when_the_order_does_not_change():
+    """One row group, no shuffle: the order is the same every epoch, the block left out is not."""
+    left_out = []
+    for epoch in range(5):
+        split = shares(10, [], 3, epoch)  # one position of ten left out per epoch
+        read = {p for mine in split.per_rank for a, b in mine for p in range(a, b)}
+        assert len(read) == 9 and all(count(mine) == 3 for mine in split.per_rank)
+        left_out.append(set(range(10)) - read)
+    assert len({frozenset(s) for s in left_out}) == 5

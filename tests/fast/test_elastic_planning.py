@@ -34,11 +34,12 @@ class ElasticWriter:
             self.sizes.append(me.size)
         for epoch in range(cfg.initial_epoch + 1, cfg.epochs + 1):
             event = self.events.get(epoch)
-            if event == "lose" and me.rank == me.size - 1:
+            if event in ("lose", "lose-still-counted") and me.rank == me.size - 1:
                 del self.events[epoch]
-                self.backend.slots = me.size - 1  # its executor is gone with it
+                if event == "lose":
+                    self.backend.slots = me.size - 1  # its executor is gone with it
                 raise RankFailedError(me.rank, TASK_LOST, "the executor was lost", host="10.0.0.9")
-            if event == "lose" and me.rank < me.size - 1:
+            if event in ("lose", "lose-still-counted") and me.rank < me.size - 1:
                 return {"rank": me.rank}  # its peer fails: the epoch's allreduce never completes
             if me.rank == 0:
                 folder = store.checkpoints_path(cfg.run_id)
@@ -70,20 +71,23 @@ def _elastic_cfg(store, run_id, epochs):
     )
 
 
+def _run(store, backend, writer, epochs, *, max_restarts=1, cfg=None, **elastic):
+    return plan.train_with_restarts(
+        backend,
+        writer,
+        cfg or _elastic_cfg(store, "r", epochs),
+        store,
+        max_restarts=max_restarts,
+        model_bytes=_ModelBytes(),
+        elastic=plan.Elastic(**{**FAST, "timeout": 5, **elastic}),
+    )
+
+
 def test_a_lost_executor_shrinks_the_job_and_returning_slots_grow_it(tmp_path):
     store = Store(str(tmp_path))
     backend = InProcessBackend(3)
     writer = ElasticWriter(backend, {2: "lose", 3: "return"})
-    elastic = plan.Elastic(min_num_proc=2, max_num_proc=3, timeout=5, **FAST)
-    trained = plan.train_with_restarts(
-        backend,
-        writer,
-        _elastic_cfg(store, "r", 5),
-        store,
-        max_restarts=1,
-        model_bytes=_ModelBytes(),
-        elastic=elastic,
-    )
+    trained = _run(store, backend, writer, 5, min_num_proc=2, max_num_proc=3)
     assert writer.sizes == [3, 2, 3]  # lost one rank in epoch 2, grew back after epoch 3
     assert [r.kind for r in trained.recoveries] == ["shrink", "grow"]
     shrink, grow = trained.recoveries
@@ -108,18 +112,9 @@ def test_too_few_slots_for_too_long_is_a_clear_error_within_the_bound(tmp_path):
     store = Store(str(tmp_path))
     backend = InProcessBackend(3)
     backend.slots = 1
-    elastic = plan.Elastic(min_num_proc=2, max_num_proc=3, timeout=0.5, **FAST)
     t0 = time.monotonic()
     with pytest.raises(NotEnoughSlotsError) as err:
-        plan.train_with_restarts(
-            backend,
-            ElasticWriter(backend, {}),
-            _elastic_cfg(store, "r", 2),
-            store,
-            max_restarts=1,
-            model_bytes=_ModelBytes(),
-            elastic=elastic,
-        )
+        _run(store, backend, ElasticWriter(backend, {}), 2, min_num_proc=2, max_num_proc=3, timeout=0.5)
     assert time.monotonic() - t0 < 5  # the bound, not the training's timeouts
     assert "1 task slot(s)" in str(err.value) and "min_num_proc=2" in str(err.value)
     assert (err.value.slots, err.value.min_num_proc) == (1, 2)
@@ -131,15 +126,7 @@ def test_slots_that_return_within_the_bound_start_the_job(tmp_path):
     backend = InProcessBackend(2)
     counts = iter([1, 1, 2, 2, 2, 2, 2, 2, 2, 2])
     backend.slots = lambda: next(counts, 2)
-    trained = plan.train_with_restarts(
-        backend,
-        ElasticWriter(backend, {}),
-        _elastic_cfg(store, "r", 1),
-        store,
-        max_restarts=1,
-        model_bytes=_ModelBytes(),
-        elastic=plan.Elastic(min_num_proc=2, max_num_proc=None, timeout=5, **FAST),
-    )
+    trained = _run(store, backend, ElasticWriter(backend, {}), 1, min_num_proc=2, max_num_proc=None)
     assert backend.sizes == [2] and trained.recoveries == ()
 
 
@@ -162,3 +149,43 @@ def test_a_backend_without_slot_counts_cannot_be_elastic(tmp_path):
             model_bytes=_ModelBytes(),
             elastic=plan.Elastic(min_num_proc=1, max_num_proc=2, timeout=1, **FAST),
         )
+
+
+def test_every_recovery_is_reported_when_losses_follow_each_other(tmp_path):
+    store = Store(str(tmp_path))
+    backend = InProcessBackend(3)
+    writer = ElasticWriter(backend, {2: "lose", 4: "lose"})
+    trained = _run(store, backend, writer, 5, max_restarts=2, min_num_proc=1, max_num_proc=3)
+    assert writer.sizes == [3, 2, 1] and trained.restarts == 2
+    assert [(r.kind, r.from_size, r.to_size, r.resumed_from) for r in trained.recoveries] == [
+        ("shrink", 3, 2, "epoch 1"),
+        ("shrink", 2, 1, "epoch 3"),
+    ]
+
+
+def test_a_lost_executor_that_spark_still_counts_is_left_out(tmp_path):
+    """Spark drops an executor that stopped answering only after spark.network.timeout: the next attempt
+    has one rank fewer than the stale count says, and grows back once the count is true again."""
+    store = Store(str(tmp_path))
+    backend = InProcessBackend(3)
+    writer = ElasticWriter(backend, {2: "lose-still-counted"})
+    _run(store, backend, writer, 3, min_num_proc=2, max_num_proc=3)
+    assert writer.sizes[:2] == [3, 2]
+
+
+def test_the_first_attempt_starts_with_num_proc_ranks_at_most(tmp_path):
+    store = Store(str(tmp_path))
+    backend = InProcessBackend(3)
+    writer = ElasticWriter(backend, {})
+    _run(
+        store,
+        backend,
+        writer,
+        1,
+        max_restarts=1,
+        cfg=dataclasses.replace(_elastic_cfg(store, "r", 1), resize_marker=None),
+        min_num_proc=1,
+        max_num_proc=3,
+        initial=2,
+    )
+    assert writer.sizes == [2]

@@ -146,12 +146,19 @@ class Shares:
     left_out: int  # positions of the remainder nobody reads in this epoch (< size)
 
 
-def shares(total: int, used: Sequence[Sequence[int]], size: int) -> Shares:
-    """Cuts the unused positions of an epoch of ``total`` rows into ``size`` equal contiguous shares."""
+def shares(total: int, used: Sequence[Sequence[int]], size: int, epoch: int = 0) -> Shares:
+    """Cuts the unused positions of an epoch of ``total`` rows into ``size`` equal contiguous shares.
+
+    The ``left % size`` positions nobody reads are the last ones of the unused sequence started at
+    ``epoch * (left % size)`` (wrapping around): another block every epoch, so that the rows left out
+    rotate even where the order does not change (no shuffle, one row group)."""
     if size < 1:
         raise ValueError(f"size must be at least 1. Received: {size}.")
     rest = remaining(total, used)
     left = count(rest)
+    if left and left % size and epoch:
+        head, tail = take(rest, (epoch * (left % size)) % left)
+        rest = tail + head
     if 0 < left < size:  # fewer rows than ranks: one each, some the same (the one case of a row read twice)
         positions = [p for a, b in rest for p in range(a, b)]
         return Shares(tuple(((positions[r % left], positions[r % left] + 1),) for r in range(size)), 1, 0)

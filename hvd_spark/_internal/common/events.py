@@ -110,6 +110,13 @@ class _Progress:
 _progress = _Progress()
 
 
+def keep_alive(where: str) -> None:
+    """Tells the stall watchdog this rank is alive without counting a step (validation batches:
+    ranks evaluate different numbers of them, so they must not move one rank ahead of another in
+    the stall report's order)."""
+    _progress.keep_alive(where)
+
+
 def mark_progress(where: str | None = None) -> None:
     """Tells hvd_spark's stall watchdog that this rank is making progress (see ``stall_timeout``).
 

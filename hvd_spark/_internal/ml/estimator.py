@@ -673,6 +673,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 max_num_proc=c.p.max_num_proc,
                 timeout=settings.ELASTIC_TIMEOUT.get(c.p.elastic_timeout),
                 poll=settings.ELASTIC_POLL.get(),
+                initial=c.p.num_proc,
             )
         trained = plan_mod.train_with_restarts(
             backend,

@@ -173,6 +173,7 @@ class Elastic:
     timeout: float
     poll: float = 2.0
     settle: float = 3.0
+    initial: int | None = None  # the first attempt's ranks at most (the estimator's num_proc)
 
     def size_for(self, slots: int) -> int:
         return slots if self.max_num_proc is None else min(slots, self.max_num_proc)
@@ -364,8 +365,11 @@ def train_with_restarts(
     probe = probe or AttemptProbe()
     recoveries: list[Recovery] = []
     pending: dict | None = None  # the recovery under way: completed with the next attempt's first step
-    size = backend.num_processes() if elastic is None else wait_for_slots(backend, elastic, "starting")
-    if elastic is not None:
+    if elastic is None:
+        size = backend.num_processes()
+    else:
+        size = wait_for_slots(backend, elastic, "starting")
+        size = min(size, elastic.initial) if elastic.initial else size
         backend = _with_backend_size(backend, size)
     cfg = sized(cfg, size) if cfg.train_table else cfg
 
@@ -403,6 +407,8 @@ def train_with_restarts(
             close_pending()
             return Trained(results, restarts, time.time() - t0, tuple(recoveries))
         probe.new_attempt()
+        if cfg.resize_marker:  # a request left by an earlier attempt (or fit) is not this attempt's
+            store._rm(cfg.resize_marker)
         grow = (
             _GrowWatch(backend, elastic, store, cfg.resize_marker, size)
             if elastic is not None and cfg.resize_marker
@@ -437,7 +443,7 @@ def train_with_restarts(
                 lost_now = (e.host,)
             if not should_restart(e, restarts, max_restarts):
                 raise
-            pending = None  # an attempt that failed before its first step: its recovery is this one's
+            close_pending()  # the recovery before this attempt (its time unknown when it never made a step)
             restarts += 1
             latest = store.latest_checkpoint(run_id)
             reached = probe.iterations
@@ -455,6 +461,10 @@ def train_with_restarts(
             new_size = size
             if elastic is not None:
                 new_size = wait_for_slots(backend, elastic, f"after the failure of attempt {restarts}")
+                if lost_now and new_size >= size and size - 1 >= elastic.min_num_proc:
+                    # Spark may still count the lost executor (it drops one that stopped answering only
+                    # after spark.network.timeout): go on with one rank fewer; growing adds it back.
+                    new_size = size - 1
                 backend = _with_backend_size(backend, new_size)
                 cfg = sized(cfg, new_size)
             pending = dict(

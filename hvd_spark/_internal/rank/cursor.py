@@ -53,6 +53,7 @@ class DataPlan:
         self.layout = layout_digest(
             self.units, cfg.train_paths, seed=cfg.seed, shuffle=cfg.shuffle, window_rows=cfg.shuffle_buffer_size
         )
+        self.restarted_epoch: int | None = None  # set by segments(): a commit's epoch that starts again
 
     def epoch(self, e: int) -> EpochPlan:
         cfg = self.cfg
@@ -66,27 +67,30 @@ class DataPlan:
         out: list[Segment] = []
         cursor = Cursor.from_json(cfg.resume_cursor) if cfg.resume_step else None
         if cursor is not None:
+            split = shares(self.rows, cursor.used, self.size, first)
             if cursor.layout != self.layout or cursor.epoch != first:
+                why = "was made on other data or another reading order"
+            elif cfg.fixed_steps and cfg.fixed_steps > cursor.steps:
+                # a fixed number of steps goes over the shares again: what is left, or all rows anew
+                used = cursor.used if split.rows else ()
+                out.append(Segment(first, first + 1, cfg.fixed_steps - cursor.steps, used, cursor.steps))
+                first, why = first + 1, ""
+            elif not cfg.fixed_steps and split.rows:
+                steps = steps_for(split.rows, cfg.batch_size)
+                out.append(Segment(first, first + 1, steps, cursor.used, cursor.steps))
+                first, why = first + 1, ""
+            else:
+                why = "left no rows to read"
+            if why:
+                # The epoch starts again: its commits go (the new ones would take their names).
+                self.restarted_epoch = first
                 logger.warning(
-                    "the commit at epoch %d step %d was made on other data or another reading order; epoch %d "
-                    "starts again from its first row",
+                    "the commit at epoch %d step %d %s; epoch %d starts again from its first row",
                     first,
                     cfg.resume_step,
+                    why,
                     first + 1,
                 )
-            else:
-                split = shares(self.rows, cursor.used, self.size)
-                steps = (cfg.fixed_steps - cursor.steps) if cfg.fixed_steps else steps_for(split.rows, cfg.batch_size)
-                if steps > 0 and split.rows > 0:
-                    out.append(Segment(first, first + 1, steps, cursor.used, cursor.steps))
-                    first += 1
-                else:
-                    logger.warning(
-                        "%d row(s) of epoch %d were left for %d ranks: the epoch starts again from its first row",
-                        split.rows * self.size + split.left_out,
-                        first + 1,
-                        self.size,
-                    )
         if first < cfg.epochs:
             out.append(Segment(first, cfg.epochs, cfg.steps_per_epoch))
         return out
@@ -96,7 +100,7 @@ class DataPlan:
 
         def epochs():
             for e in range(seg.first, seg.end):
-                split = shares(self.rows, seg.used if e == seg.first else (), self.size)
+                split = shares(self.rows, seg.used if e == seg.first else (), self.size, e)
                 rows = seg.steps * self.cfg.batch_size if self.cfg.fixed_steps else split.rows
                 yield self.epoch(e), split.per_rank[rank], rows
 
@@ -105,7 +109,7 @@ class DataPlan:
     def cursor(self, seg: Segment, epoch: int, steps: int) -> Cursor:
         """The cursor after ``steps`` steps of ``epoch`` within ``seg``, on every rank."""
         before = seg.used if epoch == seg.first else ()
-        split = shares(self.rows, before, self.size)
+        split = shares(self.rows, before, self.size, epoch)
         used = used_after(before, split, min(steps * self.cfg.batch_size, split.rows))
         return Cursor(epoch, tuple(used), self.layout, (seg.steps_before if epoch == seg.first else 0) + steps)
 

@@ -133,6 +133,8 @@ def train(cfg: RunConfig) -> dict:
     planned = cfg.reader == "arrow" and bool(cfg.train_units)
     data = DataPlan(cfg, size) if planned else None
     segments = data.segments() if data is not None else [Segment(cfg.initial_epoch, cfg.epochs, cfg.steps_per_epoch)]
+    if rank == 0 and data is not None and data.restarted_epoch is not None:
+        store._remove_commits_before(cfg.run_id, data.restarted_epoch + 1, 0)  # its new commits take their names
     try:
         with _maybe_val(cfg, rank, data_kw) as val_ds:
             callbacks: list = [
@@ -265,7 +267,9 @@ class _Ticks(keras.callbacks.Callback):
         self._tick(f"epoch {self._epoch} step {batch + 1}")
 
     def on_test_batch_end(self, batch, logs=None):
-        self._tick(f"epoch {self._epoch} validation step {batch + 1}")
+        from hvd_spark._internal.common.events import keep_alive
+
+        keep_alive(f"epoch {self._epoch} validation step {batch + 1}")  # alive; not a step ahead of a peer
 
     def on_epoch_end(self, epoch, logs=None):
         self._tick(f"the end of epoch {epoch + 1}")
@@ -473,8 +477,10 @@ class _CheckpointCallback(keras.callbacks.Callback):
             return
         seg, done = self.segment, batch + 1
         in_epoch = (seg.steps_before if self._epoch == seg.first else 0) + done
-        if done >= seg.steps or in_epoch % self.step_multiple:
-            return  # the epoch's last step is an epoch checkpoint; never inside an accumulation
+        if done >= seg.steps:
+            return  # the epoch's last step is an epoch checkpoint
+        if self.step_multiple > 1 and int(self.model.optimizer.iterations.numpy()) % self.step_multiple:
+            return  # never inside a gradient accumulation (it runs on the optimizer's step count)
         due = (self.every_steps is not None and in_epoch % self.every_steps == 0) or (
             self.every_seconds is not None and time.monotonic() - self._last_commit >= self.every_seconds
         )

@@ -216,7 +216,9 @@ def _check_hosts(
     if not problems:
         return None
     if me.rank not in problems:
-        return RankOutcome(me.rank, ABORTED)
+        outcome = RankOutcome(me.rank, ABORTED)
+        _report(client, outcome)  # done (not ok): its connection closing is no lost task
+        return outcome
     outcome = RankOutcome(me.rank, ERROR, type="HostConfigurationError", message=problems[me.rank], time=time.time())
     _report(client, outcome)
     return outcome
