@@ -87,6 +87,11 @@ HOSTLOSS = PRELUDE + textwrap.dedent("""
     store, marker, start_timeout = sys.argv[2], sys.argv[3], float(sys.argv[4])
     elastic = sys.argv[5:] == ["elastic"]  # go on without the lost host and grow back when it returns
 
+    class Slow(keras.callbacks.Callback):
+        # elastic: epochs long enough (about 6 s on one rank) for the host to come back during training
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(0.05)
+
     class HoldOnSecondHost(keras.callbacks.Callback):
         # Mid-epoch 2 on the rank of host 10.77.0.3: leave a marker, then wait to be killed with the host.
         def on_epoch_begin(self, epoch, logs=None):
@@ -116,12 +121,14 @@ HOSTLOSS = PRELUDE + textwrap.dedent("""
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
                               keras.layers.Dense(10, activation="softmax")])
-    sizes = dict(min_num_proc=1, max_num_proc=2, checkpoint_every=1) if elastic else dict(num_proc=2)
+    sizes = dict(num_proc=2, epochs=4)
+    if elastic:
+        sizes = dict(min_num_proc=1, max_num_proc=2, checkpoint_every=1, epochs=10)
     est = hvd_spark.HorovodEstimator(
         store=store, model=model, optimizer=keras.optimizers.Adam(0.01),
         loss="sparse_categorical_crossentropy", metrics=["accuracy"], feature_cols=["features"],
-        label_cols=["label"], batch_size=32, epochs=4, verbose=1, start_timeout=start_timeout, max_restarts=1,
-        run_id="hostloss", callbacks=[HoldOnSecondHost()], **sizes)
+        label_cols=["label"], batch_size=32, verbose=1, start_timeout=start_timeout, max_restarts=1,
+        run_id="hostloss", callbacks=[HoldOnSecondHost()] + ([Slow()] if elastic else []), **sizes)
     try:
         try:
             fitted = est.fit(df)
@@ -329,7 +336,7 @@ def test_elastic_fit_goes_on_without_a_lost_host_and_grows_when_it_returns(clust
     assert kinds == [("shrink", 2, 1), ("grow", 1, 2)], out["recoveries"]
     assert out["recoveries"][0]["resumed_from"].startswith("epoch 1 step "), out["recoveries"]
     assert out["recoveries"][0]["lost_hosts"] == ["10.77.0.3"]
-    assert out["epochs"] == 4 and out["checkpoints"][-1] == 4
+    assert out["epochs"] == 10 and out["checkpoints"][-1] == 10
     assert len(set(out["digests"])) == 1 and sorted(out["hosts"]) == ["10.77.0.2", "10.77.0.3"]
     for r in out["recoveries"]:
         print(f"recovery {r['kind']}: {r['seconds']} s to the next first step, {r['steps_redone']} steps redone")
