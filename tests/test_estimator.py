@@ -435,3 +435,38 @@ def test_estimator_backward_passes_per_step_and_compression(spark, tmp_path):
         with pytest.raises(ValueError, match=match):
             xor_estimator(tmp_path / "store2", **bad).fit(df)
     assert not os.path.exists(tmp_path / "store2" / "runs")
+
+
+class _EnvProbe(keras.callbacks.Callback):
+    """Writes what a rank sees of two environment variables into a folder of the test."""
+
+    def __init__(self, folder):
+        super().__init__()
+        self.folder = folder
+
+    def on_train_begin(self, logs=None):
+        import horovod.tensorflow as hvd
+
+        with open(os.path.join(self.folder, f"rank-{hvd.rank()}"), "w") as f:
+            f.write(f"{os.environ.get('HVD_SPARK_TEST_ENV')},{os.environ.get('TF_NUM_INTEROP_THREADS')}")
+
+
+def test_backend_env_reaches_every_rank_and_its_credentials_are_not_saved(spark, tmp_path, caplog):
+    """horovod.spark's backend_env: the ranks' environment, winning over hvd_spark's defaults; saving the
+    estimator keeps the plain variables and leaves the credentials out."""
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    probe = tmp_path / "seen"
+    probe.mkdir()
+    env = {"HVD_SPARK_TEST_ENV": "from-the-user", "TF_NUM_INTEROP_THREADS": "3", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}
+    est = xor_estimator(
+        tmp_path / "store", model=small_model(), epochs=1, backend_env=env, callbacks=[_EnvProbe(str(probe))]
+    )
+    est.fit(xor_frame(spark, 64))
+    assert sorted(p.read_text() for p in probe.iterdir()) == ["from-the-user,3", "from-the-user,3"]
+    est.save(str(tmp_path / "saved"))
+    saved = [p.read_bytes() for p in (tmp_path / "saved").rglob("*") if p.is_file()]
+    assert saved and not any(b"s3cr3t" in data or b"AWS_SECRET_ACCESS_KEY" in data for data in saved)
+    loaded = HorovodEstimator.load(str(tmp_path / "saved"))
+    assert loaded.getBackendEnv() == {"HVD_SPARK_TEST_ENV": "from-the-user", "TF_NUM_INTEROP_THREADS": "3"}

@@ -71,6 +71,8 @@ BAD = [
     ("checkpoint_every", 0, ValueError, r"checkpoint_every must be a number of steps .* or a duration"),
     ("checkpoint_every", "often", ValueError, r"checkpoint_every must be .*Received: checkpoint_every='often'"),
     ("checkpoint_every", 2.5, ValueError, r"checkpoint_every must be a number of steps"),
+    ("backend_env", ["A=1"], TypeError, r"backend_env must be a dict of environment variable names to values"),
+    ("backend_env", {"A": None}, TypeError, r"backend_env values must be strings or numbers"),
 ]
 
 
@@ -101,6 +103,7 @@ GOOD = [
     ("checkpoint_every", "10min", "10min"),
     ("checkpoint_every", " 90s", "90s"),
     ("min_num_proc", 2, 2),
+    ("backend_env", {"A": 1, "B": "x"}, {"A": "1", "B": "x"}),
 ]
 
 

@@ -18,6 +18,8 @@ STORE_PUBLIC = {
     "remove_run",
     "cleanup",
     "checkpoints_path",
+    "get_checkpoint_path",
+    "exists",
     "logs_path",
     "checkpoints",
     "latest_checkpoint",
@@ -59,3 +61,13 @@ def test_the_parquet_writer_follows_the_store_and_is_checked(tmp_path):
     assert restored.parquet_writer == "store"
     with pytest.raises(ValueError, match=r"parquet_writer must be one of \['auto', 'spark', 'store'\]\. Received: 'x'"):
         hvd_spark.Store(str(tmp_path), parquet_writer="x")
+
+
+def test_horovod_spark_store_names(tmp_path):
+    """A horovod.spark Store's get_checkpoint_path and exists, as its tests use them around a fit."""
+    store = hvd_spark.Store(str(tmp_path))
+    ckpt = store.get_checkpoint_path("run01")
+    assert ckpt == store.checkpoints_path("run01") and not store.exists(ckpt)
+    (tmp_path / "runs" / "run01" / "checkpoints").mkdir(parents=True)
+    assert store.exists(ckpt) and store.exists(store._url(ckpt))  # the path, or its URL
+    assert not store.exists(store.run_path("other"))

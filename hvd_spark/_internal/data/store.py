@@ -192,6 +192,18 @@ class Store:
     def checkpoints_path(self, run_id: str) -> str:
         return posixpath.join(self.run_path(run_id), "checkpoints")
 
+    def get_checkpoint_path(self, run_id: str) -> str:
+        """horovod.spark's name for where a run's checkpoints go: :meth:`checkpoints_path` (a folder,
+        created by the run's first checkpoint)."""
+        return self.checkpoints_path(run_id)
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` (a path of this store, as its ``*_path`` methods give, or its URL) exists
+        (horovod.spark's ``Store.exists``)."""
+        from fsspec.core import strip_protocol
+
+        return self._exists(strip_protocol(path))
+
     def logs_path(self, run_id: str) -> str:
         return posixpath.join(self.run_path(run_id), "logs")
 

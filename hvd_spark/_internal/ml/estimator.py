@@ -107,6 +107,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         checkpoint_every: commits inside an epoch, every N steps (an int) or every period
             (``"90s"``, ``"10min"``, ``"1h"``), each with the data cursor, so that a restart or a
             resize continues the epoch with exactly the rows not yet read (``reader="arrow"``).
+        backend_env: environment variables for every rank (horovod.spark's ``backend_env``); they win
+            over hvd_spark's defaults (``TF_NUM_INTEROP_THREADS``, ...), not over a rank's identity.
         backward_passes_per_step: batches each rank accumulates before one allreduce and update
             (default 1; Keras' ``gradient_accumulation_steps``): like a batch that many times
             larger, with that many fewer allreduces.
@@ -171,6 +173,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         max_num_proc: int | None = None,
         elastic_timeout: float | None = None,
         checkpoint_every: int | str | None = None,
+        backend_env: dict[str, str] | None = None,
         backward_passes_per_step: int = 1,
         gradient_compression: str = "none",
         reader: str = "arrow",
@@ -215,6 +218,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             max_num_proc=None,
             elastic_timeout=None,
             checkpoint_every=None,
+            backend_env=None,
             backward_passes_per_step=1,
             gradient_compression="none",
             reader="arrow",
@@ -346,7 +350,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
     def _open_tracking(self, c: "_Checked", plan: plan_mod.ResumePlan):
         """MLflow (``mlflow`` param): the run this fit is logged in, or None."""
-        from hvd_spark._internal.common.secrets import url_without_credentials
+        from hvd_spark._internal.common.secrets import redacted, url_without_credentials
         from hvd_spark._internal.driver.tracking import FitTracker
 
         store, run_id = c.store, plan.run_id
@@ -361,6 +365,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         }
         params = {k: v for k, v in c.p.as_dict().items() if k not in ("mlflow", "verbose")}
         params["run_id"] = run_id
+        if params.get("backend_env"):
+            params["backend_env"] = redacted(params["backend_env"])  # the ranks' credentials are never logged
         if self._backend_object is not None:
             params["backend"] = self._backend_object
         return FitTracker.open(c.p.mlflow, params, tags)
@@ -418,7 +424,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             stall_default=settings.DEFAULT_FIT_STALL_TIMEOUT,
             use_gpu=p.use_gpu,
             # verbose=2 shows everything, TF's C++ notices included, unless the driver's env says otherwise
-            env={TF_LOG_LEVEL: os.environ.get(TF_LOG_LEVEL, "0")} if p.verbose == 2 else None,
+            env=dict(
+                {TF_LOG_LEVEL: os.environ.get(TF_LOG_LEVEL, "0")} if p.verbose == 2 else {}, **(p.backend_env or {})
+            )
+            or None,
         )
         static = options.master.startswith("local") and not options.master.startswith("local-cluster")
         if p.elastic and static and (p.min_num_proc or 1) > options.slots and self._backend_object is None:

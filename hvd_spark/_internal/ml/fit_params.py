@@ -293,6 +293,19 @@ def positive_float(name: str) -> Converter:
     return conv
 
 
+def environment(x):
+    """``backend_env``: environment variables for every rank, ``{name: value}`` with string names and
+    string (or number) values; None: none."""
+    if x is None:
+        return None
+    if not isinstance(x, Mapping) or not all(isinstance(k, str) and k for k in x):
+        raise TypeError(f"backend_env must be a dict of environment variable names to values. Received: {x!r}.")
+    bad = {k: v for k, v in x.items() if not isinstance(v, (str, int, float)) or isinstance(v, bool)}
+    if bad:
+        raise TypeError(f"backend_env values must be strings or numbers. Received: {bad!r}.")
+    return {k: str(v) for k, v in x.items()}
+
+
 _EVERY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|min|m|h)\s*$")
 
 
@@ -355,6 +368,7 @@ CONVERTERS: dict[str, Converter] = {
     "max_num_proc": int_at_least("max_num_proc", 1, optional=True),
     "elastic_timeout": seconds("elastic_timeout"),
     "checkpoint_every": checkpoint_every,
+    "backend_env": environment,
     "backward_passes_per_step": int_at_least("backward_passes_per_step", 1),
     "gradient_compression": choice("gradient_compression", COMPRESSIONS, "'none' or 'fp16'"),
     "reader": choice("reader", READERS),
@@ -424,6 +438,7 @@ class FitParams:
     max_num_proc: int | None = None
     elastic_timeout: float | None = None
     checkpoint_every: int | str | None = None
+    backend_env: dict[str, str] | None = None
     backward_passes_per_step: int = 1
     gradient_compression: str = "none"
     reader: str = "arrow"

@@ -206,6 +206,11 @@ class EstimatorParams(ColumnParams):
         "also records which rows every rank has read, so that a restart or resize continues the epoch "
         "with exactly the rows left. Default None: checkpoints at epoch ends only.",
     )
+    backend_env = _checked(
+        "backend_env",
+        "Environment variables for every rank ({name: value}; horovod.spark's backend_env). They win over "
+        "hvd_spark's defaults (e.g. TF_NUM_INTEROP_THREADS), not over a rank's identity.",
+    )
     backward_passes_per_step = _checked(
         "backward_passes_per_step",
         "Batches whose gradients each rank accumulates before one allreduce and update (Keras' "

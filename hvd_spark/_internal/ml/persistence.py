@@ -18,7 +18,17 @@ logger = logging.getLogger(__name__)
 # storage options (credentials) are a plain attribute, never saved.
 _RETIRED_PARAMS = ("storage_options",)
 
-_OBJECT_PARAMS = ("store", "model", "optimizer", "loss", "loss_weights", "metrics", "custom_objects", "callbacks")
+_OBJECT_PARAMS = (
+    "store",
+    "model",
+    "optimizer",
+    "loss",
+    "loss_weights",
+    "metrics",
+    "custom_objects",
+    "callbacks",
+    "backend_env",
+)
 
 
 def _fs(path: str):
@@ -118,6 +128,13 @@ class EstimatorWriter(_Writer):
                     f.write(model_to_bytes(value))
             elif name == "store":
                 objects[name] = ("store", _config_without_secrets(Store.create(value)))
+            elif name == "backend_env" and value is not None:
+                from hvd_spark._internal.common.secrets import split_secrets
+
+                kept, removed = split_secrets(value)  # credentials are never saved
+                if removed:
+                    logger.warning("backend_env: %s not saved (credentials); set them again after loading", removed)
+                objects[name] = ("pickle", cloudpickle.dumps(kept))
             elif name in ("optimizer", "loss", "metrics"):
                 objects[name] = ("keras_obj", dumps_keras_obj(value))
             else:
