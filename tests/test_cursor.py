@@ -3,39 +3,27 @@ and the cursor a commit records, for commits made on any number of ranks and res
 
 import dataclasses
 
-from hvd_spark._internal.common.contracts import DataSpec, RunConfig
+from hvd_spark._internal.common.contracts import RunConfig
 from hvd_spark._internal.common.dataplan import count, shares
+from hvd_spark._internal.data.store import Store
 from hvd_spark._internal.rank.cursor import DataPlan, Segment
+from tests.fast.test_fit_planning import _config
 
 UNITS = ((0, 0, 40), (0, 1, 35), (1, 0, 25))  # 100 rows
 
 
 def _cfg(**kw) -> RunConfig:
-    base = RunConfig(
-        store={},
-        run_id="r",
-        epochs=3,
-        compile={},
-        custom_objects=None,
-        callbacks=None,
-        data=DataSpec((), (), None, (), ()),
-        train_files=[],
-        val_files=None,
-        batch_size=8,
-        val_batch_size=8,
+    """The fast tier's run configuration, with the data plan's fields: 100 rows in 3 row groups, 3 ranks."""
+    base = _config(Store("/unused"), "r", 3)
+    fields = dict(
         steps_per_epoch=5,  # on 3 ranks: floor(100 / 3) = 33 rows a rank, in steps of 8
-        validation_steps=None,
-        shuffle=True,
+        batch_size=8,
         shuffle_buffer_size=30,
         seed=5,
-        verbose=0,
-        progress_interval=0.0,
-        reader="arrow",
-        num_threads=1,
         train_paths=("a.parquet", "b.parquet"),
         train_units=UNITS,
     )
-    return dataclasses.replace(base, **kw)
+    return dataclasses.replace(base, **dict(fields, **kw))
 
 
 def test_a_commit_made_on_three_ranks_resumes_on_two_with_the_rows_left():
