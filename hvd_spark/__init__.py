@@ -8,7 +8,7 @@ Public API:
     local_session: a SparkSession for one machine, set up for barrier jobs.
     FitSummary, RankSummary, Recovery: what ``TFTransformer.getFitSummary()`` reports about the fit.
     HvdSparkError, RankFailedError, JobTimeoutError, RankStalledError, NotEnoughSlotsError,
-        LaunchError, RunInUseError, JobCancelledError: run-time errors.
+        LaunchError, RunInUseError, JobCancelledError, DataChangedError: run-time errors.
     mark_progress: for functions run with ``run``: tells the stall watchdog this rank progresses.
     commit_state, committed_state: for functions run with ``run(..., max_restarts=...)``: rank 0's
         latest state, from which a restarted (or resized) attempt continues.
@@ -24,6 +24,7 @@ from hvd_spark._internal.data.store import Checkpoint, Store
 from hvd_spark._run import run
 from hvd_spark._session import local_session
 from hvd_spark.errors import (
+    DataChangedError,
     HvdSparkError,
     JobCancelledError,
     JobTimeoutError,
@@ -65,6 +66,7 @@ __all__ = [
     "RankSummary",
     "Recovery",
     "HvdSparkError",
+    "DataChangedError",
     "RankFailedError",
     "JobTimeoutError",
     "RankStalledError",

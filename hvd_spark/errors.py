@@ -10,6 +10,12 @@ class HvdSparkError(RuntimeError):
     """Base class of hvd_spark's run-time errors."""
 
 
+class DataChangedError(HvdSparkError):
+    """A file of a table read in place (``materialize="auto"`` / ``"never"``) was removed or changed
+    (size, modification time, rows) after the fit listed it: the fit stops instead of training on
+    half-old, half-new data. Never restarted: fit again to train on the table as it is now."""
+
+
 class LaunchError(HvdSparkError):
     """The Horovod job could not be started or was lost (tasks not scheduled, not answering)."""
 

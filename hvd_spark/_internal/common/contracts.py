@@ -144,6 +144,8 @@ class RunConfig:
     checkpoint_steps: int | None = None  # commits inside an epoch every N steps
     checkpoint_seconds: float | None = None  # or every so many seconds (rank 0's clock)
     resize_marker: str | None = None  # store path the driver writes when training should grow
+    source: Any = None  # sources.TableSource: train_paths are a table read in place (None: the store's copy)
+    val_units: tuple[tuple[int, int, int], ...] = ()  # in place: (file, row group, validation rows) of train_paths
     # --- per attempt ---
     initial_epoch: int = 0
     resume_ckpt: str | None = None  # checkpoint model path in the store, when resuming

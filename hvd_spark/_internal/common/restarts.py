@@ -20,4 +20,6 @@ def should_restart(error: BaseException, restarts_so_far: int, max_restarts: int
         restarts_so_far: attempts already restarted in this fit.
         max_restarts: the estimator's ``max_restarts`` (0: never).
     """
+    if isinstance(error, RankFailedError) and error.exc_type.rsplit(".", 1)[-1] == "DataChangedError":
+        return False  # the table changed under the fit: another attempt would read the changed files too
     return isinstance(error, RESTARTABLE) and restarts_so_far < max_restarts

@@ -115,6 +115,11 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         gradient_compression: ``"none"`` (default) or ``"fp16"`` (gradients sent as float16).
         reader: how ranks read the Parquet files: ``"arrow"`` (default, pyarrow-native) or
             ``"petastorm"`` (needs Petastorm 0.13.1 and pyarrow 12).
+        materialize: ``"auto"`` (default): a DataFrame that is a plain scan of Parquet files (a path or
+            a catalog table, columns selected, renamed or cast between numeric types) is read in place
+            by the ranks, anything else is copied to the store first; ``"always"``: copy;
+            ``"never"``: read in place, or refuse before any work, naming why it cannot be. See
+            docs/estimator.md, "Reading tables in place".
         reuse_data: ``"auto"`` (default): a later fit reuses the data an earlier one wrote only when the
             input is provably the same (its files with sizes and modification times; data held in the
             query plan); ``"always"``: also when only the query plan matches; ``"never"``. See
@@ -177,6 +182,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         backward_passes_per_step: int = 1,
         gradient_compression: str = "none",
         reader: str = "arrow",
+        materialize: str = "auto",
         reuse_data: str = "auto",
         task: str = "auto",
         mlflow: str | bool = "auto",
@@ -222,6 +228,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             backward_passes_per_step=1,
             gradient_compression="none",
             reader="arrow",
+            materialize="auto",
             reuse_data="auto",
             task="auto",
             mlflow="auto",
@@ -283,6 +290,58 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             p = dataclasses.replace(p, num_proc=n)
         return p
 
+    def fit_on_parquet(self, path: str, validation_path: str | None = None, params: dict | None = None):
+        """Trains on Parquet files already written, read in place: ``path`` is a file or a folder of
+        them (searched recursively) at any URL the store's filesystem reaches (a local path,
+        ``s3://`` with the store's storage options, ...), even where Spark has no filesystem for it.
+        ``validation_path``: files of validation rows (else the ``validation`` param splits ``path``'s
+        rows). Columns are named as in the files; their types are the files'. Returns the
+        ``TFTransformer``, like :meth:`fit` (horovod.spark's ``fit_on_parquet`` trains on the store's
+        own copy instead).
+
+        Raises:
+            ValueError: no Parquet files at ``path``, ``validation_path`` together with the
+                ``validation`` param, ``materialize="always"`` (this data is read in place only).
+        """
+        from pyspark.sql import SparkSession
+
+        from hvd_spark._internal.data import inplace
+
+        est = self.copy(params) if params else self.copy()
+        p = est._fit_params()
+        if p.materialize == "always":
+            raise ValueError("fit_on_parquet reads its files in place: materialize='always' does not apply to it.")
+        if validation_path is not None and p.validation:
+            raise ValueError(
+                "fit_on_parquet: give either validation_path (files of validation rows) or the validation param "
+                f"(a split of path's rows), not both. Received: validation={p.validation!r}, "
+                f"validation_path={validation_path!r}."
+            )
+        store = Store.create(p.store)
+        found = {}
+        for role, url in (("path", path), ("validation_path", validation_path)):
+            if url is None:
+                continue
+            files = inplace.list_parquet(str(url), inplace.options_for(str(url), store))
+            if not files:
+                raise ValueError(f"fit_on_parquet: no Parquet files at {role}={url!r}.")
+            found[role] = files
+        import pyarrow.parquet as pq
+
+        from hvd_spark._internal.common import sources
+
+        fs, first = sources.file_system(found["path"][0], inplace.options_for(found["path"][0], store))
+        with fs.open(first, "rb") as f:
+            schema = pq.ParquetFile(f).schema_arrow
+        spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+        frame = spark.createDataFrame([], inplace.spark_schema(schema))
+        every = tuple(found["path"] + found.get("validation_path", []))
+        est._forced_scan = (  # type: ignore[attr-defined]  # read by _read_in_place
+            inplace.Scan(every, {n: n for n in schema.names}, str(path)),
+            tuple(found.get("validation_path", ())),
+        )
+        return est.fit(frame)
+
     # --- fit, as named steps ---
     def _fit(self, dataset):
         t_start = time.time()
@@ -339,6 +398,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                     cfg = self._plan_ranks(checked, plan, written, lease)
                     listeners = [tracker.on_event] if tracker else []
                     trained = self._train_with_restarts(dataset.sparkSession, checked, cfg, listeners, lease)
+                    if written.source is not None:  # a file changed under the ranks: no model of mixed data
+                        from hvd_spark._internal.data.inplace import check_unchanged
+
+                        check_unchanged(written.meta["files"], written.source)
                     model = self._verify_and_build(checked, written, cfg, trained, t_start)
         except BaseException:
             if tracker is not None:
@@ -504,8 +567,22 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 ) from e
         store = Store.create(p.store)
         store._check_writable()
+        forced = getattr(self, "_forced_scan", None)
+        source = _read_in_place(dataset, p, f_infos, l_infos, w_info, validation, store, forced)
         return _Checked(
-            p, model, inputs, outputs, f_infos, l_infos, w_info, validation, options, custom_objects, store, prediction
+            p,
+            model,
+            inputs,
+            outputs,
+            f_infos,
+            l_infos,
+            w_info,
+            validation,
+            options,
+            custom_objects,
+            store,
+            prediction,
+            source,
         )
 
     def _plan_resume(self, c: "_Checked", run_id: str) -> plan_mod.ResumePlan:
@@ -548,14 +625,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         f_infos = [i for i in named_f if i is not None]  # features and labels are never None
         l_infos = [i for i in named_l if i is not None]
         columns = f_infos + l_infos + ([w_info] if w_info else [])
-        prepared = data_mod.prepare(dataset, f_infos, l_infos, w_info, c.validation, seed)
         t0 = time.time()
-        identity = data_identity(dataset, c.p.reuse_data)
-        if not identity.established:
-            logger.info("writing the data anew (it will not be reused by later fits): %s", identity.reason)
-        else:
-            logger.debug("data identity: %s", identity.reason)
-        key = dataset_key(prepared, columns, c.validation, seed, identity)
+        data = DataSpec(tuple(f_infos), tuple(l_infos), w_info, tuple(c.inputs), tuple(c.outputs))
 
         from hvd_spark._internal.ml.model_info import class_index_outputs
 
@@ -565,6 +636,22 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         def check(stats: dict) -> None:
             check_stats(stats, f_infos, l_infos, w_info, c.inputs, c.outputs, c.validation, num_proc, indices)
 
+        if c.source is not None:  # the ranks read the table's own files: one pass for the statistics, no copy
+            from hvd_spark._internal.data import inplace
+
+            source = _table_source(c.source, f_infos, l_infos, w_info, c.validation, seed)
+            reuse = c.p.reuse_data != "never"
+            meta = inplace.scan_table(
+                dataset.sparkSession, c.store, c.source[0], source, reuse=reuse, check=check, slots=c.options.slots
+            )
+            return _Written(data, meta["key"], meta, seed, time.time() - t0, ephemeral=not reuse, source=source)
+        prepared = data_mod.prepare(dataset, f_infos, l_infos, w_info, c.validation, seed)
+        identity = data_identity(dataset, c.p.reuse_data)
+        if not identity.established:
+            logger.info("writing the data anew (it will not be reused by later fits): %s", identity.reason)
+        else:
+            logger.debug("data identity: %s", identity.reason)
+        key = dataset_key(prepared, columns, c.validation, seed, identity)
         row_values = sum((s.elements or 1) for s in c.inputs) + sum((s.elements or 1) for s in c.outputs) + 1
         meta = data_mod.materialize(
             prepared,
@@ -576,7 +663,6 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             check=check,
             files=data_mod.num_files(num_proc, c.options.slots),
         )
-        data = DataSpec(tuple(f_infos), tuple(l_infos), w_info, tuple(c.inputs), tuple(c.outputs))
         return _Written(data, key, meta, seed, time.time() - t0, ephemeral=not identity.established)
 
     def _plan_ranks(self, c: "_Checked", plan: plan_mod.ResumePlan, w: "_Written", lease=None) -> RunConfig:
@@ -593,7 +679,12 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             )
         train_paths = tuple(path for path, _ in meta["train_files"])
         units: tuple[tuple[int, int, int], ...] = ()
-        if p.reader == "arrow":  # the data plan: every rank reads its share of any row group
+        val_units: tuple[tuple[int, int, int], ...] = ()
+        if w.source is not None:  # the table's own files: row groups with rows of each split
+            train_paths = tuple(meta["files"])
+            units = tuple((f, g, t) for f, g, t, _ in meta["units"] if t)
+            val_units = tuple((f, g, v) for f, g, _, v in meta["units"] if v)
+        elif p.reader == "arrow":  # the data plan: every rank reads its share of any row group
             units = tuple(
                 (u.file, u.group, u.rows) for u in dataplan.row_groups(train_paths, c.store._parquet_metadata)
             )
@@ -636,7 +727,11 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             train_paths=train_paths,
             train_units=units,
             train_table=tuple((path, int(rows)) for path, rows in meta["train_files"]),
-            val_table=tuple((path, int(rows)) for path, rows in meta["val_files"]) if meta["val_rows"] else (),
+            val_table=tuple((path, int(rows)) for path, rows in meta["val_files"])
+            if meta["val_rows"] and w.source is None
+            else (),
+            val_units=val_units,
+            source=w.source,
             fixed_steps=p.train_steps_per_epoch,
             fixed_val_steps=p.validation_steps_per_epoch,
             checkpoint_steps=every if isinstance(every, int) else None,
@@ -788,6 +883,73 @@ def _removed_after(store: Store, written: "_Written"):
                 logger.warning("could not remove this fit's data %s: %s", written.key, e)
 
 
+def _read_in_place(dataset, p: FitParams, f_infos, l_infos, w_info, validation, store: Store, forced=None):
+    """Step 1c: whether the ranks read the DataFrame's own Parquet files (``materialize``): the plain
+    scan (``inplace.read_plan``) and its files' identity, or None (the data is copied). The log says
+    which path and why; ``materialize="never"`` on a DataFrame that cannot be read in place is refused
+    here, before any work."""
+    from hvd_spark._internal.data import inplace
+
+    if forced is not None:  # fit_on_parquet: the files are given
+        if p.reader != "arrow":
+            raise ValueError(f"fit_on_parquet reads with reader='arrow'. Received: reader={p.reader!r}.")
+        decision = inplace.Decision(forced[0], f"fit_on_parquet({forced[0].table!r})")
+    elif p.materialize == "always":
+        logger.info("copying the data to the store (materialize='always')")
+        return None
+    elif p.reader != "arrow":
+        decision = inplace.Decision(None, f"reader={p.reader!r} reads copies only")
+    else:
+        needed = [n for i in [*f_infos, *l_infos] for n in (i.parts or (i.name,))]
+        needed += [w_info.name] if w_info is not None else []
+        needed += [validation] if isinstance(validation, str) else []
+        decision = inplace.read_plan(dataset, needed)
+    found = None
+    if decision.scan is not None:
+        scan = decision.scan
+        options = inplace.options_for(scan.files[0], store)
+        try:
+            status = tuple(inplace.list_status(scan.files, options))
+            found = (scan, status, options, forced[1] if forced else ())
+            named_f, named_l, (named_w,) = with_stored_names(f_infos, l_infos, [w_info])
+            source = _table_source(found, named_f, named_l, named_w, validation, p.random_seed)
+            inplace.check_first_file(source, scan.files[0])
+        except Exception as e:  # noqa: BLE001 - a file Spark lists but the ranks cannot read: copy it
+            if forced is not None:
+                raise ValueError(f"fit_on_parquet: {forced[0].table!r} cannot be trained on: {e}") from e
+            decision = inplace.Decision(None, f"{type(e).__name__}: {e}")
+            found = None
+    if found is None:
+        if p.materialize == "never":
+            raise ValueError(
+                f"materialize='never': the DataFrame cannot be read in place because {decision.reason}. Ranks read "
+                "a plain scan of Parquet files (a path or a catalog table, columns selected, renamed or cast "
+                "between numbers). Use materialize='auto' to copy it to the store."
+            )
+        logger.info("copying the data to the store: it cannot be read in place because %s", decision.reason)
+        return None
+    logger.info("reading the data in place, without a copy: %s", decision.reason)
+    return found
+
+
+def _table_source(found, f_infos, l_infos, w_info, validation, seed: int):
+    """The ``sources.TableSource`` of a scan found by :func:`_read_in_place` for named columns."""
+    from hvd_spark._internal.common import sources
+    from hvd_spark._internal.data import inplace
+
+    scan, status, options, val_files = found
+    columns = inplace.source_columns([*f_infos, *l_infos], scan, w_info)
+    if val_files:
+        split: tuple = ("files", tuple(val_files))
+    elif isinstance(validation, str):
+        split = ("column", scan.source_name(validation))
+    elif validation:
+        split = ("fraction", float(validation), int(seed))
+    else:
+        split = ()
+    return sources.TableSource(columns, split, status, options)
+
+
 def _check_settable_learning_rate(optimizer) -> None:
     """learning_rate replaces a number; an optimizer built on a schedule would ignore or refuse it."""
     get_config = getattr(optimizer, "get_config", None)  # None: an optimizer's name ("adam")
@@ -815,6 +977,7 @@ class _Checked:
     custom_objects: dict | None
     store: Store
     prediction: tuple[str, bool]  # model_info.prediction_task: (kind, from_logits)
+    source: Any = None  # (inplace.Scan, unnamed columns) when the ranks read the table in place
 
 
 @dataclasses.dataclass(frozen=True)
@@ -827,6 +990,7 @@ class _Written:
     seed: int
     seconds: float
     ephemeral: bool = False  # written for this fit only (its input has no identity): removed at its end
+    source: Any = None  # sources.TableSource: the table is read in place (meta: inplace.scan_table's)
 
 
 # Spark ML's saved metadata names the class by its module: the public name stays stable.

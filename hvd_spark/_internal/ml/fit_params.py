@@ -18,7 +18,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hvd_spark._internal.common import settings
-from hvd_spark._internal.common.choices import BACKENDS, COMPRESSIONS, MLFLOW_MODES, READERS, REUSE_MODES, TASKS
+from hvd_spark._internal.common.choices import (
+    BACKENDS,
+    COMPRESSIONS,
+    MATERIALIZE_MODES,
+    MLFLOW_MODES,
+    READERS,
+    REUSE_MODES,
+    TASKS,
+)
 from hvd_spark._internal.data.store import Store, validate_run_id
 
 Converter = Callable[[Any], Any]
@@ -372,6 +380,7 @@ CONVERTERS: dict[str, Converter] = {
     "backward_passes_per_step": int_at_least("backward_passes_per_step", 1),
     "gradient_compression": choice("gradient_compression", COMPRESSIONS, "'none' or 'fp16'"),
     "reader": choice("reader", READERS),
+    "materialize": choice("materialize", MATERIALIZE_MODES),
     "reuse_data": choice("reuse_data", REUSE_MODES),
     "task": choice("task", TASKS),
     "mlflow": mlflow_mode,
@@ -391,6 +400,7 @@ _NOT_NONE = (
     "gradient_compression",
     "reader",
     "reuse_data",
+    "materialize",
     "task",
 )
 
@@ -442,6 +452,7 @@ class FitParams:
     backward_passes_per_step: int = 1
     gradient_compression: str = "none"
     reader: str = "arrow"
+    materialize: str = "auto"
     reuse_data: str = "auto"
     task: str = "auto"
     mlflow: str = "auto"  # normalized: 'auto' | 'on' | 'off'

@@ -180,6 +180,12 @@ class EstimatorParams(ColumnParams):
         "plan itself), 'always' (also when only the query plan matches: the input may have changed) or "
         "'never'.",
     )
+    materialize = _checked(
+        "materialize",
+        "'auto' (default): read a DataFrame that is a plain scan of Parquet files (a path or a catalog "
+        "table; columns selected, renamed or cast between numbers) in place, copy anything else to the "
+        "store; 'always': copy; 'never': read in place or refuse before any work.",
+    )
     max_restarts = _checked(
         "max_restarts",
         "Times a failed training job is started again from the latest checkpoint (default 0).",

@@ -146,9 +146,12 @@ def sized(cfg: RunConfig, num_proc: int) -> RunConfig:
     from hvd_spark._internal.common.specs import assign_files, steps_per_epoch
 
     train_rows = sum(r for _, r in cfg.train_table)
-    val_rows = sum(r for _, r in cfg.val_table)
+    val_rows = sum(r for _, r in cfg.val_table) + sum(u[2] for u in cfg.val_units)
     train_files = assign_files(list(cfg.train_table), num_proc)[0] if cfg.train_table else cfg.train_files
-    val_files = assign_files(list(cfg.val_table), num_proc, share=False)[0] if val_rows else None
+    if cfg.val_units:  # a table read in place: each rank reads its share of the validation rows (train.py)
+        val_files: list | None = [[] for _ in range(num_proc)]
+    else:
+        val_files = assign_files(list(cfg.val_table), num_proc, share=False)[0] if val_rows else None
     if cfg.fixed_steps:
         steps = cfg.fixed_steps
     elif cfg.train_units:  # the planned reader: each rank reads floor(rows / ranks) rows once

@@ -274,16 +274,19 @@ def planned_dataset(
     batch_size: int,
     storage_options: dict | None = None,
     trace: "Callable[[int, int, dict], None] | None" = None,
+    source=None,
+    side: str = "train",
 ) -> "tf.data.Dataset":
     """The training batches of a rank for the epochs ``epochs()`` yields (``(plan, share, rows)``
     each, see :func:`epoch_batches`; called anew for each pass of the dataset), as a
     ``tf.data.Dataset`` of ``(x, y)`` or ``(x, y, sample_weight)``.
 
     ``trace``: called as ``trace(epoch, batch number in the epoch, batch)`` for every batch read
-    (``HVD_SPARK_DATA_TRACE``)."""
+    (``HVD_SPARK_DATA_TRACE``). ``source`` (a ``sources.TableSource``): ``files`` are a table read in
+    place, of which the rows of ``side`` are read."""
     names = _column_names(features, labels, weight)
-    sig = _arrow_signature(files, names, storage_options)
-    data = ParquetSet(files, storage_options)
+    sig = _arrow_signature(files, names, storage_options) if source is None else _source_signature(source, names)
+    data = ParquetSet(files, storage_options, source=source, side=side)
 
     group = max(1, BLOCK_ROWS // batch_size)  # batches per block crossing from Python to tf.data
 
@@ -307,6 +310,17 @@ def planned_dataset(
 
     ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE).flat_map(batches)
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _source_signature(source, names: Sequence[str]) -> dict:
+    """tf.TensorSpecs of the blocks of a table read in place: what its columns convert to."""
+    by_name = {c.stored: c for c in source.columns}
+    return {
+        n: tf.TensorSpec(
+            shape=(None,) if by_name[n].kind == "scalar" else (None, None), dtype=tf.as_dtype(by_name[n].dtype)
+        )
+        for n in names
+    }
 
 
 def _check_list_rows(column, spec: TensorSpec) -> None:

@@ -40,19 +40,60 @@ def open_parquet(url: str, storage_options: dict | None):
 
 class ParquetSet:
     """The training data's Parquet files, each opened on first use (a rank reads row groups of any
-    file: which ones changes every epoch, see ``common/dataplan.py``)."""
+    file: which ones changes every epoch, see ``common/dataplan.py``); at most ``MAX_OPEN`` stay open.
 
-    def __init__(self, files: Sequence[str], storage_options: dict | None = None):
+    ``source`` (a ``sources.TableSource``): the files are a table read in place. A file is checked
+    against the identity the fit listed when it is opened, its columns are converted to what the copy
+    would have stored, and only the rows of ``side`` (``"train"`` / ``"val"``) are kept; a row group
+    holding another number of them than the plan says raises ``DataChangedError``."""
+
+    MAX_OPEN = 64
+
+    def __init__(self, files: Sequence[str], storage_options: dict | None = None, source=None, side: str = "train"):
+        from collections import OrderedDict
+
         self.files = list(files)
         self.storage_options = storage_options
-        self._open: dict[int, Any] = {}
+        self.source, self.side = source, side
+        self._open: OrderedDict[int, Any] = OrderedDict()
+
+    def _file(self, i: int):
+        pf = self._open.get(i)
+        if pf is not None:
+            self._open.move_to_end(i)
+            return pf
+        if self.source is None:
+            pf = open_parquet(self.files[i], self.storage_options)
+        else:
+            from hvd_spark._internal.common import sources
+
+            status = self.source.status[i] if self.source.status else None
+            pf = sources.open_checked(self.files[i], self.source.storage_options, status)
+            columns = [sources.resolve(pf.schema_arrow, n) for n in self.source.file_columns()]
+            pf = (pf, columns, sources.group_offsets(pf.metadata))
+        self._open[i] = pf
+        while len(self._open) > self.MAX_OPEN:
+            self._open.popitem(last=False)
+        return pf
 
     def read(self, unit, names: Sequence[str]) -> dict[str, np.ndarray]:
-        pf = self._open.get(unit.file)
-        if pf is None:
-            pf = self._open[unit.file] = open_parquet(self.files[unit.file], self.storage_options)
-        table = pf.read_row_group(unit.group, columns=list(names), use_threads=True)
-        return {name: column_values(table.column(name)) for name in names}
+        if self.source is None:
+            table = self._file(unit.file).read_row_group(unit.group, columns=list(names), use_threads=True)
+            return {name: column_values(table.column(name)) for name in names}
+        from hvd_spark._internal.common import sources
+
+        pf, columns, offsets = self._file(unit.file)
+        url = self.files[unit.file]
+        table = pf.read_row_group(unit.group, columns=columns, use_threads=True)
+        mask = sources.side_mask(self.source, url, table, offsets[unit.group], self.side)
+        kept = table.num_rows if mask is None else int(mask.sum())
+        if kept != unit.rows:
+            raise sources.DataChangedError(
+                f"row group {unit.group} of {url} holds {kept} {self.side} rows now, {unit.rows} when the fit "
+                "listed the table: the file changed during the fit. Fit again to train on the table as it is now."
+            )
+        values = sources.read_values(self.source, table, mask)
+        return {name: values[name] for name in names}
 
 
 def share_rows(

@@ -317,7 +317,13 @@ def _train_data(cfg: RunConfig, rank: int, data, seg, data_kw: dict):
     kw = {k: v for k, v in data_kw.items() if k not in ("reader",)}
     trace = _data_trace(rank, seg, data.size)
     ds = planned_dataset(
-        cfg.train_paths, data.units, data.epochs_of(seg, rank), batch_size=cfg.batch_size, trace=trace, **kw
+        cfg.train_paths,
+        data.units,
+        data.epochs_of(seg, rank),
+        batch_size=cfg.batch_size,
+        trace=trace,
+        source=cfg.source,
+        **kw,
     )
     return contextlib.nullcontext(ds)
 
@@ -356,6 +362,8 @@ def _maybe_val(cfg: RunConfig, rank: int, data_kw: dict):
     """This rank's validation rows, read once per evaluation (None: it has none; other ranks do)."""
     from hvd_spark._internal.rank.reader import rank_dataset
 
+    if cfg.val_units:
+        return _planned_val(cfg, rank, data_kw)
     if not cfg.val_files or not cfg.val_files[rank]:
         return _NullContext()
     return rank_dataset(
@@ -367,6 +375,35 @@ def _maybe_val(cfg: RunConfig, rank: int, data_kw: dict):
         passes=1,
         **data_kw,
     )
+
+
+def _planned_val(cfg: RunConfig, rank: int, data_kw: dict):
+    """The validation rows of a table read in place: the rows of every row group's validation side in
+    stored order, cut into one contiguous share per rank (all of them: each row is evaluated once)."""
+    import contextlib
+
+    import horovod.tensorflow as hvd
+
+    from hvd_spark._internal.common.dataplan import Unit, epoch_plan
+    from hvd_spark._internal.rank.reader import planned_dataset
+
+    size = hvd.size()
+    units = [Unit(*u) for u in cfg.val_units]
+    plan = epoch_plan(units, 0, seed=cfg.seed, shuffle=False, window_rows=0)
+    lo, hi = rank * plan.rows // size, (rank + 1) * plan.rows // size
+    if hi <= lo:
+        return _NullContext()
+    kw = {k: v for k, v in data_kw.items() if k not in ("reader",)}
+    ds = planned_dataset(
+        cfg.train_paths,
+        units,
+        lambda: iter([(plan, ((lo, hi),), hi - lo)]),
+        batch_size=cfg.val_batch_size,
+        source=cfg.source,
+        side="val",
+        **kw,
+    )
+    return contextlib.nullcontext(ds)
 
 
 def _tensorboard(store, run_id: str, tmp: str):

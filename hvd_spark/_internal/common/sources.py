@@ -1,0 +1,410 @@
+"""A table's own Parquet files read in place: which file columns feed which model columns and how
+they become the arrays the copied path would have stored, which rows of a row group belong to the
+validation split, the statistics of a row group, and each file's identity (size, modification time).
+
+Pure pyarrow / numpy / fsspec: the driver's scan (``data/inplace.py``, in Spark tasks) and every
+rank's reader (``rank/rows.py``) run the same functions, so both see the same rows, the same split
+and the same values. Loads neither Spark nor TensorFlow.
+"""
+
+import hashlib
+import posixpath
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+SIDES = ("train", "val")
+
+
+from hvd_spark.errors import DataChangedError  # noqa: E402 - raised by ranks and the driver's checks
+
+
+@dataclass(frozen=True)
+class SourceColumn:
+    """One column the rank reads, built from the file's own columns.
+
+    ``kind``: ``"scalar"`` (one file column), ``"array"`` (a list column), ``"vector"`` (Spark ML's
+    Vector struct: ``type``, ``size``, ``indices``, ``values``), ``"group"`` (scalar file columns
+    stacked in order). ``dtype`` is the numpy type of the values as the copied path stores them, so
+    both paths give the model the same numbers."""
+
+    stored: str
+    kind: str
+    names: tuple[str, ...]
+    dtype: str
+    label: str = ""  # the DataFrame column (or group) it comes from, for messages and statistics
+
+
+@dataclass(frozen=True)
+class TableSource:
+    """How a fit reads a table in place: the columns, the validation split and each file's identity.
+
+    ``split``: ``()`` (no validation), ``("fraction", f, seed)`` (a row is a validation row when the
+    hash of its file name and its row number in the file, seeded, is below ``f``) or
+    ``("column", name)`` (the file column ``name`` is true / 1) or ``("files", urls)`` (the rows of
+    these files)."""
+
+    columns: tuple[SourceColumn, ...]
+    split: tuple = ()
+    status: tuple[tuple[int, int], ...] = ()  # (bytes, modification time in ms) per file, in file order
+    storage_options: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+
+    def file_columns(self) -> list[str]:
+        names = [n for c in self.columns for n in c.names]
+        if self.split and self.split[0] == "column":
+            names.append(self.split[1])
+        return list(dict.fromkeys(names))
+
+
+# --- types: what the copy stores for a Spark type ------------------------------------------------
+
+_SPARK_NUMPY = {
+    "tinyint": "int8",
+    "smallint": "int16",
+    "int": "int32",
+    "bigint": "int64",
+    "float": "float32",
+    "double": "float64",
+    "boolean": "int32",
+}
+
+
+def stored_dtype(kind: str, element_type: str, is_integer: bool) -> str:
+    """The numpy type the copied path stores a column in (``materialize._as_stored``): Vectors as
+    float32 arrays, arrays and stacked scalars as int32 or float32, booleans as int32, decimals as
+    float64, other scalars as their own type."""
+    if kind in ("vector",):
+        return "float32"
+    if kind in ("array", "group"):
+        return "int32" if is_integer else "float32"
+    if element_type.startswith("decimal"):
+        return "float64"
+    return _SPARK_NUMPY.get(element_type, "float64")
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+def file_system(url: str, storage_options: dict | None):
+    """``(fsspec filesystem, path)`` of ``url``; Hadoop's ``s3a://`` / ``s3n://`` are read as ``s3://``."""
+    import fsspec
+
+    for hadoop in ("s3a://", "s3n://"):
+        if url.startswith(hadoop):
+            url = "s3://" + url[len(hadoop) :]
+    return fsspec.core.url_to_fs(url, **(storage_options or {}))
+
+
+def file_status(url: str, storage_options: dict | None) -> tuple[int, int]:
+    """(bytes, modification time in ms) of the file at ``url`` (0 for a time the filesystem lacks)."""
+    fs, path = file_system(url, storage_options)
+    info = fs.info(path)
+    when = info.get("mtime", info.get("LastModified", info.get("last_modified", info.get("updated"))))
+    if hasattr(when, "timestamp"):
+        ms = int(when.timestamp() * 1000)
+    elif when is None:
+        ms = 0
+    else:
+        ms = int(float(when) * 1000)
+    return int(info["size"]), ms
+
+
+def open_checked(url: str, storage_options: dict | None, expected: tuple[int, int] | None):
+    """The ``pyarrow.parquet.ParquetFile`` at ``url``, after checking that it is still the file the fit
+    listed (``expected``: bytes and modification time); raises :class:`DataChangedError` otherwise."""
+    import pyarrow.parquet as pq
+
+    try:
+        now = file_status(url, storage_options)
+    except FileNotFoundError:
+        raise DataChangedError(
+            f"{url} was removed after the fit listed the table's files (was the table overwritten?). "
+            "Fit again to train on the table as it is now."
+        ) from None
+    if expected is not None and tuple(expected) != now:
+        raise DataChangedError(
+            f"{url} changed after the fit listed the table's files: {expected[0]} bytes modified at "
+            f"{expected[1]} ms then, {now[0]} bytes modified at {now[1]} ms now. Fit again to train on the "
+            "table as it is now."
+        )
+    fs, path = file_system(url, storage_options)
+    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        return pq.ParquetFile(path, memory_map=True)
+    return pq.ParquetFile(fs.open(path, "rb"), pre_buffer=True)
+
+
+def resolve(schema, name: str) -> str:
+    """The file's own spelling of column ``name``: exact, else the one column equal ignoring case
+    (Spark resolves Parquet columns that way). KeyError when the file has none."""
+    names = schema.names
+    if name in names:
+        return name
+    folded = [n for n in names if n.lower() == name.lower()]
+    if len(folded) == 1:
+        return folded[0]
+    raise KeyError(name)
+
+
+# --- the validation split ------------------------------------------------------------------------
+
+
+def _uniform(key: str, start: int, n: int, seed: int) -> np.ndarray:
+    """A value in [0, 1) per row ``start .. start + n - 1`` of the file named ``key``: splitmix64 of the
+    row number offset by a hash of the file name and the seed. The same on every machine and run."""
+    k = int.from_bytes(hashlib.blake2b(f"{int(seed)}:{key}".encode(), digest_size=8).digest(), "little")
+    with np.errstate(over="ignore"):
+        x = np.arange(start, start + n, dtype=np.uint64) + np.uint64(k)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def split_mask(source: TableSource, url: str, table, first_row: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``(validation mask, invalid mask)`` of the rows of ``table`` (a row group whose first row is row
+    ``first_row`` of its file): None for a fit without validation; the invalid mask (a validation
+    column's nulls and values other than 0 / 1 / true / false) is None when there are none."""
+    if not source.split:
+        return None, None
+    n = table.num_rows
+    if source.split[0] == "files":  # fit_on_parquet's validation_path: these files are the validation rows
+        return np.full(n, url in source.split[1], dtype=bool), None
+    if source.split[0] == "fraction":
+        _, fraction, seed = source.split
+        return _uniform(posixpath.basename(url.rstrip("/")), first_row, n, seed) < float(fraction), None
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = table.column(resolve(table.schema, source.split[1]))
+    if pa.types.is_boolean(column.type):
+        valid = pc.is_valid(column)
+        flag = pc.fill_null(column, False)
+    else:
+        values = pc.cast(column, pa.float64())
+        valid = pc.and_kleene(pc.is_valid(values), pc.or_(pc.equal(values, 1.0), pc.equal(values, 0.0)))
+        flag = pc.fill_null(pc.equal(values, 1.0), False)
+    bad = ~_np_bool(valid)
+    return _np_bool(flag), (bad if bad.any() else None)
+
+
+def _np_bool(column) -> np.ndarray:
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    return column.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+
+
+def side_mask(source: TableSource, url: str, table, first_row: int, side: str) -> np.ndarray | None:
+    """The rows of ``side`` (``"train"`` / ``"val"``) in a row group; None: every row (no split)."""
+    val, _ = split_mask(source, url, table, first_row)
+    if val is None:
+        return None if side == "train" else np.zeros(table.num_rows, dtype=bool)
+    return val if side == "val" else ~val
+
+
+# --- values --------------------------------------------------------------------------------------
+
+
+def _array(column):
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    return column
+
+
+def _flat_values(column) -> tuple[np.ndarray, np.ndarray]:
+    """(flat element values, elements per row) of a list column (null rows hold none)."""
+    import pyarrow.compute as pc
+
+    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    return column.flatten().to_numpy(zero_copy_only=False), lengths
+
+
+def _vector_values(column) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Spark ML Vector column (struct of type, size, indices, values) as ``(rows, cols, values)`` of
+    its non-zero entries, plus its width per row (dense: its values; sparse: its size)."""
+    import pyarrow.compute as pc
+
+    n = len(column)
+    kind = pc.fill_null(column.field("type"), 1).to_numpy(zero_copy_only=False).astype(np.int8)
+    values, lengths = _flat_values(column.field("values"))
+    sizes = pc.fill_null(column.field("size"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    width = np.where(kind == 1, lengths, sizes)
+    rows = np.repeat(np.arange(n), lengths)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if n else np.zeros(0, dtype=np.int64)
+    cols = np.arange(len(values)) - np.repeat(starts, lengths)
+    sparse = kind[rows] != 1
+    if sparse.any():
+        cols[sparse] = column.field("indices").flatten().to_numpy(zero_copy_only=False)
+    return np.stack([rows, cols]), values, width
+
+
+def values_of(col: SourceColumn, table) -> np.ndarray:
+    """The column's values as the copied path stores them: 1-D for scalars, 2-D ``(rows, width)``
+    otherwise. Nulls must have been refused by the statistics (:func:`row_group_stats`)."""
+    dtype = np.dtype(col.dtype)
+    if col.kind == "group":
+        parts = [_scalar(_array(table.column(resolve(table.schema, n)))) for n in col.names]
+        return np.stack(parts, axis=1).astype(dtype, copy=False) if parts else np.zeros((table.num_rows, 0), dtype)
+    column = _array(table.column(resolve(table.schema, col.names[0])))
+    n = len(column)
+    if col.kind == "scalar":
+        return _scalar(column).astype(dtype, copy=False)
+    if col.kind == "array":
+        flat, lengths = _flat_values(column)
+        width = int(lengths[0]) if n else 0
+        return flat.astype(dtype, copy=False).reshape(n, width)
+    (rows, cols), values, widths = _vector_values(column)
+    out = np.zeros((n, int(widths.max()) if n else 0), dtype=dtype)
+    out[rows, cols] = values
+    return out
+
+
+def _scalar(column) -> np.ndarray:
+    import pyarrow as pa
+
+    if pa.types.is_decimal(column.type):
+        column = column.cast(pa.float64())
+    return column.to_numpy(zero_copy_only=False)
+
+
+def read_values(source: TableSource, table, mask: np.ndarray | None) -> dict[str, np.ndarray]:
+    """{stored name: values} of the rows of ``table`` where ``mask`` holds (None: all)."""
+    out = {}
+    for col in source.columns:
+        v = values_of(col, table)
+        out[col.stored] = v if mask is None else v[mask]
+    return out
+
+
+# --- statistics of a row group (the same fields as data/stats.py computes with Spark) -------------
+
+
+def _bad_rows(col: SourceColumn, table) -> np.ndarray:
+    """Rows with a null or NaN anywhere in the column (for a group: in any of its columns)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    bad = np.zeros(table.num_rows, dtype=bool)
+    for name in col.names:
+        column = _array(table.column(resolve(table.schema, name)))
+        bad |= ~_np_bool(pc.is_valid(column))
+        if col.kind in ("scalar", "group"):
+            if pa.types.is_floating(column.type):
+                bad |= _np_bool(pc.is_nan(column))
+            continue
+        values = column.field("values") if col.kind == "vector" else column
+        flat = values.flatten()
+        if len(flat):
+            elem_bad = ~_np_bool(pc.is_valid(flat))
+            if pa.types.is_floating(flat.type):
+                elem_bad |= _np_bool(pc.is_nan(flat))
+            if elem_bad.any():
+                parents = pc.list_parent_indices(values).to_numpy(zero_copy_only=False)
+                bad[np.unique(parents[elem_bad])] = True
+    return bad
+
+
+def row_group_stats(source: TableSource, url: str, table, first_row: int) -> dict:
+    """The statistics of one row group in ``data/stats.stats_from``'s form, with the rows of each split:
+    ``{"rows", "val_rows", "val_nulls", "columns": {label: {bad, min_len, max_len, min, max,
+    fractional}}}``. Columns are summarized over their rows without nulls."""
+    val, invalid = split_mask(source, url, table, first_row)
+    out: dict[str, Any] = {
+        "rows": table.num_rows,
+        "val_rows": int(val.sum()) if val is not None else 0,
+        "val_nulls": int(invalid.sum()) if invalid is not None else 0,
+        "columns": {},
+    }
+    for col in source.columns:
+        bad = _bad_rows(col, table)
+        s: dict[str, Any] = {"bad": int(bad.sum()), "min_len": None, "max_len": None, "min": None, "max": None}
+        s["fractional"] = 0
+        good = ~bad
+        if good.any():
+            if col.kind == "scalar":
+                v = _scalar(_array(table.column(resolve(table.schema, col.names[0]))))[good].astype(np.float64)
+                s.update(min=float(v.min()), max=float(v.max()), fractional=int((v != np.floor(v)).sum()))
+            else:
+                if col.kind == "group":
+                    lengths = np.full(table.num_rows, len(col.names))
+                elif col.kind == "array":
+                    lengths = _flat_values(_array(table.column(resolve(table.schema, col.names[0]))))[1]
+                else:
+                    lengths = _vector_values(_array(table.column(resolve(table.schema, col.names[0]))))[2]
+                s.update(min_len=int(lengths[good].min()), max_len=int(lengths[good].max()))
+        out["columns"][col.label] = s
+    return out
+
+
+def merge_stats(parts: Sequence[dict]) -> dict:
+    """The statistics of several row groups together."""
+    out: dict[str, Any] = {"rows": 0, "val_rows": 0, "val_nulls": 0, "columns": {}}
+
+    def pick(f, a, b):
+        return b if a is None else a if b is None else f(a, b)
+
+    for part in parts:
+        for k in ("rows", "val_rows", "val_nulls"):
+            out[k] += part[k]
+        for name, s in part["columns"].items():
+            m = out["columns"].get(name)
+            if m is None:
+                out["columns"][name] = dict(s)
+                continue
+            m["bad"] += s["bad"]
+            m["fractional"] += s["fractional"]
+            m["min_len"] = pick(min, m["min_len"], s["min_len"])
+            m["max_len"] = pick(max, m["max_len"], s["max_len"])
+            m["min"] = pick(min, m["min"], s["min"])
+            m["max"] = pick(max, m["max"], s["max"])
+    return out
+
+
+def check_file_schema(source: TableSource, url: str, schema) -> None:
+    """Raises ValueError naming the file and column when a column is missing or of a type the
+    in-place reader does not convert (numbers, lists of numbers, Spark ML Vectors)."""
+    import pyarrow as pa
+
+    def numeric(t) -> bool:
+        return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_decimal(t)
+
+    for col in source.columns:
+        for name in col.names:
+            try:
+                t = schema.field(resolve(schema, name)).type
+            except KeyError:
+                raise ValueError(
+                    f"column '{name}' is not in the Parquet file {url} (a partition column, whose values are in "
+                    "the folder names, or a file written with another schema)"
+                ) from None
+            if col.kind in ("scalar", "group"):
+                ok = numeric(t)
+            elif col.kind == "array":
+                ok = (pa.types.is_list(t) or pa.types.is_large_list(t)) and numeric(t.value_type)
+            else:
+                ok = pa.types.is_struct(t) and {t.field(i).name for i in range(t.num_fields)} >= {
+                    "type",
+                    "size",
+                    "indices",
+                    "values",
+                }
+            if not ok:
+                raise ValueError(f"column '{name}' of the Parquet file {url} has type {t}, not the {col.kind} expected")
+    if source.split and source.split[0] == "column":
+        try:
+            schema.field(resolve(schema, source.split[1]))
+        except KeyError:
+            raise ValueError(f"validation column '{source.split[1]}' is not in the Parquet file {url}") from None
+
+
+def group_offsets(metadata) -> list[int]:
+    """The first row of each row group of a file (its FileMetaData), and the file's row count last."""
+    offsets = [0]
+    for g in range(metadata.num_row_groups):
+        offsets.append(offsets[-1] + metadata.row_group(g).num_rows)
+    return offsets

@@ -1,0 +1,374 @@
+"""Driver side of reading a table in place (``materialize="auto"`` / ``"never"``): whether a DataFrame
+is a plain scan of Parquet files that ranks can read themselves, the files' identity, and one Spark
+job that reads the needed columns of every row group once for the statistics and the split's row
+counts (no copy is written). What the ranks then read is ``common/sources.py``'s.
+"""
+
+import dataclasses
+import hashlib
+import json
+import logging
+import posixpath
+import re
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from hvd_spark._internal.common import sources
+from hvd_spark._internal.common.specs import ColumnInfo
+from hvd_spark._internal.data.store import DATA_META, DATA_USED, FORMAT_VERSION, Store
+from hvd_spark.errors import DataChangedError
+
+logger = logging.getLogger(__name__)
+
+# The Spark SQL types whose values the ranks convert themselves (a cast between them is allowed).
+_NUMERIC = r"(tinyint|smallint|int|bigint|float|double|boolean|decimal\(\d+,\s*\d+\))"
+_CAST = re.compile(r"^cast\((?P<src>.+?)#\d+L? as (?P<type>" + _NUMERIC + r"|array<" + _NUMERIC + r">)\)$")
+_ATTR = re.compile(r"^(?P<src>.+?)#\d+L?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scan:
+    """A DataFrame that ranks can read in place: its files and, per DataFrame column, the file column."""
+
+    files: tuple[str, ...]
+    columns: dict[str, str]  # DataFrame column -> the file's column
+    table: str  # what the plan reads, for the log
+
+    def source_name(self, name: str) -> str:
+        return self.columns[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """Whether a fit reads in place (``scan`` set) or copies, and why (for the log and errors)."""
+
+    scan: Scan | None
+    reason: str
+
+
+def _split_top(text: str) -> list[str]:
+    """``a, f(b, c), d`` -> ``["a", "f(b, c)", "d"]``: commas outside brackets."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([<":
+            depth += 1
+        elif ch in ")]>":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(text[start:i].strip())
+            start = i + 1
+    out.append(text[start:].strip())
+    return [x for x in out if x]
+
+
+def _nodes(plan: str) -> list[tuple[int, str]]:
+    nodes = []
+    for line in plan.splitlines():
+        stripped = line.lstrip(" :|+-")
+        if stripped and not stripped.startswith("=="):
+            nodes.append((len(line) - len(stripped), stripped))
+    return nodes
+
+
+def _optimized_plan(df) -> str:
+    """The optimized logical plan's text, every column printed (``spark.sql.maxToStringFields`` is
+    raised while it is asked for: wide tables would otherwise print ``... N more fields``)."""
+    from hvd_spark._internal.data.identity import _explained
+
+    conf = df.sparkSession.conf
+    key = "spark.sql.maxToStringFields"
+    try:
+        old = conf.get(key, None)
+        conf.set(key, "100000")
+    except Exception:  # noqa: BLE001 - a session that refuses the conf: the plan as it prints
+        old = False
+    try:
+        return _explained(df)[1]
+    finally:
+        if old is not False:
+            try:
+                if old is None:
+                    conf.unset(key)
+                else:
+                    conf.set(key, old)
+            except Exception:  # noqa: BLE001 - the plan is read; the conf is cosmetic
+                pass
+
+
+def read_plan(df, needed: Sequence[str]) -> Decision:
+    """Whether ``df`` restricted to the columns ``needed`` is a plain scan of Parquet files: a
+    ``Relation ... parquet`` leaf under at most one projection of columns (renamed or cast between
+    numeric types). The reason names what prevents it otherwise."""
+    from hvd_spark._internal.data.materialize import col
+
+    needed = list(dict.fromkeys(needed))
+    try:
+        plan = _optimized_plan(df.select(*[col(n) for n in needed]))
+    except Exception as e:  # noqa: BLE001 - no plan to read: copying is always correct
+        return Decision(None, f"its query plan could not be read ({type(e).__name__})")
+    nodes = _nodes(plan)
+    if not nodes:
+        return Decision(None, "its query plan could not be read")
+    if any(text.startswith("InMemoryRelation") for _, text in nodes):
+        return Decision(None, "it is cached (the cache, not the files, holds its rows)")
+    for (d0, _), (d1, _) in zip(nodes, nodes[1:]):
+        if d1 <= d0:
+            return Decision(None, "its query reads several sources (a join or a union)")
+    leaf = nodes[-1][1]
+    if not (leaf.startswith("Relation") and leaf.rstrip().endswith(" parquet")):
+        return Decision(None, f"it reads {leaf.split('[')[0].strip()[:80]!r}, not Parquet files")
+    above = [text for _, text in nodes[:-1]]
+    if any(not t.startswith("Project [") for t in above):
+        other = next(t for t in above if not t.startswith("Project ["))
+        return Decision(None, f"its query has a {other.split(' ')[0]} (only columns are selected in place)")
+    if len(above) > 1:
+        return Decision(None, "its query has nested projections")
+    columns: dict[str, str] = {}
+    if above:
+        entries = _split_top(above[0][len("Project [") : above[0].rindex("]")])
+        if len(entries) != len(needed):
+            return Decision(None, "its query plan could not be read (the projection's columns)")
+        for name, entry in zip(needed, entries):
+            expr = entry.rsplit(" AS ", 1)[0] if " AS " in entry else entry
+            m = _ATTR.match(expr) or _CAST.match(expr)
+            if m is None or "(" in m.group("src"):
+                return Decision(None, f"column '{name}' is computed ({expr[:80]})")
+            columns[name] = m.group("src")
+    else:
+        columns = {n: n for n in needed}
+    files = tuple(df.inputFiles())
+    if not files:
+        return Decision(None, "Spark lists no input files for it")
+    for name, src in columns.items():
+        marker = f"/{src}="
+        if any(marker.lower() in f.lower() for f in files):
+            return Decision(None, f"column '{name}' is a partition column (its values are in the folder names)")
+    table = leaf[len("Relation") : leaf.index("[")].strip() or f"{len(files)} Parquet file(s)"
+    return Decision(Scan(files, columns, table), f"it is a plain scan of {table}")
+
+
+def list_parquet(url: str, storage_options: dict | None) -> list[str]:
+    """The Parquet files at ``url`` (a file, or a folder searched recursively; names starting with ``_``
+    or ``.`` are not data), sorted, as URLs of the same scheme."""
+    fs, path = sources.file_system(url, storage_options)
+    if fs.isfile(path):
+        found = [path]
+    else:
+        found = sorted(
+            p
+            for p in fs.find(path)
+            if not any(part.startswith(("_", ".")) for part in p[len(path.rstrip("/")) :].split("/") if part)
+        )
+    return [fs.unstrip_protocol(p) for p in found]
+
+
+def spark_schema(arrow_schema):
+    """The Spark schema of a Parquet file's columns: Spark ML Vector structs become VectorUDT."""
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    fields = []
+    for f in arrow_schema:
+        t = f.type
+        names = {t.field(i).name for i in range(t.num_fields)} if hasattr(t, "num_fields") and t.num_fields else set()
+        if names >= {"type", "size", "indices", "values"}:
+            fields.append(T.StructField(f.name, VectorUDT(), True))
+            continue
+        try:
+            fields.append(T.StructField(f.name, from_arrow_type(t), True))
+        except Exception:  # noqa: BLE001 - a type Spark lacks: a string stand-in, refused if it is used
+            fields.append(T.StructField(f.name, T.BinaryType(), True))
+    return T.StructType(fields)
+
+
+def source_columns(
+    infos: Sequence[ColumnInfo], scan: Scan, weight: ColumnInfo | None = None
+) -> tuple[sources.SourceColumn, ...]:
+    """The columns ranks read for ``infos`` (stored names set), each with the copy's value type."""
+    out, seen = [], set()
+    for info in [*infos, *([weight] if weight is not None else [])]:
+        if info.stored in seen:
+            continue
+        seen.add(info.stored)
+        if info is weight:
+            kind, dtype = "scalar", "float32"  # the copy stores sample weights as float
+        else:
+            kind = "group" if info.parts else info.kind
+            dtype = sources.stored_dtype(kind, info.element_type, info.is_integer)
+        names = tuple(scan.source_name(p) for p in info.parts) if info.parts else (scan.source_name(info.name),)
+        out.append(sources.SourceColumn(info.stored, kind, names, dtype, info.name))
+    return tuple(out)
+
+
+def options_for(url: str, store: Store) -> dict | None:
+    """The store's storage options for files on the store's own filesystem (a table in the same
+    bucket or object store), none for others."""
+    scheme = url.split("://", 1)[0] if "://" in url else "file"
+    scheme = {"s3a": "s3", "s3n": "s3"}.get(scheme, scheme)
+    store_scheme = store.prefix.split("://", 1)[0] if "://" in store.prefix else "file"
+    return store.storage_options if scheme == store_scheme else None
+
+
+def list_status(files: Sequence[str], storage_options: dict | None) -> list[tuple[int, int]]:
+    """(bytes, modification time in ms) of each file, listed by the driver (16 at a time)."""
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return list(pool.map(lambda f: sources.file_status(f, storage_options), files))
+
+
+def check_first_file(source: sources.TableSource, url: str) -> None:
+    """The first file's schema against the columns (one footer read, before any work)."""
+    fs, path = sources.file_system(url, source.storage_options)
+    import pyarrow.parquet as pq
+
+    with fs.open(path, "rb") as f:
+        sources.check_file_schema(source, url, pq.ParquetFile(f).schema_arrow)
+
+
+def table_key(files: Sequence[str], source: sources.TableSource) -> str:
+    """The store key of a table's scan: its files with their identity, the columns and the split."""
+    spec = {
+        "in_place": True,
+        "files": list(files),
+        "status": [list(s) for s in source.status],
+        "columns": [dataclasses.asdict(c) for c in source.columns],
+        "split": list(source.split),
+        "format": FORMAT_VERSION,
+    }
+    return "t" + hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:23]
+
+
+def _scan_files(spark, files: Sequence[str], source: sources.TableSource, slots: int) -> list[dict]:
+    """One Spark job: every row group of every file read once (the needed columns only), its statistics
+    and rows per split. Returns one record per row group; a file that cannot be read in place gives an
+    ``error`` record instead."""
+    config = dataclasses.replace(source)
+    rows = [(i, f) for i, f in enumerate(files)]
+    parts = max(1, min(len(rows), 4 * max(1, slots)))
+
+    def scan(batches):
+        import pyarrow as pa
+
+        from hvd_spark._internal.common import sources as src
+
+        for batch in batches:
+            for i, url in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
+                records = []
+                try:
+                    status = config.status[i] if config.status else None
+                    pf = src.open_checked(url, config.storage_options, status)
+                    src.check_file_schema(config, url, pf.schema_arrow)
+                    columns = [src.resolve(pf.schema_arrow, n) for n in config.file_columns()]
+                    offsets = src.group_offsets(pf.metadata)
+                    for g in range(pf.num_row_groups):
+                        if pf.metadata.row_group(g).num_rows == 0:
+                            continue
+                        table = pf.read_row_group(g, columns=columns, use_threads=False)
+                        stats = src.row_group_stats(config, url, table, offsets[g])
+                        records.append((i, g, table.num_rows, stats["val_rows"], json.dumps(stats), ""))
+                except Exception as e:  # noqa: BLE001 - reported by the driver, naming the file
+                    records = [(i, -1, 0, 0, "", f"{type(e).__name__}: {e}")]
+                if records:
+                    yield pa.RecordBatch.from_pydict(
+                        {
+                            k: [r[j] for r in records]
+                            for j, k in enumerate(["file", "group", "rows", "val", "stats", "error"])
+                        }
+                    )
+
+    schema = "file long, group long, rows long, val long, stats string, error string"
+    frame = spark.createDataFrame(rows, "file long, url string").repartition(parts)
+    out = frame.mapInArrow(scan, schema).collect()
+    return [r.asDict() for r in out]
+
+
+def scan_table(
+    spark, store: Store, scan: Scan, source: sources.TableSource, *, reuse: bool, check, slots: int = 2
+) -> dict:
+    """The table's row groups, rows per split and statistics (``check(stats)`` raises for data that
+    cannot be trained on), from the store when an earlier fit scanned the same files (same sizes and
+    modification times) with the same columns and split, else from one Spark job, kept in the store
+    (``data/<key>/_hvd_spark_meta.json``; ``reuse=False``: neither looked up nor kept)."""
+    key = table_key(scan.files, source)
+    meta_path = posixpath.join(store._data_path(key), DATA_META)
+    if reuse:
+        try:
+            meta = store._read_json(meta_path)
+        except (FileNotFoundError, ValueError):
+            meta = None
+        if meta is not None and meta.get("format") == FORMAT_VERSION:
+            check(meta["stats"])
+            try:
+                store._write_json(posixpath.join(store._data_path(key), DATA_USED), {"time": time.time()})
+            except Exception:  # noqa: BLE001 - only for Store.cleanup's age: never fails a fit
+                pass
+            logger.info(
+                "reusing the scan of %s (%d files unchanged): no pass over the data", scan.table, len(scan.files)
+            )
+            return meta
+    t0 = time.time()
+    records = _scan_files(spark, scan.files, source, slots)
+    errors = [r for r in records if r["error"]]
+    if errors:
+        first = min(errors, key=lambda r: r["file"])
+        if "DataChangedError" in first["error"]:
+            raise DataChangedError(first["error"].split(": ", 1)[1])
+        raise ValueError(f"The table cannot be read in place: {first['error'].split(': ', 1)[-1]}.")
+    records.sort(key=lambda r: (r["file"], r["group"]))
+    stats = sources.merge_stats([json.loads(r["stats"]) for r in records])
+    check(stats)
+    units = [[r["file"], r["group"], r["rows"] - r["val"], r["val"]] for r in records]
+    per_file: dict[int, list[int]] = {}
+    for f, _, train, val in units:
+        acc = per_file.setdefault(f, [0, 0])
+        acc[0] += train
+        acc[1] += val
+    meta = {
+        "key": key,
+        "in_place": True,
+        "table": scan.table,
+        "files": list(scan.files),
+        "units": units,
+        "train_rows": sum(u[2] for u in units),
+        "val_rows": sum(u[3] for u in units),
+        "train_files": [[scan.files[f], c[0]] for f, c in sorted(per_file.items()) if c[0]],
+        "val_files": [[scan.files[f], c[1]] for f, c in sorted(per_file.items()) if c[1]],
+        "stats": stats,
+        "format": FORMAT_VERSION,
+        "created": time.time(),
+    }
+    logger.info(
+        "scanned %s in place in %.1fs: %d files, %d row groups, %d train / %d val rows (nothing copied)",
+        scan.table,
+        time.time() - t0,
+        len(scan.files),
+        len(units),
+        meta["train_rows"],
+        meta["val_rows"],
+    )
+    if reuse:
+        try:
+            store._write_json(meta_path, meta)
+        except Exception as e:  # noqa: BLE001 - the scan is done; a later fit scans again
+            logger.warning("could not keep the scan of %s in the store: %s", scan.table, e)
+    return meta
+
+
+def check_unchanged(files: Sequence[str], source: sources.TableSource) -> None:
+    """Raises DataChangedError when a file was removed or changed since the fit listed it (after
+    training: a file changed while ranks read it)."""
+    for url, expected in zip(files, source.status):
+        try:
+            now = sources.file_status(url, source.storage_options)
+        except FileNotFoundError:
+            raise DataChangedError(
+                f"{url} was removed while the fit trained on it (was the table overwritten?): the model may have "
+                "been trained on parts of two versions of the table and is not returned. Fit again."
+            ) from None
+        if tuple(now) != tuple(expected):
+            raise DataChangedError(
+                f"{url} changed while the fit trained on it ({expected[0]} bytes modified at {expected[1]} ms "
+                f"when listed, {now[0]} bytes modified at {now[1]} ms now): the model may have been trained on "
+                "parts of two versions of the table and is not returned. Fit again."
+            )
