@@ -242,3 +242,59 @@ def test_split_after_a_shuffle_on_local_cluster_evaluates_the_input_once(tmp_pat
     assert data["calls"] == 20000, f"the upstream UDF ran for {data['calls'] / 20000:.2f}x the rows"
     # A range with a Python UDF: its data is in the plan, so the identity holds (the UDF is deterministic).
     assert data["established"], data["reason"]
+
+
+INPLACE_SCRIPT = textwrap.dedent("""
+    import glob, json, os, sys
+    import numpy as np
+    import hvd_spark
+    from pyspark.sql import functions as F
+    sys.path.insert(0, {tests!r})
+    from _helpers import xor_estimator
+    from hvd_spark._internal.common import sources
+
+    root, trace = sys.argv[1], sys.argv[2]
+    spark = hvd_spark.local_session("local-cluster[2,1,1024]", conf={{
+        "spark.executor.memory": "700m", "spark.executorEnv.HVD_SPARK_DATA_TRACE": trace}})
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        # ids after a shuffle (their order in the files depends on the run), written as a table
+        df = (spark.range(3000).repartition(5).withColumn("x", F.array(F.col("id").cast("float"), F.rand(1)))
+              .withColumn("y", (F.col("id") % 2).cast("int")))
+        df.write.parquet(root + "/t")
+        est = xor_estimator(root + "/store", epochs=2, validation=0.2, shuffle=True, shuffle_buffer_size=300,
+                            batch_size=32, materialize="never", verbose=0)
+        model = est.fit(spark.read.parquet(root + "/t"))
+        import pyarrow.parquet as pq
+        val = []
+        split = ("fraction", 0.2, 0)
+        for path in sorted(glob.glob(root + "/t/part-*.parquet")):
+            table = pq.read_table(path, columns=["id"])
+            mask, _ = sources.split_mask(sources.TableSource((), split), "file:" + path, table, 0)
+            val += np.asarray(table.column("id"))[mask].tolist()
+        seen = {{}}
+        for f in glob.glob(trace + "/*.jsonl"):
+            for line in open(f):
+                r = json.loads(line)
+                seen.setdefault(r["epoch"], []).extend(int(i) for i in r["ids"])
+        print("RESULT " + json.dumps({{"val": val, "seen": seen, "history": model.getHistory(),
+                                      "steps": model.getFitSummary().steps_per_epoch}}))
+    finally:
+        spark.stop()
+""")
+
+
+def test_a_table_read_in_place_on_local_cluster_trains_each_row_once_per_epoch(tmp_path):
+    """Two executor JVMs read a shuffled table's own files (no copy): in every epoch each training row is
+    read once by one rank (at most num_proc - 1 left out, rotating), no validation row is trained on, and
+    the validation split is the one the file names and row numbers give."""
+    script = INPLACE_SCRIPT.format(tests=os.path.dirname(__file__))
+    data = run_result_script(script, str(tmp_path), str(tmp_path / "trace"), cwd=tmp_path)
+    val = set(data["val"])
+    assert 0.17 < len(val) / 3000 < 0.23
+    train = set(range(3000)) - val
+    for epoch, ids in data["seen"].items():
+        assert len(ids) == len(set(ids)), f"epoch {epoch}: a row read twice"
+        assert not set(ids) & val, f"epoch {epoch}: validation rows trained on"
+        assert len(train - set(ids)) <= 1, f"epoch {epoch}: {len(train - set(ids))} training rows not read"
+    assert sorted(data["seen"]) == ["0", "1"] and len(data["history"]["val_loss"]) == 2

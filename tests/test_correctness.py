@@ -34,7 +34,7 @@ def test_an_overwritten_parquet_path_is_written_again(spark, tmp_path):
     the second fit trained on the first fit's 600 rows instead of 1,500."""
     src, store = str(tmp_path / "src"), str(tmp_path / "store")
     xor_frame(spark, 600).write.parquet(src)
-    est = xor_estimator(store, epochs=1, validation=0.2)
+    est = xor_estimator(store, epochs=1, validation=0.2, materialize="always")  # the copy (test_inplace: in place)
     first = est.fit(spark.read.parquet(src))
     assert _rows(store, first) == 600
     again = est.fit(spark.read.parquet(src))  # unchanged: reused

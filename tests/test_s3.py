@@ -83,6 +83,35 @@ def test_fit_resume_transform_save_load_on_s3(spark, s3, tmp_path):
     np.testing.assert_allclose(again, predicted, rtol=1e-6)
 
 
+def test_a_parquet_table_on_s3_is_trained_on_in_place(spark, s3):
+    """Parquet files in the bucket (written with pyarrow: Spark here cannot reach S3 at all) are read by
+    the ranks in place through the store's filesystem: nothing is copied to the store, every row is
+    counted, and a changed file is noticed by the next fit."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3.options)
+    rng = np.random.default_rng(0)
+    for split, n, files in (("train", 600, 3), ("val", 200, 1)):
+        for i in range(files):
+            x = rng.uniform(-1, 1, size=(n // files, 2)).astype("float32")
+            table = pa.table({"x": list(x), "y": ((x[:, 0] * x[:, 1]) > 0).astype("int64")})
+            with fs.open(f"hvd-spark/tables/{split}/part-{i}.parquet", "wb") as f:
+                pq.write_table(table, f, row_group_size=64)
+    store = _store(s3, "inplace")
+    est = xor_estimator(store, epochs=2, verbose=0, run_id="t1")
+    model = est.fit_on_parquet("s3://hvd-spark/tables/train", validation_path="s3://hvd-spark/tables/val")
+    history = model.getHistory()
+    assert len(history["loss"]) == 2 and len(history["val_loss"]) == 2
+    assert model.getFitSummary().steps_per_epoch == 600 // 2 // 16 + 1  # 300 rows per rank, batches of 16
+    assert not [f for f in store._fs.find(store._path("data")) if f.endswith(".parquet")]  # nothing copied
+    (meta,) = [d for d in store.datasets()]
+    assert (meta["train_rows"], meta["val_rows"]) == (600, 200)
+    with pytest.raises(ValueError, match="no Parquet files at path='s3://hvd-spark/tables/none'"):
+        est.fit_on_parquet("s3://hvd-spark/tables/none")
+
+
 class KillStoreDuringCheckpoint(keras.callbacks.Callback):
     """On rank 0 at the end of epoch 3, arms a one-time fault in the checkpoint that follows: the S3
     server is killed (by its process group id) as the model file's upload starts (``when="model"``),
