@@ -15,7 +15,20 @@ import time
 
 from benchmarks.common import RESULTS, mib
 
-ORDER = ["comm", "ps", "scaling", "e2e", "data", "inference", "connect", "speed", "memory", "parity", "elastic"]
+ORDER = [
+    "comm",
+    "ps",
+    "scaling",
+    "e2e",
+    "data",
+    "inference",
+    "connect",
+    "speed",
+    "memory",
+    "parity",
+    "elastic",
+    "inplace",
+]
 ROOT_ONLY = ["multihost"]  # needs root (network namespaces): run with --only multihost
 MODULES = {
     "multihost": "bench_multihost",
@@ -30,6 +43,7 @@ MODULES = {
     "memory": "bench_memory",
     "parity": "bench_parity",
     "elastic": "bench_elastic",
+    "inplace": "bench_inplace",
 }
 FILES = {
     "multihost": "multihost",
@@ -44,6 +58,7 @@ FILES = {
     "memory": "memory",
     "parity": "parity",
     "elastic": "elastic",
+    "inplace": "inplace",
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -270,6 +285,9 @@ def report() -> str:
     elastic = _load("elastic")
     if elastic:
         _elastic_section(lines, elastic)
+    inplace = _load("inplace")
+    if inplace:
+        _inplace_section(lines, inplace)
     memory = _load("memory")
     if memory:
         _memory_section(lines, memory)
@@ -337,6 +355,29 @@ def _elastic_section(lines, d) -> None:
     lines.append(
         f"- local-cluster with 3 executors, {d['rows']} rows, {d['epochs']} epochs; one executor killed (SIGKILL) "
         f"20 steps into epoch 2. Elastic / restart: {ratios or 'n/a'}."
+    )
+    lines.append("")
+
+
+def _inplace_section(lines, d) -> None:
+    """A fit on a Parquet table: copied to the store vs read in place (bench_inplace)."""
+    header = ["rows", "path", "first step (s)", "fit (s)", "data step (s)", "store after", "table"]
+    _table(lines, "### A Parquet table: copied vs read in place", header, d)
+    for rows, t in d["tables"].items():
+        for name, m in t["modes"].items():
+            lines.append(
+                f"| {int(rows):,} | {name.replace('_', ' ')} | {m['first_step_s']:.1f} | {m['fit_s']:.1f} "
+                f"| {m['data_s']:.1f} | {mib(m['store_bytes'])} | {mib(t['table_bytes'])} |"
+            )
+    lines.append("")
+    for rows, t in d["tables"].items():
+        lines.append(
+            f"- {int(rows):,} rows, in place / copy: first step {t['ratio_first_step']:.2f}, fit "
+            f"{t['ratio_fit']:.2f}, store bytes {t['ratio_store_bytes']:.2f}."
+        )
+    lines.append(
+        f"- {d['ranks']} ranks on local[2], {d['epochs']} epoch, batch {d['batch_size']} per rank, 16 float features "
+        "(an array column) and a label; each fit on a fresh store."
     )
     lines.append("")
 

@@ -112,6 +112,40 @@ def test_a_parquet_table_on_s3_is_trained_on_in_place(spark, s3):
         est.fit_on_parquet("s3://hvd-spark/tables/none")
 
 
+def test_save_and_load_to_s3_without_hadoop_s3_jars(spark, s3, tmp_path, monkeypatch):
+    """An estimator, a fitted model and a Pipeline holding it saved to and loaded from s3:// in a classic
+    session whose Hadoop has no S3 filesystem (before: Py4JJavaError from Spark ML's metadata writer).
+    fsspec's default configuration gives the driver the URL's endpoint and keys, as AWS's environment
+    would; the executors of a transform get them with setStorageOptions."""
+    import fsspec
+    from pyspark.ml import Pipeline, PipelineModel
+
+    from hvd_spark import HorovodEstimator
+
+    monkeypatch.setitem(fsspec.config.conf, "s3", dict(s3.options))
+    df = xor_frame(spark, 128)
+    est = xor_estimator(_store(s3, "saved"), epochs=1, verbose=0)
+    est.save("s3://hvd-spark/ml/estimator")
+    loaded_est = HorovodEstimator.load("s3://hvd-spark/ml/estimator")
+    assert loaded_est.getEpochs() == 1 and loaded_est.getFeatureCols() == ["x"]
+    model = est.fit(df)
+    expected = model.transform(df).select("y__output").toPandas()["y__output"].to_numpy()
+    model.write().overwrite().save("s3://hvd-spark/ml/model")
+    model.write().overwrite().save("s3://hvd-spark/ml/model")  # overwrite through fsspec too
+    with pytest.raises(OSError, match="already exists"):
+        model.save("s3://hvd-spark/ml/model")
+    loaded = TFTransformer.load("s3://hvd-spark/ml/model").setStorageOptions(s3.options)  # for the executors
+    again = loaded.transform(df).select("y__output").toPandas()
+    np.testing.assert_allclose(again["y__output"].to_numpy(), expected, rtol=1e-6)
+    PipelineModel(stages=[model]).write().overwrite().save("s3://hvd-spark/ml/pipeline-model")
+    piped_model = PipelineModel.load("s3://hvd-spark/ml/pipeline-model")
+    piped_model.stages[0].setStorageOptions(s3.options)
+    piped = piped_model.transform(df).select("y__output").toPandas()
+    np.testing.assert_allclose(piped["y__output"].to_numpy(), expected, rtol=1e-6)
+    Pipeline(stages=[est]).save("s3://hvd-spark/ml/pipeline")
+    assert Pipeline.load("s3://hvd-spark/ml/pipeline").getStages()[0].getEpochs() == 1
+
+
 class KillStoreDuringCheckpoint(keras.callbacks.Callback):
     """On rank 0 at the end of epoch 3, arms a one-time fault in the checkpoint that follows: the S3
     server is killed (by its process group id) as the model file's upload starts (``when="model"``),

@@ -27,6 +27,7 @@ from hvd_spark._internal.data.stats import check_stats
 from hvd_spark._internal.data.store import Store
 from hvd_spark._internal.driver.progress import BATCH_INTERVAL, FitProgress, interactive
 from hvd_spark._internal.infer.transformer import TFTransformer
+from hvd_spark._internal.ml import persistence
 from hvd_spark._internal.ml import plan as plan_mod
 from hvd_spark._internal.ml.backend import fit_backend
 from hvd_spark._internal.ml.fit_params import FitParams, every_seconds, is_backend_object
@@ -995,3 +996,7 @@ class _Written:
 
 # Spark ML's saved metadata names the class by its module: the public name stays stable.
 HorovodEstimator.__module__ = "hvd_spark"
+
+# Saving to an object store Spark's Hadoop cannot reach (s3:// without Hadoop's S3 jars): Spark ML's
+# metadata goes through fsspec there, for these stages and the Pipelines holding them (persistence.py).
+persistence.install()

@@ -37,6 +37,118 @@ def _fs(path: str):
     return fsspec.core.url_to_fs(path)
 
 
+# --- Spark ML metadata on filesystems Spark's Hadoop cannot reach ------------------------------------
+#
+# Spark ML writes every stage's metadata (``<path>/metadata``, one JSON line) through Hadoop's
+# filesystems, so saving an estimator, a model or a Pipeline to ``s3://`` fails in a classic session
+# without Hadoop's S3 jars, although everything else hvd_spark saves goes through fsspec. For such URLs
+# only (a scheme Hadoop has no FileSystem class for), the metadata is written and read through fsspec in
+# the layout Spark reads (``metadata/part-00000`` and ``_SUCCESS``); every other path is left to Spark.
+
+_LOCAL_SCHEMES = ("", "file", "local", "hdfs", "viewfs")
+_hadoop_has: dict[str, bool] = {}
+
+
+def _through_fsspec(path: str) -> bool:
+    """Whether ``path``'s scheme is one the classic session's Hadoop has no FileSystem for."""
+    from urllib.parse import urlparse
+
+    scheme = urlparse(str(path)).scheme.lower()
+    if scheme in _LOCAL_SCHEMES or len(scheme) == 1:  # a Windows drive letter is no scheme
+        return False
+    if scheme not in _hadoop_has:
+        from pyspark import SparkContext
+
+        sc: Any = SparkContext._active_spark_context
+        if sc is None:  # Spark Connect (no JVM here) or no session: Spark decides
+            return False
+        try:
+            sc._jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, sc._jsc.hadoopConfiguration())
+            _hadoop_has[scheme] = True
+        except Exception:  # noqa: BLE001 - Py4J's error for "No FileSystem for scheme"
+            _hadoop_has[scheme] = False
+    return not _hadoop_has[scheme]
+
+
+def _files(fs, folder: str) -> list[str]:
+    """The files below ``folder`` (object stores may keep empty folder markers, which are not files)."""
+    fs.invalidate_cache()
+    try:
+        found = fs.find(folder)
+    except FileNotFoundError:
+        return []
+    return sorted(p for p in found if p.rstrip("/") != folder.rstrip("/") and not p.endswith("/"))
+
+
+def _save_metadata(original):
+    def saveMetadata(instance, path, sc, extraMetadata=None, paramMap=None):
+        if not _through_fsspec(path):
+            return original(instance, path, sc, extraMetadata, paramMap)
+        import pyspark
+        from pyspark.sql import SparkSession
+
+        if int(pyspark.__version__.split(".")[0]) >= 4 and not hasattr(sc, "createDataFrame"):
+            sc = SparkSession.active()  # pyspark 4's _get_metadata_to_save takes the session
+        text = DefaultParamsWriter._get_metadata_to_save(instance, sc, extraMetadata, paramMap)
+        fs, root = _fs(path)
+        folder = posixpath.join(root, "metadata")
+        fs.invalidate_cache()  # object stores' listings are cached per filesystem instance
+        if _files(fs, folder):
+            raise OSError(f"{path}/metadata already exists: save with .overwrite() to replace it")
+        with fs.open(posixpath.join(folder, "part-00000"), "wb") as f:
+            f.write(text.encode() + b"\n")
+        with fs.open(posixpath.join(folder, "_SUCCESS"), "wb"):
+            pass
+
+    return staticmethod(saveMetadata)
+
+
+def _load_metadata(original):
+    def loadMetadata(path, sc, expectedClassName=""):
+        if not _through_fsspec(path):
+            return original(path, sc, expectedClassName)
+        fs, root = _fs(path)
+        folder = posixpath.join(root, "metadata")
+        parts = [p for p in _files(fs, folder) if not posixpath.basename(p).startswith(("_", "."))]
+        if not parts:
+            raise FileNotFoundError(f"no Spark ML metadata at {path}/metadata")
+        with fs.open(parts[0], "rb") as f:
+            text = f.read().decode().splitlines()[0]
+        return DefaultParamsReader._parseMetaData(text, expectedClassName)
+
+    return staticmethod(loadMetadata)
+
+
+def _handle_overwrite(original):
+    def _handleOverwrite(self, path):
+        if not _through_fsspec(path):
+            return original(self, path)
+        fs, root = _fs(path)
+        fs.invalidate_cache()
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+            fs.invalidate_cache()
+
+    return _handleOverwrite
+
+
+def install() -> None:
+    """Routes Spark ML's metadata for URLs Hadoop cannot reach through fsspec (once per process)."""
+    if getattr(DefaultParamsWriter.saveMetadata, "_hvd_spark", False):
+        return
+    for cls, name, wrap in (
+        (DefaultParamsWriter, "saveMetadata", _save_metadata),
+        (DefaultParamsReader, "loadMetadata", _load_metadata),
+        (MLWriter, "_handleOverwrite", _handle_overwrite),
+    ):
+        original = cls.__dict__[name]
+        original = original.__func__ if isinstance(original, staticmethod) else original
+        wrapped = wrap(original)
+        func = wrapped.__func__ if isinstance(wrapped, staticmethod) else wrapped
+        setattr(func, "_hvd_spark", True)  # noqa: B010 - marks the installed wrapper
+        setattr(cls, name, wrapped)
+
+
 def _load_common(cls, path: str, sc):
     """A new instance with the saved uid and plain params, and the saved objects.pkl."""
     metadata = DefaultParamsReader.loadMetadata(path, sc)
@@ -72,12 +184,14 @@ class _Writer(MLWriter):
     def _handleOverwrite(self, path: str) -> None:
         from hvd_spark._internal.driver.sessions import is_connect
 
-        if not is_connect(self.sparkSession):
+        if not is_connect(self.sparkSession) and not _through_fsspec(path):
             super()._handleOverwrite(path)
             return
         fs, root = _fs(path)
+        fs.invalidate_cache()
         if fs.exists(root):
             fs.rm(root, recursive=True)
+            fs.invalidate_cache()
 
 
 def _json_params(instance, skip):
