@@ -48,7 +48,8 @@ def _files(root):
 CASES = [
     (dict(feature_cols=["nope"]), ValueError, r"feature column 'nope' is not in the DataFrame"),
     (dict(label_cols=["missing_label"]), ValueError, r"label column 'missing_label' is not in the DataFrame"),
-    (dict(feature_cols=["s"]), TypeError, r"feature column 's' has type string\. Expected a numeric column"),
+    (dict(feature_cols=["s"]), ValueError, r"Feature column 's' holds strings; model input .* takes float32"),
+    (dict(label_cols=["s"]), TypeError, r"label column 's' has type string\. Expected a numeric column.*StringIndexer"),
     (dict(feature_cols=["rag"]), ValueError, r"Column 'rag' has ragged arrays: rows have between 1 and 2 values"),
     (
         dict(feature_cols=["x3"]),

@@ -75,6 +75,8 @@ def stored_dtype(kind: str, element_type: str, is_integer: bool) -> str:
     """The numpy type the copied path stores a column in (``materialize._as_stored``): Vectors as
     float32 arrays, arrays and stacked scalars as int32 or float32, booleans as int32, decimals as
     float64, other scalars as their own type."""
+    if element_type == "string":
+        return "string"  # object arrays of str, a tf.string tensor for the model
     if kind in ("vector",):
         return "float32"
     if kind in ("array", "group"):
@@ -246,12 +248,14 @@ def _vector_values(column) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def values_of(col: SourceColumn, table) -> np.ndarray:
     """The column's values as the copied path stores them: 1-D for scalars, 2-D ``(rows, width)``
     otherwise. Nulls must have been refused by the statistics (:func:`row_group_stats`)."""
-    dtype = np.dtype(col.dtype)
+    dtype = np.dtype(object if col.dtype == "string" else col.dtype)
     if col.kind == "group":
         parts = [_scalar(_array(table.column(resolve(table.schema, n)))) for n in col.names]
         return np.stack(parts, axis=1).astype(dtype, copy=False) if parts else np.zeros((table.num_rows, 0), dtype)
     column = _array(table.column(resolve(table.schema, col.names[0])))
     n = len(column)
+    if col.kind == "scalar" and col.dtype == "string":
+        return column.to_numpy(zero_copy_only=False)
     if col.kind == "scalar":
         return _scalar(column).astype(dtype, copy=False)
     if col.kind == "array":
@@ -325,7 +329,7 @@ def row_group_stats(source: TableSource, url: str, table, first_row: int) -> dic
         s: dict[str, Any] = {"bad": int(bad.sum()), "min_len": None, "max_len": None, "min": None, "max": None}
         s["fractional"] = 0
         good = ~bad
-        if good.any():
+        if good.any() and col.dtype != "string":  # a string feature: only its nulls matter
             if col.kind == "scalar":
                 v = _scalar(_array(table.column(resolve(table.schema, col.names[0]))))[good].astype(np.float64)
                 s.update(min=float(v.min()), max=float(v.max()), fractional=int((v != np.floor(v)).sum()))
@@ -382,7 +386,9 @@ def check_file_schema(source: TableSource, url: str, schema) -> None:
                     f"column '{name}' is not in the Parquet file {url} (a partition column, whose values are in "
                     "the folder names, or a file written with another schema)"
                 ) from None
-            if col.kind in ("scalar", "group"):
+            if col.dtype == "string":
+                ok = pa.types.is_string(t) or pa.types.is_large_string(t)
+            elif col.kind in ("scalar", "group"):
                 ok = numeric(t)
             elif col.kind == "array":
                 ok = (pa.types.is_list(t) or pa.types.is_large_list(t)) and numeric(t.value_type)

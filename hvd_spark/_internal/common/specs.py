@@ -145,6 +145,23 @@ def with_stored_names(*groups: Sequence[ColumnInfo | None]) -> list[list[ColumnI
     return out
 
 
+def check_string_input(col: str, element_type: str, spec: TensorSpec) -> None:
+    """A string column feeds a model input of dtype ``string`` (StringLookup, TextVectorization,
+    Hashing) and only such an input takes one; raises ValueError naming both otherwise."""
+    if (element_type == "string") == (spec.dtype == "string"):
+        return
+    if element_type == "string":
+        raise ValueError(
+            f"Feature column '{col}' holds strings; model input '{spec.name}' takes {spec.dtype}. Give the model "
+            f"a string input (keras.Input(shape=(1,), dtype='string')) followed by a preprocessing layer such as "
+            "StringLookup, TextVectorization or Hashing, or index the column (StringIndexer)."
+        )
+    raise ValueError(
+        f"Model input '{spec.name}' takes strings (dtype 'string'); feature column '{col}' holds {element_type} "
+        "values. Feed it a string column."
+    )
+
+
 def check_feature_lengths(col: str, spec: TensorSpec, min_len: int | None, max_len: int | None, kind: str) -> None:
     """Raises ValueError when a feature column's rows do not fill the model input ``spec``."""
     expected = spec.elements

@@ -56,9 +56,18 @@ def column_info(df, name, role: str) -> ColumnInfo:
         return ColumnInfo(name, "array", dtype.elementType.simpleString(), isinstance(dtype.elementType, integer))
     if isinstance(dtype, (VectorUDT, OldVectorUDT)):
         return ColumnInfo(name, "vector", "double", False)
+    if isinstance(dtype, T.StringType) and role == "feature":  # for a model input of dtype "string"
+        return ColumnInfo(name, "scalar", "string", False)
+    strings = (
+        " Strings feed model inputs of dtype 'string' (StringLookup, TextVectorization, Hashing) as features "
+        "only; index a string label with pyspark.ml.feature.StringIndexer."
+        if isinstance(dtype, T.StringType)
+        else ""
+    )
+    also = " (or a string column for a feature)" if role == "feature" else ""
     raise TypeError(
         f"{role} column '{name}' has type {dtype.simpleString()}. Expected a numeric column, an array "
-        "of numbers, or a Vector (pyspark.ml.linalg)."
+        f"of numbers, or a Vector (pyspark.ml.linalg){also}.{strings}"
     )
 
 
@@ -66,6 +75,12 @@ def _group_info(df, parts: list[str], role: str) -> ColumnInfo:
     if len(set(parts)) != len(parts):
         raise ValueError(f"{role} columns {parts} are stacked into one input; each may appear once.")
     infos = [column_info(df, p, role) for p in parts]
+    strings = [i.name for i in infos if i.element_type == "string"]
+    if strings:
+        raise TypeError(
+            f"{role} columns {group_name(parts)} are stacked into one array of numbers; {strings} hold strings. "
+            "Give a string column a model input of its own (dtype 'string')."
+        )
     arrays = [i.name for i in infos if i.kind != "scalar"]
     if arrays:
         raise TypeError(

@@ -30,7 +30,16 @@ def stats_aggs(infos: Sequence[ColumnInfo]) -> list:
     ]
     for i, info in enumerate(_unique(infos)):
         c = F.col(info.stored)
-        if info.kind == "scalar":
+        if info.element_type == "string":  # a string feature: only nulls matter
+            aggs += [
+                F.sum(c.isNull().cast("int")).alias(f"bad_{i}"),
+                F.lit(None).cast("int").alias(f"min_{i}"),
+                F.lit(None).cast("int").alias(f"max_{i}"),
+                F.lit(None).cast("double").alias(f"lo_{i}"),
+                F.lit(None).cast("double").alias(f"hi_{i}"),
+                F.lit(None).cast("int").alias(f"frac_{i}"),
+            ]
+        elif info.kind == "scalar":
             bad = c.isNull() | (F.isnan(c.cast("double")) if not info.is_integer else F.lit(False))
             aggs += [
                 F.sum(bad.cast("int")).alias(f"bad_{i}"),
@@ -111,6 +120,8 @@ def check_stats(
                 )
     for info, spec in zip(features, inputs):
         s = stats["columns"][info.name]
+        if info.element_type == "string":
+            continue
         check_feature_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind)
     for i, (info, spec) in enumerate(zip(labels, outputs)):
         s = stats["columns"][info.name]

@@ -17,7 +17,7 @@ from pyspark.ml.util import MLReadable, MLWritable
 
 from hvd_spark._internal.common.choices import INFERENCE_UDFS, PREDICTION_TASKS
 from hvd_spark._internal.common.contracts import FitSummary
-from hvd_spark._internal.common.specs import TensorSpec, column_label, stack_for_single_input
+from hvd_spark._internal.common.specs import TensorSpec, check_string_input, column_label, stack_for_single_input
 from hvd_spark._internal.common.topology import task_cpus
 from hvd_spark._internal.driver.sessions import session_conf
 from hvd_spark._internal.infer.batching import is_scalar, predict_arrow_batches, predict_batches
@@ -273,6 +273,8 @@ class TFTransformer(
             specs = list(self._inputs())
         for c, spec in zip(features, specs):
             info = column_info(df, c, "feature")
+            if spec is not None:
+                check_string_input(info.name, info.element_type, spec)
             if spec is not None and info.kind == "scalar" and spec.elements not in (None, 1):
                 raise ValueError(
                     f"Feature column '{c}' holds one value per row; model input '{spec.name}' takes "

@@ -16,6 +16,7 @@ from pyspark.ml.util import MLReadable, MLWritable
 from hvd_spark._internal.common import dataplan, settings
 from hvd_spark._internal.common.contracts import DataSpec, FitSummary, RankSummary, RunConfig
 from hvd_spark._internal.common.specs import (
+    check_string_input,
     match_columns,
     specs_to_dicts,
     stack_for_single_input,
@@ -547,6 +548,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         loss = p.loss if p.loss is not None else getattr(model, "loss", None)
         prediction = prediction_task(p.task, loss, outputs)
         f_infos = [data_mod.column_info(dataset, c, "feature") for c in features]
+        for info, spec in zip(f_infos, inputs):
+            check_string_input(info.name, info.element_type, spec)
         l_infos = [data_mod.column_info(dataset, c, "label") for c in labels]
         w_info = data_mod.column_info(dataset, p.sample_weight_col, "sample weight") if p.sample_weight_col else None
         if w_info is not None and w_info.kind != "scalar":

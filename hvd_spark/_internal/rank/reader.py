@@ -129,8 +129,10 @@ def _arrow_signature(files: Sequence[str], names: Sequence[str], storage_options
         t = schema.field(name).type
         is_list = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
         value_type = t.value_type if is_list else t
+        strings = pa.types.is_string(value_type) or pa.types.is_large_string(value_type)
         sig[name] = tf.TensorSpec(
-            shape=(None, None) if is_list else (None,), dtype=tf.as_dtype(value_type.to_pandas_dtype())
+            shape=(None, None) if is_list else (None,),
+            dtype=tf.string if strings else tf.as_dtype(value_type.to_pandas_dtype()),
         )
     return sig
 
@@ -317,7 +319,8 @@ def _source_signature(source, names: Sequence[str]) -> dict:
     by_name = {c.stored: c for c in source.columns}
     return {
         n: tf.TensorSpec(
-            shape=(None,) if by_name[n].kind == "scalar" else (None, None), dtype=tf.as_dtype(by_name[n].dtype)
+            shape=(None,) if by_name[n].kind == "scalar" else (None, None),
+            dtype=tf.string if by_name[n].dtype == "string" else tf.as_dtype(by_name[n].dtype),
         )
         for n in names
     }
@@ -396,6 +399,13 @@ def to_model_inputs(columns: Sequence, inputs: Sequence[TensorSpec], names: Sequ
     for i, (values, spec) in enumerate(zip(columns, inputs)):
         name = names[i] if names else f"#{i}"
         try:
+            if spec.dtype == "string":  # Keras takes strings as a tf.string tensor, not a numpy array
+                strings = column_values(values) if isinstance(values, (pa.Array, pa.ChunkedArray)) else values
+                arr = np.asarray(strings, dtype=object)
+                if spec.elements is not None:
+                    arr = arr.reshape((len(arr), *spec.dims))
+                xs.append(tf.constant(arr, dtype=tf.string))
+                continue
             if isinstance(values, (pa.Array, pa.ChunkedArray)):
                 _check_list_rows(values, spec)
                 arr = column_values(values)
