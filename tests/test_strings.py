@@ -78,6 +78,12 @@ def test_a_string_lookup_text_vectorization_and_hashing_model_fits_and_transform
     assert model.getHistory()["val_accuracy"][-1] > 0.9
     assert _accuracy(model, df) > 0.9
     assert abs(_accuracy(model, df, value="pandas") - _accuracy(model, df)) < 1e-9
+    holes = spark.createDataFrame(
+        [("red", "good day", None, 1), (None, "bad", "oslo", 0)], "color string, text string, city string, y long"
+    )
+    for udf in ("arrow", "pandas"):
+        kept = model.setInferenceUdf(udf).setHandleInvalid("keep").transform(holes).toPandas()["y__output"]
+        assert kept.isna().all(), (udf, kept)  # a null string: a null prediction
 
 
 def test_string_columns_and_numeric_inputs_must_match(spark, tmp_path):
