@@ -90,6 +90,7 @@ class DataSpec:
     weight: ColumnInfo | None
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    label_shapes: tuple[tuple[int, ...], ...] | None = None  # horovod.spark's label_shapes: a shape per label
 
     def reader_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``reader.rank_dataset`` that describe the data."""
@@ -99,6 +100,7 @@ class DataSpec:
             "weight": self.weight,
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
+            "label_shapes": self.label_shapes,
         }
 
 
@@ -146,6 +148,12 @@ class RunConfig:
     resize_marker: str | None = None  # store path the driver writes when training should grow
     source: Any = None  # sources.TableSource: train_paths are a table read in place (None: the store's copy)
     val_units: tuple[tuple[int, int, int], ...] = ()  # in place: (file, row group, validation rows) of train_paths
+    # --- horovod.spark's reader params ---
+    prefetch: int = 0  # tensorflow_dataset_prefetch_buffer_size (0: AUTOTUNE)
+    reader_workers: tuple[int, int] = (2, 2)  # threads reading row groups ahead: training, validation
+    transformation_fn: bytes | None = None  # cloudpickled fn(pandas.DataFrame) -> pandas.DataFrame per block
+    cache_all: bool = False  # inmemory_cache_all: keep every row group read
+    checkpoint_callback: bytes | None = None  # cloudpickled ModelCheckpoint run on rank 0 (the model returned)
     # --- per attempt ---
     initial_epoch: int = 0
     resume_ckpt: str | None = None  # checkpoint model path in the store, when resuming

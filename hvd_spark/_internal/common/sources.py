@@ -44,12 +44,14 @@ class TableSource:
     ``split``: ``()`` (no validation), ``("fraction", f, seed)`` (a row is a validation row when the
     hash of its file name and its row number in the file, seeded, is below ``f``) or
     ``("column", name)`` (the file column ``name`` is true / 1) or ``("files", urls)`` (the rows of
-    these files)."""
+    these files). The file's name in the hash is its path below ``root`` (partition folders hold
+    files of the same name), its base name for a file elsewhere."""
 
     columns: tuple[SourceColumn, ...]
     split: tuple = ()
     status: tuple[tuple[int, int], ...] = ()  # (bytes, modification time in ms) per file, in file order
     storage_options: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    root: str = ""  # the table's folder: the split hashes a file's path below it
 
     def file_columns(self) -> list[str]:
         names = [n for c in self.columns for n in c.names]
@@ -102,6 +104,7 @@ def file_system(url: str, storage_options: dict | None):
 def file_status(url: str, storage_options: dict | None) -> tuple[int, int]:
     """(bytes, modification time in ms) of the file at ``url`` (0 for a time the filesystem lacks)."""
     fs, path = file_system(url, storage_options)
+    fs.invalidate_cache(path)  # object stores' listings are cached: a changed file must be seen
     info = fs.info(path)
     when = info.get("mtime", info.get("LastModified", info.get("last_modified", info.get("updated"))))
     if hasattr(when, "timestamp"):
@@ -175,7 +178,8 @@ def split_mask(source: TableSource, url: str, table, first_row: int) -> tuple[np
         return np.full(n, url in source.split[1], dtype=bool), None
     if source.split[0] == "fraction":
         _, fraction, seed = source.split
-        return _uniform(posixpath.basename(url.rstrip("/")), first_row, n, seed) < float(fraction), None
+        key = url[len(source.root) :] if source.root and url.startswith(source.root) else posixpath.basename(url)
+        return _uniform(key, first_row, n, seed) < float(fraction), None
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -299,7 +303,13 @@ def _bad_rows(col: SourceColumn, table) -> np.ndarray:
         bad |= ~_np_bool(pc.is_valid(column))
         if col.kind in ("scalar", "group"):
             if pa.types.is_floating(column.type):
-                bad |= _np_bool(pc.is_nan(column))
+                values = column.to_numpy(zero_copy_only=False)
+                bad |= np.isnan(values)
+                target = np.dtype(col.dtype) if col.dtype not in ("string",) else None
+                if target is not None and target.kind in "iu":  # cast to an integer: beyond its range is an error
+                    info = np.iinfo(target)
+                    with np.errstate(invalid="ignore"):
+                        bad |= ~np.isfinite(values) | (values < info.min) | (values > info.max)
             continue
         values = column.field("values") if col.kind == "vector" else column
         flat = values.flatten()
@@ -317,6 +327,8 @@ def row_group_stats(source: TableSource, url: str, table, first_row: int) -> dic
     """The statistics of one row group in ``data/stats.stats_from``'s form, with the rows of each split:
     ``{"rows", "val_rows", "val_nulls", "columns": {label: {bad, min_len, max_len, min, max,
     fractional}}}``. Columns are summarized over their rows without nulls."""
+    import pyarrow as pa
+
     val, invalid = split_mask(source, url, table, first_row)
     out: dict[str, Any] = {
         "rows": table.num_rows,
@@ -330,8 +342,9 @@ def row_group_stats(source: TableSource, url: str, table, first_row: int) -> dic
         s["fractional"] = 0
         good = ~bad
         if good.any() and col.dtype != "string":  # a string feature: only its nulls matter
-            if col.kind == "scalar":
-                v = _scalar(_array(table.column(resolve(table.schema, col.names[0]))))[good].astype(np.float64)
+            if col.kind == "scalar":  # the values the model gets (after a cast), as the copy's statistics
+                v = values_of(col, table.filter(pa.array(good)))
+                v = v.astype(np.float64)
                 s.update(min=float(v.min()), max=float(v.max()), fractional=int((v != np.floor(v)).sum()))
             else:
                 if col.kind == "group":

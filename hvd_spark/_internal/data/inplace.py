@@ -10,7 +10,9 @@ import json
 import logging
 import posixpath
 import re
+import threading
 import time
+import urllib.parse
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,9 +23,20 @@ from hvd_spark.errors import DataChangedError
 
 logger = logging.getLogger(__name__)
 
-# The Spark SQL types whose values the ranks convert themselves (a cast between them is allowed).
-_NUMERIC = r"(tinyint|smallint|int|bigint|float|double|boolean|decimal\(\d+,\s*\d+\))"
+# The casts whose values numpy's astype gives as Spark does (integers and floating point); a cast to
+# boolean or decimal rounds or maps values in Spark's own way, so such a column is copied.
+_NUMERIC = r"(tinyint|smallint|int|bigint|float|double)"
 _CAST = re.compile(r"^cast\((?P<src>.+?)#\d+L? as (?P<type>" + _NUMERIC + r"|array<" + _NUMERIC + r">)\)$")
+# Spark's own file indexes: anything else (Delta's, with deletion vectors applied at planning) is copied.
+_OWN_INDEXES = ("InMemoryFileIndex", "CatalogFileIndex", "PrunedInMemoryFileIndex")
+_EXPLAIN_CONF_LOCK = threading.Lock()
+
+
+class NotReadableInPlace(ValueError):
+    """The scan found a file ranks cannot read in place (another schema, a reader missing on the
+    executors): ``materialize="auto"`` copies the data instead."""
+
+
 _ATTR = re.compile(r"^(?P<src>.+?)#\d+L?$")
 
 
@@ -71,29 +84,39 @@ def _nodes(plan: str) -> list[tuple[int, str]]:
     return nodes
 
 
-def _optimized_plan(df) -> str:
-    """The optimized logical plan's text, every column printed (``spark.sql.maxToStringFields`` is
-    raised while it is asked for: wide tables would otherwise print ``... N more fields``)."""
+def _plans(df) -> tuple[str, str]:
+    """The optimized logical plan's text and the physical plan's, every column printed
+    (``spark.sql.maxToStringFields`` is raised while they are asked for, under a lock: wide tables would
+    otherwise print ``... N more fields``)."""
     from hvd_spark._internal.data.identity import _explained
 
     conf = df.sparkSession.conf
     key = "spark.sql.maxToStringFields"
+    with _EXPLAIN_CONF_LOCK:
+        try:
+            old = conf.get(key, None)
+            conf.set(key, "100000")
+        except Exception:  # noqa: BLE001 - a session that refuses the conf: the plan as it prints
+            old = False
+        try:
+            whole, optimized = _explained(df)
+            physical = whole[whole.find("== Physical Plan ==") :] if "== Physical Plan ==" in whole else ""
+            return optimized, physical
+        finally:
+            _restore(conf, key, old)
+
+
+def _restore(conf, key: str, old) -> None:
+    """Puts the session's conf ``key`` back (``old``: its value, None: unset, False: not changed)."""
+    if old is False:
+        return
     try:
-        old = conf.get(key, None)
-        conf.set(key, "100000")
-    except Exception:  # noqa: BLE001 - a session that refuses the conf: the plan as it prints
-        old = False
-    try:
-        return _explained(df)[1]
-    finally:
-        if old is not False:
-            try:
-                if old is None:
-                    conf.unset(key)
-                else:
-                    conf.set(key, old)
-            except Exception:  # noqa: BLE001 - the plan is read; the conf is cosmetic
-                pass
+        if old is None:
+            conf.unset(key)
+        else:
+            conf.set(key, old)
+    except Exception:  # noqa: BLE001 - the plan is read; the conf is cosmetic
+        pass
 
 
 def read_plan(df, needed: Sequence[str]) -> Decision:
@@ -104,7 +127,7 @@ def read_plan(df, needed: Sequence[str]) -> Decision:
 
     needed = list(dict.fromkeys(needed))
     try:
-        plan = _optimized_plan(df.select(*[col(n) for n in needed]))
+        plan, physical = _plans(df.select(*[col(n) for n in needed]))
     except Exception as e:  # noqa: BLE001 - no plan to read: copying is always correct
         return Decision(None, f"its query plan could not be read ({type(e).__name__})")
     nodes = _nodes(plan)
@@ -124,6 +147,10 @@ def read_plan(df, needed: Sequence[str]) -> Decision:
         return Decision(None, f"its query has a {other.split(' ')[0]} (only columns are selected in place)")
     if len(above) > 1:
         return Decision(None, "its query has nested projections")
+    index = re.search(r"FileScan parquet .*?Location: (\w+)", physical)
+    if index is None or index.group(1) not in _OWN_INDEXES:
+        how = index.group(1) if index else "no Parquet file scan"
+        return Decision(None, f"Spark reads it through {how}, not its own Parquet file index (e.g. a Delta table)")
     columns: dict[str, str] = {}
     if above:
         entries = _split_top(above[0][len("Project [") : above[0].rindex("]")])
@@ -137,7 +164,7 @@ def read_plan(df, needed: Sequence[str]) -> Decision:
             columns[name] = m.group("src")
     else:
         columns = {n: n for n in needed}
-    files = tuple(df.inputFiles())
+    files = tuple(urllib.parse.unquote(f) for f in df.inputFiles())  # URIs: "%20" is a space in the name
     if not files:
         return Decision(None, "Spark lists no input files for it")
     for name, src in columns.items():
@@ -160,7 +187,8 @@ def list_parquet(url: str, storage_options: dict | None) -> list[str]:
             for p in fs.find(path)
             if not any(part.startswith(("_", ".")) for part in p[len(path.rstrip("/")) :].split("/") if part)
         )
-    return [fs.unstrip_protocol(p) for p in found]
+    data = [p for p in found if posixpath.splitext(p)[1].lower() in (".parquet", ".parq", "")]
+    return [fs.unstrip_protocol(p) for p in data]
 
 
 def spark_schema(arrow_schema):
@@ -181,6 +209,12 @@ def spark_schema(arrow_schema):
         except Exception:  # noqa: BLE001 - a type Spark lacks: a string stand-in, refused if it is used
             fields.append(T.StructField(f.name, T.BinaryType(), True))
     return T.StructType(fields)
+
+
+def table_root(files: Sequence[str]) -> str:
+    """The folder all ``files`` lie in (their longest common prefix up to a ``/``)."""
+    prefix = posixpath.commonprefix(list(files))
+    return prefix[: prefix.rfind("/") + 1] if "/" in prefix else ""
 
 
 def source_columns(
@@ -308,13 +342,16 @@ def scan_table(
             )
             return meta
     t0 = time.time()
-    records = _scan_files(spark, scan.files, source, slots)
+    try:
+        records = _scan_files(spark, scan.files, source, slots)
+    except Exception as e:  # noqa: BLE001 - e.g. a filesystem the executors lack: the copy reads through Spark
+        raise NotReadableInPlace(f"the scan of its files failed on the executors: {type(e).__name__}: {e}") from e
     errors = [r for r in records if r["error"]]
     if errors:
         first = min(errors, key=lambda r: r["file"])
-        if "DataChangedError" in first["error"]:
+        if first["error"].startswith("DataChangedError"):
             raise DataChangedError(first["error"].split(": ", 1)[1])
-        raise ValueError(f"The table cannot be read in place: {first['error'].split(': ', 1)[-1]}.")
+        raise NotReadableInPlace(f"{first['error'].split(': ', 1)[-1]}")
     records.sort(key=lambda r: (r["file"], r["group"]))
     stats = sources.merge_stats([json.loads(r["stats"]) for r in records])
     check(stats)

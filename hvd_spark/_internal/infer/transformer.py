@@ -43,7 +43,8 @@ class TFTransformer(
 
     Returned by :meth:`HorovodEstimator.fit`; also loadable with ``TFTransformer.load(path)``.
     Output columns are ``double`` for a single-value output and ``array<double>`` otherwise
-    (higher-rank outputs are flattened, row-major).
+    (higher-rank outputs are flattened, row-major); a Spark ML Vector where the label column was one
+    (``output_vectors``).
 
     A row with a null feature, or with an array feature holding a null element, is invalid: refused by
     default, naming the column (``handleInvalid="error"``); ``"keep"`` gives it null predictions,
@@ -85,6 +86,11 @@ class TFTransformer(
     from_logits = _param(
         "from_logits", "Whether a classifier's output is logits (else probabilities).", boolean("from_logits")
     )
+    output_vectors = _param(
+        "output_vectors",
+        "Per output, whether its column is a Spark ML Vector (DenseVector): fit sets it where the label "
+        "column is a Vector, so predictions take the label's type (as horovod.spark's do). Default: none.",
+    )
     inference_udf = _param(
         "inference_udf",
         "How transform() calls the model: 'auto' (default: an Arrow UDF where "
@@ -107,6 +113,7 @@ class TFTransformer(
         custom_objects=None,
         storage_options=None,
         inference_udf: str = "auto",
+        output_vectors=None,
         task: str = "regression",
         from_logits: bool = False,
         predictionCol: str = "prediction",
@@ -140,6 +147,7 @@ class TFTransformer(
                 batch_size=batch_size,
                 custom_objects=custom_objects,
                 inference_udf=inference_udf,
+                output_vectors=output_vectors,
                 task=task,
                 from_logits=from_logits,
                 predictionCol=predictionCol,
@@ -384,13 +392,26 @@ class TFTransformer(
                 return column
             return F.transform(column, lambda x: F.coalesce(x, F.lit(float("nan"))))
 
+        vectors = list(self.getOrDefault(self.output_vectors) or []) + [False] * len(outputs)
+
+        def typed(frame, i: int):  # a Vector label's prediction is a Vector (horovod.spark's output type)
+            if not vectors[i]:
+                return frame
+            from pyspark.ml.functions import array_to_vector
+
+            c = col(output_cols[i])
+            return frame.withColumn(output_cols[i], array_to_vector(F.array(c) if is_scalar(outputs[i]) else c))
+
         if len(output_cols) == 1:
             result = dataset.withColumn(output_cols[0], nan_back(udf(packed), outputs[0]))
-            return self._with_classifier_cols(result, output_cols[0])
+            return typed(self._with_classifier_cols(result, output_cols[0]), 0)
         tmp = "__hvd_spark_pred"
         out = dataset.withColumn(tmp, udf(packed))
         fields = [nan_back(F.col(tmp).getField(c), spec).alias(c) for c, spec in zip(output_cols, outputs)]
-        return out.select("*", *fields).drop(tmp)
+        result = out.select("*", *fields).drop(tmp)
+        for i in range(len(output_cols)):
+            result = typed(result, i)
+        return result
 
     def _with_classifier_cols(self, df, out: str):
         """Adds a classifier's prediction (class index, double), probability and rawPrediction (Vectors)

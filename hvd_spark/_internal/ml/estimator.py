@@ -33,7 +33,7 @@ from hvd_spark._internal.ml import plan as plan_mod
 from hvd_spark._internal.ml.backend import fit_backend
 from hvd_spark._internal.ml.fit_params import FitParams, every_seconds, is_backend_object
 from hvd_spark._internal.ml.params import EstimatorParams
-from hvd_spark.errors import HvdSparkError, RunInUseError
+from hvd_spark.errors import DataChangedError, HvdSparkError, RankFailedError, RunInUseError
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,11 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             resize continues the epoch with exactly the rows not yet read (``reader="arrow"``).
         backend_env: environment variables for every rank (horovod.spark's ``backend_env``); they win
             over hvd_spark's defaults (``TF_NUM_INTEROP_THREADS``, ...), not over a rank's identity.
+        mp_start_method, tensorflow_dataset_prefetch_buffer_size, partitions_per_process,
+            transformation_fn, train_reader_num_workers, val_reader_num_workers, reader_pool_type,
+            label_shapes, checkpoint_callback, inmemory_cache_all: horovod.spark's params, with its
+            meanings (see docs/estimator.md, "horovod.spark's other params"). ``data_module``,
+            ``continuous_cols`` and ``categorical_cols`` (NVTabular) are refused unless None.
         backward_passes_per_step: batches each rank accumulates before one allreduce and update
             (default 1; Keras' ``gradient_accumulation_steps``): like a batch that many times
             larger, with that many fewer allreduces.
@@ -181,6 +186,19 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         elastic_timeout: float | None = None,
         checkpoint_every: int | str | None = None,
         backend_env: dict[str, str] | None = None,
+        mp_start_method: str | None = None,
+        tensorflow_dataset_prefetch_buffer_size: int = 0,
+        partitions_per_process: int | None = None,
+        transformation_fn: Any = None,
+        train_reader_num_workers: int = 2,
+        val_reader_num_workers: int = 2,
+        reader_pool_type: str = "thread",
+        label_shapes: list | None = None,
+        checkpoint_callback: Any = None,
+        inmemory_cache_all: bool = False,
+        data_module: Any = None,
+        continuous_cols: Any = None,
+        categorical_cols: Any = None,
         backward_passes_per_step: int = 1,
         gradient_compression: str = "none",
         reader: str = "arrow",
@@ -227,6 +245,19 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             elastic_timeout=None,
             checkpoint_every=None,
             backend_env=None,
+            mp_start_method=None,
+            tensorflow_dataset_prefetch_buffer_size=0,
+            partitions_per_process=None,
+            transformation_fn=None,
+            train_reader_num_workers=2,
+            val_reader_num_workers=2,
+            reader_pool_type="thread",
+            label_shapes=None,
+            checkpoint_callback=None,
+            inmemory_cache_all=False,
+            data_module=None,
+            continuous_cols=None,
+            categorical_cols=None,
             backward_passes_per_step=1,
             gradient_compression="none",
             reader="arrow",
@@ -337,6 +368,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             schema = pq.ParquetFile(f).schema_arrow
         spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
         frame = spark.createDataFrame([], inplace.spark_schema(schema))
+        val_files = set(found.get("validation_path", []))
+        found["path"] = [f for f in found["path"] if f not in val_files]  # a validation folder inside path
+        if not found["path"]:
+            raise ValueError(f"fit_on_parquet: every Parquet file at path={path!r} is a validation_path file.")
         every = tuple(found["path"] + found.get("validation_path", []))
         est._forced_scan = (  # type: ignore[attr-defined]  # read by _read_in_place
             inplace.Scan(every, {n: n for n in schema.names}, str(path)),
@@ -399,11 +434,19 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 with _removed_after(checked.store, written):
                     cfg = self._plan_ranks(checked, plan, written, lease)
                     listeners = [tracker.on_event] if tracker else []
-                    trained = self._train_with_restarts(dataset.sparkSession, checked, cfg, listeners, lease)
-                    if written.source is not None:  # a file changed under the ranks: no model of mixed data
-                        from hvd_spark._internal.data.inplace import check_unchanged
+                    try:
+                        trained = self._train_with_restarts(dataset.sparkSession, checked, cfg, listeners, lease)
+                        if written.source is not None:  # a file changed under the ranks: no model of mixed data
+                            from hvd_spark._internal.data.inplace import check_unchanged
 
-                        check_unchanged(written.meta["files"], written.source)
+                            check_unchanged(written.meta["files"], written.source)
+                    except (RankFailedError, DataChangedError) as e:
+                        changed = isinstance(e, DataChangedError) or e.exc_type.endswith("DataChangedError")
+                        if not changed:
+                            raise
+                        _drop_checkpoints_after(checked.store, plan)  # never resumed nor returned as finished
+                        message = e.remote_message if isinstance(e, RankFailedError) else str(e)
+                        raise DataChangedError(message) from e
                     model = self._verify_and_build(checked, written, cfg, trained, t_start)
         except BaseException:
             if tracker is not None:
@@ -482,6 +525,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 )
         options = resolve_launch_options(
             dataset.sparkSession,
+            warm=False if p.mp_start_method == "spawn" else None,  # horovod.spark's start method: a fresh process
             num_proc=None if p.elastic else p.num_proc,
             backend=p.backend,
             start_timeout=p.start_timeout,
@@ -562,7 +606,16 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                     f"validation column '{validation}' must be boolean or 0/1. Received an {vinfo.kind} column."
                 )
         custom_objects = model_custom_objects(model, p.custom_objects) or None
-        for name, value in (("callbacks", p.callbacks), ("custom_objects", custom_objects)):
+        if p.label_shapes is not None:
+            _check_label_shapes(p.label_shapes, labels, outputs)
+        if p.transformation_fn is not None and p.reader != "arrow":
+            raise ValueError("transformation_fn needs reader='arrow' (the rank applies it to the rows it reads).")
+        for name, value in (
+            ("callbacks", p.callbacks),
+            ("custom_objects", custom_objects),
+            ("transformation_fn", p.transformation_fn),
+            ("checkpoint_callback", p.checkpoint_callback),
+        ):
             try:
                 cloudpickle.dumps(value)
             except Exception as e:
@@ -630,7 +683,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         l_infos = [i for i in named_l if i is not None]
         columns = f_infos + l_infos + ([w_info] if w_info else [])
         t0 = time.time()
-        data = DataSpec(tuple(f_infos), tuple(l_infos), w_info, tuple(c.inputs), tuple(c.outputs))
+        shapes = tuple(tuple(s) for s in c.p.label_shapes) if c.p.label_shapes else None
+        data = DataSpec(tuple(f_infos), tuple(l_infos), w_info, tuple(c.inputs), tuple(c.outputs), shapes)
 
         from hvd_spark._internal.ml.model_info import class_index_outputs
 
@@ -645,10 +699,15 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
             source = _table_source(c.source, f_infos, l_infos, w_info, c.validation, seed)
             reuse = c.p.reuse_data != "never"
-            meta = inplace.scan_table(
-                dataset.sparkSession, c.store, c.source[0], source, reuse=reuse, check=check, slots=c.options.slots
-            )
-            return _Written(data, meta["key"], meta, seed, time.time() - t0, ephemeral=not reuse, source=source)
+            try:
+                meta = inplace.scan_table(
+                    dataset.sparkSession, c.store, c.source[0], source, reuse=reuse, check=check, slots=c.options.slots
+                )
+                return _Written(data, meta["key"], meta, seed, time.time() - t0, ephemeral=not reuse, source=source)
+            except inplace.NotReadableInPlace as e:
+                if c.p.materialize == "never" or getattr(self, "_forced_scan", None) is not None:
+                    raise ValueError(f"The table cannot be read in place: {e}.") from None
+                logger.warning("copying the data to the store: it cannot be read in place because %s", e)
         prepared = data_mod.prepare(dataset, f_infos, l_infos, w_info, c.validation, seed)
         identity = data_identity(dataset, c.p.reuse_data)
         if not identity.established:
@@ -665,7 +724,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             row_values * 4,
             num_proc,
             check=check,
-            files=data_mod.num_files(num_proc, c.options.slots),
+            files=num_proc * c.p.partitions_per_process
+            if c.p.partitions_per_process
+            else data_mod.num_files(num_proc, c.options.slots),
         )
         return _Written(data, key, meta, seed, time.time() - t0, ephemeral=not identity.established)
 
@@ -741,6 +802,13 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             checkpoint_steps=every if isinstance(every, int) else None,
             checkpoint_seconds=every_seconds(every),
             resize_marker=f"{c.store.run_path(plan.run_id)}/_resize.json" if p.elastic else None,
+            prefetch=p.tensorflow_dataset_prefetch_buffer_size,
+            reader_workers=(1, 1)
+            if p.reader_pool_type == "dummy"
+            else (p.train_reader_num_workers, p.val_reader_num_workers),
+            transformation_fn=cloudpickle.dumps(p.transformation_fn) if p.transformation_fn else None,
+            cache_all=p.inmemory_cache_all,
+            checkpoint_callback=cloudpickle.dumps(p.checkpoint_callback) if p.checkpoint_callback else None,
         )
         cfg = plan_mod.sized(cfg, num_proc)
         logger.info(
@@ -853,6 +921,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             custom_objects=c.custom_objects,
             task=c.prediction[0],
             from_logits=c.prediction[1],
+            output_vectors=[i.kind == "vector" for i in c.l_infos],
         )
 
     # --- persistence (save / load come from MLWritable / MLReadable) ---
@@ -885,6 +954,37 @@ def _removed_after(store: Store, written: "_Written"):
                 store._rm(store._data_path(written.key))
             except Exception as e:  # the store is unreachable: the fit's own outcome matters more
                 logger.warning("could not remove this fit's data %s: %s", written.key, e)
+
+
+def _drop_checkpoints_after(store: Store, plan: plan_mod.ResumePlan) -> None:
+    """Removes the checkpoints and commits a fit wrote (those after the epoch it resumed from): they hold
+    a model trained on a table that changed under it."""
+
+    def order(c) -> tuple[int, float]:  # an epoch's commits come before its end's checkpoint
+        return (c.epoch, c.step or float("inf"))
+
+    start = order(plan.resume) if plan.resume else (-1, 0.0)
+    for c in store.checkpoints(plan.run_id):
+        if order(c) > start:
+            for path in (c.meta_path, c.model_path):  # the JSON first: never a JSON without its model
+                with contextlib.suppress(FileNotFoundError):
+                    store._rm(path)
+
+
+def _check_label_shapes(shapes, labels, outputs) -> None:
+    """horovod.spark's ``label_shapes``: one shape per label, each holding the values its output takes."""
+    import math
+
+    if len(shapes) != len(labels):
+        raise ValueError(
+            f"label_shapes must give one shape per label column ({len(labels)}: {labels}). Received: {shapes}."
+        )
+    for shape, spec in zip(shapes, outputs):
+        if spec.elements is not None and math.prod(shape) not in (spec.elements, 1):
+            raise ValueError(
+                f"label_shapes: {shape} holds {math.prod(shape)} values; output '{spec.name}' has shape "
+                f"{tuple(spec.shape)} ({spec.elements} values; or 1, a class index)."
+            )
 
 
 def _read_in_place(dataset, p: FitParams, f_infos, l_infos, w_info, validation, store: Store, forced=None):
@@ -951,7 +1051,7 @@ def _table_source(found, f_infos, l_infos, w_info, validation, seed: int):
         split = ("fraction", float(validation), int(seed))
     else:
         split = ()
-    return sources.TableSource(columns, split, status, options)
+    return sources.TableSource(columns, split, status, options, inplace.table_root(scan.files))
 
 
 def _check_settable_learning_rate(optimizer) -> None:

@@ -301,6 +301,76 @@ def positive_float(name: str) -> Converter:
     return conv
 
 
+def optional_choice(name: str, choices: tuple[str, ...]) -> Converter:
+    """None or one of ``choices``."""
+    inner = choice(name, choices)
+    return lambda x: None if x is None else inner(x)
+
+
+def reader_pool_type(x):
+    """horovod.spark's ``reader_pool_type``: ``"thread"`` (reader threads) or ``"dummy"`` (read in the
+    training loop's thread); ``"process"`` is refused: see the message."""
+    x = choice("reader_pool_type", ("thread", "process", "dummy"))(x)
+    if x == "process":
+        raise ValueError(
+            "reader_pool_type='process' is not supported: each rank reads its row groups with pyarrow in threads "
+            "(pyarrow releases the GIL), and a process pool would copy every batch between processes. Use "
+            "'thread' (the default) or 'dummy'."
+        )
+    return x
+
+
+def optional_callable(name: str) -> Converter:
+    def conv(x):
+        if x is None or callable(x):
+            return x
+        raise TypeError(f"{name} must be a function or None. Received: {x!r} ({type(x).__name__}).")
+
+    return conv
+
+
+def label_shapes(x):
+    """horovod.spark's ``label_shapes``: one shape per label column (a list of ints each), or None."""
+    if x is None:
+        return None
+    if not isinstance(x, (list, tuple)) or not all(
+        isinstance(s, (list, tuple)) and all(_is_int(d) and d >= 1 for d in s) for s in x
+    ):
+        raise TypeError(
+            f"label_shapes must be a list of shapes, one per label column (lists of ints >= 1). Received: {x!r}."
+        )
+    return [[int(d) for d in s] for s in x]
+
+
+def checkpoint_callback(x):
+    """horovod.spark's ``checkpoint_callback``: a ``keras.callbacks.ModelCheckpoint`` (its ``monitor``,
+    ``mode`` and ``save_best_only`` choose the model fit returns), or None."""
+    if x is None:
+        return None
+    import keras
+
+    if not isinstance(x, keras.callbacks.ModelCheckpoint):
+        raise TypeError(
+            f"checkpoint_callback must be a keras.callbacks.ModelCheckpoint or None. Received: {type(x).__name__}."
+        )
+    return x
+
+
+def nvtabular(name: str) -> Converter:
+    """horovod.spark's NVTabular params (``data_module``, ``continuous_cols``, ``categorical_cols``): None only."""
+
+    def conv(x):
+        if x is None:
+            return None
+        raise ValueError(
+            f"{name} is not supported: it configures horovod.spark's NVTabular data module, which needs NVIDIA GPUs, "
+            "cuDF and NVTabular; hvd_spark's ranks read Parquet with their own pyarrow reader. Leave it None and "
+            "pass the columns as feature_cols (several scalar columns stack into one input)."
+        )
+
+    return conv
+
+
 def environment(x):
     """``backend_env``: environment variables for every rank, ``{name: value}`` with string names and
     string (or number) values; None: none."""
@@ -377,6 +447,19 @@ CONVERTERS: dict[str, Converter] = {
     "elastic_timeout": seconds("elastic_timeout"),
     "checkpoint_every": checkpoint_every,
     "backend_env": environment,
+    "mp_start_method": optional_choice("mp_start_method", ("fork", "spawn", "forkserver")),
+    "tensorflow_dataset_prefetch_buffer_size": int_at_least("tensorflow_dataset_prefetch_buffer_size", 0),
+    "partitions_per_process": int_at_least("partitions_per_process", 1, optional=True),
+    "transformation_fn": optional_callable("transformation_fn"),
+    "train_reader_num_workers": int_at_least("train_reader_num_workers", 1),
+    "val_reader_num_workers": int_at_least("val_reader_num_workers", 1),
+    "reader_pool_type": reader_pool_type,
+    "label_shapes": label_shapes,
+    "checkpoint_callback": checkpoint_callback,
+    "inmemory_cache_all": boolean("inmemory_cache_all"),
+    "data_module": nvtabular("data_module"),
+    "continuous_cols": nvtabular("continuous_cols"),
+    "categorical_cols": nvtabular("categorical_cols"),
     "backward_passes_per_step": int_at_least("backward_passes_per_step", 1),
     "gradient_compression": choice("gradient_compression", COMPRESSIONS, "'none' or 'fp16'"),
     "reader": choice("reader", READERS),
@@ -402,6 +485,11 @@ _NOT_NONE = (
     "reuse_data",
     "materialize",
     "task",
+    "tensorflow_dataset_prefetch_buffer_size",
+    "train_reader_num_workers",
+    "val_reader_num_workers",
+    "reader_pool_type",
+    "inmemory_cache_all",
 )
 
 
@@ -449,6 +537,19 @@ class FitParams:
     elastic_timeout: float | None = None
     checkpoint_every: int | str | None = None
     backend_env: dict[str, str] | None = None
+    mp_start_method: str | None = None
+    tensorflow_dataset_prefetch_buffer_size: int = 0
+    partitions_per_process: int | None = None
+    transformation_fn: Any = None
+    train_reader_num_workers: int = 2
+    val_reader_num_workers: int = 2
+    reader_pool_type: str = "thread"
+    label_shapes: list | None = None
+    checkpoint_callback: Any = None
+    inmemory_cache_all: bool = False
+    data_module: Any = None
+    continuous_cols: Any = None
+    categorical_cols: Any = None
     backward_passes_per_step: int = 1
     gradient_compression: str = "none"
     reader: str = "arrow"

@@ -217,6 +217,57 @@ class EstimatorParams(ColumnParams):
         "Environment variables for every rank ({name: value}; horovod.spark's backend_env). They win over "
         "hvd_spark's defaults (e.g. TF_NUM_INTEROP_THREADS), not over a rank's identity.",
     )
+    mp_start_method = _checked(
+        "mp_start_method",
+        "How rank processes start (horovod.spark's multiprocessing start method): None or 'fork' / "
+        "'forkserver' (forked by the host's warm server, which imported TensorFlow once), 'spawn' (a fresh "
+        "Python process per rank).",
+    )
+    tensorflow_dataset_prefetch_buffer_size = _checked(
+        "tensorflow_dataset_prefetch_buffer_size",
+        "Batches each rank's tf.data pipeline prepares ahead of training (0, the default: tf.data.AUTOTUNE).",
+    )
+    partitions_per_process = _checked(
+        "partitions_per_process",
+        "Parquet files per rank when the data is copied to the store (default: as many as the application's "
+        "task slots allow, a multiple of num_proc).",
+    )
+    transformation_fn = _checked(
+        "transformation_fn",
+        "A function applied on the ranks to each block of training and validation rows before batching: "
+        "it takes and returns a pandas DataFrame of the feature / label / weight columns (the DataFrame's "
+        "names; arrays as per-row numpy arrays) with the same rows.",
+    )
+    train_reader_num_workers = _checked(
+        "train_reader_num_workers",
+        "Threads each rank reads its training row groups with, ahead of training (default 2).",
+    )
+    val_reader_num_workers = _checked(
+        "val_reader_num_workers", "Threads each rank reads its validation row groups with (default 2)."
+    )
+    reader_pool_type = _checked(
+        "reader_pool_type",
+        "'thread' (default: train/val_reader_num_workers threads read ahead) or 'dummy' (row groups are read "
+        "in the training loop's thread). 'process' is refused.",
+    )
+    label_shapes = _checked(
+        "label_shapes",
+        "The shape each label column's values take for the model (one list of ints per label; default: the "
+        "output's shape).",
+    )
+    checkpoint_callback = _checked(
+        "checkpoint_callback",
+        "A keras.callbacks.ModelCheckpoint run on rank 0: with save_best_only, fit returns the best model by "
+        "its monitor and mode instead of the last one. Its filepath is replaced by one in the run.",
+    )
+    inmemory_cache_all = _checked(
+        "inmemory_cache_all",
+        "Keep every row group a rank has read in its memory (decoded), so later epochs read no files. "
+        "Costs up to the whole training and validation data in each rank's memory. Default False.",
+    )
+    data_module = _checked("data_module", "horovod.spark's NVTabular data module: not supported (None only).")
+    continuous_cols = _checked("continuous_cols", "horovod.spark's NVTabular columns: not supported (None only).")
+    categorical_cols = _checked("categorical_cols", "horovod.spark's NVTabular columns: not supported (None only).")
     backward_passes_per_step = _checked(
         "backward_passes_per_step",
         "Batches whose gradients each rank accumulates before one allreduce and update (Keras' "

@@ -28,6 +28,8 @@ _OBJECT_PARAMS = (
     "custom_objects",
     "callbacks",
     "backend_env",
+    "transformation_fn",
+    "checkpoint_callback",
 )
 
 
@@ -65,7 +67,9 @@ def _through_fsspec(path: str) -> bool:
         try:
             sc._jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, sc._jsc.hadoopConfiguration())
             _hadoop_has[scheme] = True
-        except Exception:  # noqa: BLE001 - Py4J's error for "No FileSystem for scheme"
+        except Exception as e:  # noqa: BLE001 - Py4J's error: only Hadoop's "No FileSystem for scheme" counts
+            if "No FileSystem for scheme" not in str(e) and "UnsupportedFileSystemException" not in str(e):
+                return False  # another failure: Spark decides, as without hvd_spark
             _hadoop_has[scheme] = False
     return not _hadoop_has[scheme]
 

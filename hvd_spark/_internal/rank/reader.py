@@ -138,11 +138,14 @@ def _arrow_signature(files: Sequence[str], names: Sequence[str], storage_options
 
 
 @contextlib.contextmanager
-def _arrow_source(files, names, shuffle, seed, storage_options, passes=None, window_rows=0, first_pass=0):
+def _arrow_source(
+    files, names, shuffle, seed, storage_options, passes=None, window_rows=0, first_pass=0, transformation=None
+):
     files = list(files)
     sig = _arrow_signature(files, names, storage_options)
-    ds = tf.data.Dataset.from_generator(
-        lambda: arrow_batches(
+
+    def chunks():
+        read = arrow_batches(
             files,
             names,
             shuffle=shuffle,
@@ -151,9 +154,10 @@ def _arrow_source(files, names, shuffle, seed, storage_options, passes=None, win
             passes=passes,
             window_rows=window_rows,
             first_pass=first_pass,
-        ),
-        output_signature=sig,
-    )
+        )
+        return read if transformation is None else map(transformation, read)
+
+    ds = tf.data.Dataset.from_generator(chunks, output_signature=sig)
     yield ds.prefetch(2)  # the next row groups are read while the current ones train
 
 
@@ -209,6 +213,9 @@ def rank_dataset(
     workers: int = 2,
     passes: int | None = None,
     first_pass: int = 0,
+    label_shapes=None,
+    transformation=None,
+    prefetch: int = 0,
 ):
     """Yields a ``tf.data.Dataset`` of ``(x, y)`` or ``(x, y, sample_weight)`` batches: endless, or
     ``passes`` passes over the files (validation: one, so that each row counts once)."""
@@ -216,19 +223,21 @@ def rank_dataset(
     if reader == "petastorm":
         source = _petastorm_source(files, names, shuffle, seed, workers, passes)
     elif reader == "arrow":
-        source = _arrow_source(files, names, shuffle, seed, storage_options, passes, shuffle_buffer_size, first_pass)
+        source = _arrow_source(
+            files, names, shuffle, seed, storage_options, passes, shuffle_buffer_size, first_pass, transformation
+        )
     else:
         raise ValueError(f"reader must be one of {list(READERS)}. Received: reader={reader!r}.")
     with source as ds:
         # Whole row groups go through the conversion below (no per-row tf.data work); rebatch then
         # cuts them into training batches.
-        convert = _converter(features, labels, weight, inputs, outputs)
+        convert = _converter(features, labels, weight, inputs, outputs, label_shapes)
         ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE).rebatch(batch_size, drop_remainder=False)
         if shuffle and reader == "petastorm":
             # Petastorm yields row groups whole: a buffer of batches mixes them (it spans passes). The
             # arrow reader mixes rows across row groups itself, within each pass (shuffle_buffer_size rows).
             ds = ds.shuffle(max(1, shuffle_buffer_size // batch_size), seed=seed, reshuffle_each_iteration=True)
-        yield ds.prefetch(tf.data.AUTOTUNE)
+        yield ds.prefetch(prefetch or tf.data.AUTOTUNE)
 
 
 def _column_names(features, labels, weight) -> list[str]:
@@ -237,10 +246,13 @@ def _column_names(features, labels, weight) -> list[str]:
     )
 
 
-def _converter(features, labels, weight, inputs, outputs):
-    """{column: values} -> ``(x, y)`` or ``(x, y, sample_weight)`` in the model's shapes and types."""
+def _converter(features, labels, weight, inputs, outputs, label_shapes=None):
+    """{column: values} -> ``(x, y)`` or ``(x, y, sample_weight)`` in the model's shapes and types;
+    ``label_shapes`` (horovod.spark's) gives the labels' shapes instead of the outputs'."""
     in_shapes = [_target_shape(s, c, False) for s, c in zip(inputs, features)]
     out_shapes = [_target_shape(s, c, True) for s, c in zip(outputs, labels)]
+    if label_shapes:
+        out_shapes = [tuple(s) for s in label_shapes]
     in_types = [tf.as_dtype(s.dtype) if s.dtype else tf.float32 for s in inputs]
 
     def shaped(v, shape):
@@ -278,6 +290,11 @@ def planned_dataset(
     trace: "Callable[[int, int, dict], None] | None" = None,
     source=None,
     side: str = "train",
+    label_shapes=None,
+    transformation=None,
+    prefetch: int = 0,
+    workers: int = 2,
+    cache: bool = False,
 ) -> "tf.data.Dataset":
     """The training batches of a rank for the epochs ``epochs()`` yields (``(plan, share, rows)``
     each, see :func:`epoch_batches`; called anew for each pass of the dataset), as a
@@ -285,10 +302,12 @@ def planned_dataset(
 
     ``trace``: called as ``trace(epoch, batch number in the epoch, batch)`` for every batch read
     (``HVD_SPARK_DATA_TRACE``). ``source`` (a ``sources.TableSource``): ``files`` are a table read in
-    place, of which the rows of ``side`` are read."""
+    place, of which the rows of ``side`` are read. ``transformation``: applied to each block of rows
+    ({column: values} -> the same); ``prefetch``: batches prepared ahead (0: AUTOTUNE); ``workers``:
+    threads reading the next window's row groups ahead (1: none); ``cache``: keep every row group read."""
     names = _column_names(features, labels, weight)
     sig = _arrow_signature(files, names, storage_options) if source is None else _source_signature(source, names)
-    data = ParquetSet(files, storage_options, source=source, side=side)
+    data = ParquetSet(files, storage_options, source=source, side=side, workers=workers, cache=cache)
 
     group = max(1, BLOCK_ROWS // batch_size)  # batches per block crossing from Python to tf.data
 
@@ -297,6 +316,8 @@ def planned_dataset(
         for e, block in epoch_batches(data, units, epochs(), names, batch_size, numbered=True, group=group):
             if e != epoch:
                 epoch, step = e, 0
+            if transformation is not None:
+                block = transformation(block)
             n = len(next(iter(block.values())))
             for start in range(0, n, batch_size):
                 if trace is not None:
@@ -305,13 +326,13 @@ def planned_dataset(
             yield block
 
     ds = tf.data.Dataset.from_generator(gen, output_signature=sig)
-    convert = _converter(features, labels, weight, inputs, outputs)
+    convert = _converter(features, labels, weight, inputs, outputs, label_shapes)
 
     def batches(*block):  # a block is whole batches and, at an epoch's end, a smaller last one
         return tf.data.Dataset.from_tensor_slices(block if len(block) > 1 else block[0]).batch(batch_size)
 
     ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE).flat_map(batches)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    return ds.prefetch(prefetch or tf.data.AUTOTUNE)
 
 
 def _source_signature(source, names: Sequence[str]) -> dict:

@@ -4,6 +4,7 @@ rank reads in an epoch of the data plan (``common/dataplan.py``) cut into batche
 Loads neither TensorFlow nor Spark, so the fast tests read real Parquet files through it.
 """
 
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -49,15 +50,53 @@ class ParquetSet:
 
     MAX_OPEN = 64
 
-    def __init__(self, files: Sequence[str], storage_options: dict | None = None, source=None, side: str = "train"):
+    def __init__(
+        self,
+        files: Sequence[str],
+        storage_options: dict | None = None,
+        source=None,
+        side: str = "train",
+        workers: int = 1,
+        cache: bool = False,
+    ):
         from collections import OrderedDict
 
         self.files = list(files)
         self.storage_options = storage_options
         self.source, self.side = source, side
         self._open: OrderedDict[int, Any] = OrderedDict()
+        self._lock = threading.Lock()  # the open files; a file's reads are serialized by its own lock
+        self._file_locks: dict[int, Any] = {}
+        self._cache: dict[tuple, dict[str, np.ndarray]] | None = {} if cache else None
+        self._ahead: dict[tuple, Any] = {}
+        self._pool = None
+        if workers > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hvd_spark-reader")
+
+    def prefetch(self, units, names: Sequence[str]) -> None:
+        """Starts reading ``units`` in the reader threads (none: nothing), for :meth:`read` to take."""
+        if self._pool is None:
+            return
+        for unit in units:
+            key = (unit.file, unit.group, tuple(names))
+            if key not in self._ahead and (self._cache is None or key not in self._cache):
+                self._ahead[key] = self._pool.submit(self._read, unit, list(names))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            for f in self._open.values():
+                _close(f[0] if isinstance(f, tuple) else f)
+            self._open.clear()
 
     def _file(self, i: int):
+        with self._lock:
+            return self._opened(i)
+
+    def _opened(self, i: int):
         pf = self._open.get(i)
         if pf is not None:
             self._open.move_to_end(i)
@@ -73,10 +112,28 @@ class ParquetSet:
             pf = (pf, columns, sources.group_offsets(pf.metadata))
         self._open[i] = pf
         while len(self._open) > self.MAX_OPEN:
-            self._open.popitem(last=False)
+            _, old = self._open.popitem(last=False)
+            _close(old[0] if isinstance(old, tuple) else old)
         return pf
 
     def read(self, unit, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """The columns ``names`` of a row group's rows (of this side): cached, read ahead, or read now."""
+        key = (unit.file, unit.group, tuple(names))
+        if self._cache is not None and key in self._cache:
+            return self._cache[key]
+        ahead = self._ahead.pop(key, None)
+        out = ahead.result() if ahead is not None else self._read(unit, list(names))
+        if self._cache is not None:
+            self._cache[key] = out
+        return out
+
+    def _read(self, unit, names: Sequence[str]) -> dict[str, np.ndarray]:
+        with self._lock:
+            lock = self._file_locks.setdefault(unit.file, threading.Lock())
+        with lock:  # one file object is not read from two threads at once
+            return self._read_unit(unit, names)
+
+    def _read_unit(self, unit, names: Sequence[str]) -> dict[str, np.ndarray]:
         if self.source is None:
             table = self._file(unit.file).read_row_group(unit.group, columns=list(names), use_threads=True)
             return {name: column_values(table.column(name)) for name in names}
@@ -96,6 +153,62 @@ class ParquetSet:
         return {name: values[name] for name in names}
 
 
+def _close(pf) -> None:
+    close = getattr(pf, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:  # noqa: BLE001 - a file already gone: nothing to release
+            pass
+
+
+def transformation(fn, features, labels, weight):
+    """horovod.spark's ``transformation_fn`` on a block of rows: ``fn(pandas.DataFrame) ->
+    pandas.DataFrame`` sees the DataFrame's own column names (a stacked group as its scalar columns;
+    array and Vector columns as one numpy array per row) and returns the same rows; the values come
+    back in the stored types. Returns ``{stored: values} -> {stored: values}``."""
+    import pandas as pd
+
+    infos = list({i.stored: i for i in [*features, *labels, *([weight] if weight is not None else [])]}.values())
+
+    def apply(block: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        n = len(next(iter(block.values())))
+        frame: dict[str, Any] = {}
+        for info in infos:
+            values = block[info.stored]
+            if info.parts:
+                frame.update({p: values[:, k] for k, p in enumerate(info.parts)})
+            elif values.ndim > 1:
+                frame[info.name] = list(values)
+            else:
+                frame[info.name] = values
+        out = fn(pd.DataFrame(frame))
+        if not isinstance(out, pd.DataFrame) or len(out) != n:
+            got = f"{len(out)} rows" if isinstance(out, pd.DataFrame) else type(out).__name__
+            raise ValueError(
+                f"transformation_fn must return a pandas DataFrame with the {n} rows it was given. Received: {got}."
+            )
+        result = {}
+        for info in infos:
+            old = block[info.stored]
+            try:
+                if info.parts:
+                    new = np.stack([np.asarray(out[p]) for p in info.parts], axis=1)
+                elif old.ndim > 1:
+                    new = np.stack([np.asarray(v) for v in out[info.name]])
+                else:
+                    new = np.asarray(out[info.name])
+                result[info.stored] = new if old.dtype == object else new.astype(old.dtype, copy=False)
+            except (KeyError, ValueError) as e:
+                raise ValueError(
+                    f"transformation_fn's result has no usable column '{info.name}' ({e}); keep every feature, "
+                    "label and weight column, with one value (or one equally long array) per row."
+                ) from None
+        return result
+
+    return apply
+
+
 def share_rows(
     data: ParquetSet, units, plan, share: Sequence[tuple[int, int]], names: Sequence[str]
 ) -> Iterator[dict[str, np.ndarray]]:
@@ -110,6 +223,8 @@ def share_rows(
     def window(w: int) -> dict[str, np.ndarray]:
         nonlocal cached
         if cached is None or cached[0] != w:
+            if w + 1 < len(plan.starts) - 1:  # the next window's row groups are read meanwhile
+                data.prefetch([units[u] for u in plan.window_units(w + 1)], names)
             parts = [data.read(units[u], names) for u in plan.window_units(w)]
             joined = parts[0] if len(parts) == 1 else {n: np.concatenate([p[n] for p in parts]) for n in names}
             perm = plan.window_permutation(w)

@@ -123,7 +123,13 @@ def train(cfg: RunConfig) -> dict:
         logger.info("%d BatchNormalization layer(s) use statistics over the global batch (synchronized=True)", synced)
 
     startup.mark("model")
-    data_kw = dict(cfg.data.reader_kwargs(), reader=cfg.reader, storage_options=cfg.store.get("storage_options"))
+    data_kw = dict(
+        cfg.data.reader_kwargs(),
+        reader=cfg.reader,
+        storage_options=cfg.store.get("storage_options"),
+        prefetch=cfg.prefetch,
+        transformation=_transformation(cfg),
+    )
 
     user_callbacks = cloudpickle.loads(cfg.callbacks) if cfg.callbacks else []
     state_cb = StateAgreementCallback()
@@ -150,7 +156,7 @@ def train(cfg: RunConfig) -> dict:
                 steps = None if cfg.validation_exact else cfg.validation_steps
                 callbacks.append(ExactValidationCallback(val_ds, steps, [ticks]))
             callbacks += user_callbacks
-            ckpt_cb = None
+            ckpt_cb = best = None
             if rank == 0:
                 ckpt_cb = _CheckpointCallback(
                     store,
@@ -165,6 +171,9 @@ def train(cfg: RunConfig) -> dict:
                     step_multiple=cfg.backward_passes_per_step,
                 )
                 callbacks.append(ckpt_cb)
+                best = _best_checkpoint(cfg, tmp)
+                if best is not None:
+                    callbacks.append(best)
                 callbacks.append(_tensorboard(store, cfg.run_id, tmp))
                 callbacks.append(EventCallback(cfg.epochs, send_event, cfg.steps_per_epoch, cfg.progress_interval))
                 callbacks.append(PositionCallback(send_event))
@@ -212,8 +221,16 @@ def train(cfg: RunConfig) -> dict:
 
             assert ckpt_cb is not None
             final = os.path.join(tmp, "model.keras")
+            best_file = getattr(best, "filepath", None) if best is not None else None
             with busy("saving the final model"):
-                save_model_file(model, final)
+                if best is not None and best_file and os.path.exists(best_file):  # checkpoint_callback's choice
+                    if best.save_weights_only:
+                        model.load_weights(best_file)
+                    else:
+                        final = best_file
+                        logger.info("the model returned is checkpoint_callback's (%s)", best.monitor)
+                if final != best_file:
+                    save_model_file(model, final)
                 store._upload_file(final, cfg.final_model)
             result["epoch_logs"] = ckpt_cb.history
         return result
@@ -323,9 +340,35 @@ def _train_data(cfg: RunConfig, rank: int, data, seg, data_kw: dict):
         batch_size=cfg.batch_size,
         trace=trace,
         source=cfg.source,
+        workers=cfg.reader_workers[0],
+        cache=cfg.cache_all,
         **kw,
     )
     return contextlib.nullcontext(ds)
+
+
+def _best_checkpoint(cfg: RunConfig, tmp: str):
+    """horovod.spark's ``checkpoint_callback`` (a ModelCheckpoint), writing to this rank's temporary
+    folder; its last file becomes the model fit returns. None when not given."""
+    if not cfg.checkpoint_callback:
+        return None
+    import cloudpickle
+
+    cb = cloudpickle.loads(cfg.checkpoint_callback)
+    cb.filepath = os.path.join(tmp, "best.weights.h5" if cb.save_weights_only else "best.keras")
+    return cb
+
+
+def _transformation(cfg: RunConfig):
+    """horovod.spark's ``transformation_fn`` as a function of a block of rows, or None."""
+    if not cfg.transformation_fn:
+        return None
+    import cloudpickle
+
+    from hvd_spark._internal.rank.rows import transformation
+
+    d = cfg.data
+    return transformation(cloudpickle.loads(cfg.transformation_fn), d.features, d.labels, d.weight)
 
 
 def _data_trace(rank: int, seg, size: int):
@@ -401,6 +444,8 @@ def _planned_val(cfg: RunConfig, rank: int, data_kw: dict):
         batch_size=cfg.val_batch_size,
         source=cfg.source,
         side="val",
+        workers=cfg.reader_workers[1],
+        cache=cfg.cache_all,
         **kw,
     )
     return contextlib.nullcontext(ds)
