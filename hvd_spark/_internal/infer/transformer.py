@@ -132,6 +132,7 @@ class TFTransformer(
             label_cols=None,
             inference_udf="auto",
             handleInvalid="error",
+            output_vectors=None,
         )
         kwargs = {
             k: v
