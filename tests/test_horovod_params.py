@@ -108,3 +108,22 @@ def test_label_shapes_reshape_labels(spark, tmp_path):
     )
     model = est.fit(df)
     assert model.getHistory()["loss"][-1] < model.getHistory()["loss"][0]
+
+
+def test_a_vector_label_gives_vector_predictions_and_null_for_kept_invalid_rows(spark, tmp_path):
+    """horovod.spark's output type: a Vector label's prediction column is a DenseVector; a row kept without
+    a prediction (handleInvalid='keep') has a null there, not an error or a zero vector."""
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.ml.linalg import DenseVector
+    from pyspark.sql import functions as F
+
+    df = xor_frame(spark, 64).withColumn("yv", array_to_vector(F.array(F.col("y").cast("double"), F.lit(1.0))))
+    inp = keras.Input((2,))
+    est = xor_estimator(
+        tmp_path / "store", model=keras.Model(inp, keras.layers.Dense(2)(inp)), loss="mse", label_cols=["yv"], epochs=1
+    )
+    model = est.fit(df).setHandleInvalid("keep")
+    holes = spark.createDataFrame([([0.5, 0.5],), (None,)], "x array<float>")
+    rows = model.transform(holes).collect()
+    assert isinstance(rows[0]["yv__output"], DenseVector) and len(rows[0]["yv__output"]) == 2
+    assert rows[1]["yv__output"] is None

@@ -178,8 +178,7 @@ def split_mask(source: TableSource, url: str, table, first_row: int) -> tuple[np
         return np.full(n, url in source.split[1], dtype=bool), None
     if source.split[0] == "fraction":
         _, fraction, seed = source.split
-        key = url[len(source.root) :] if source.root and url.startswith(source.root) else posixpath.basename(url)
-        return _uniform(key, first_row, n, seed) < float(fraction), None
+        return _uniform(split_key(source.root, url), first_row, n, seed) < float(fraction), None
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -193,6 +192,25 @@ def split_mask(source: TableSource, url: str, table, first_row: int) -> tuple[np
         flag = pc.fill_null(pc.equal(values, 1.0), False)
     bad = ~_np_bool(valid)
     return _np_bool(flag), (bad if bad.any() else None)
+
+
+def _path_part(url: str) -> str:
+    """``url`` without its scheme (``s3a://b/t`` and ``s3://b/t`` are one path, ``file:/x`` and
+    ``file:///x`` too)."""
+    import urllib.parse
+
+    u = urllib.parse.urlparse(url)
+    return u.netloc + u.path if u.scheme else url
+
+
+def split_key(root: str, url: str) -> str:
+    """The name a file has in the split's hash: its path below the table's folder ``root``, else its
+    base name."""
+    if root:
+        base, path = _path_part(root).rstrip("/") + "/", _path_part(url)
+        if path.startswith(base):
+            return path[len(base) :]
+    return posixpath.basename(url)
 
 
 def _np_bool(column) -> np.ndarray:

@@ -47,6 +47,7 @@ class Scan:
     files: tuple[str, ...]
     columns: dict[str, str]  # DataFrame column -> the file's column
     table: str  # what the plan reads, for the log
+    root: str = ""  # the table's folder (its file index's one root path), for the split's hash
 
     def source_name(self, name: str) -> str:
         return self.columns[name]
@@ -172,7 +173,9 @@ def read_plan(df, needed: Sequence[str]) -> Decision:
         if any(marker.lower() in f.lower() for f in files):
             return Decision(None, f"column '{name}' is a partition column (its values are in the folder names)")
     table = leaf[len("Relation") : leaf.index("[")].strip() or f"{len(files)} Parquet file(s)"
-    return Decision(Scan(files, columns, table), f"it is a plain scan of {table}")
+    roots = re.search(r"Location: \w+\(1 paths\)\[([^\],]+)\]", physical)
+    root = urllib.parse.unquote(roots.group(1)) if roots else table_root(files)
+    return Decision(Scan(files, columns, table, root), f"it is a plain scan of {table}")
 
 
 def list_parquet(url: str, storage_options: dict | None) -> list[str]:
@@ -187,7 +190,7 @@ def list_parquet(url: str, storage_options: dict | None) -> list[str]:
             for p in fs.find(path)
             if not any(part.startswith(("_", ".")) for part in p[len(path.rstrip("/")) :].split("/") if part)
         )
-    data = [p for p in found if posixpath.splitext(p)[1].lower() in (".parquet", ".parq", "")]
+    data = [p for p in found if posixpath.splitext(p)[1].lower() in (".parquet", ".parq", ".pq", "")]
     return [fs.unstrip_protocol(p) for p in data]
 
 
@@ -268,6 +271,8 @@ def table_key(files: Sequence[str], source: sources.TableSource) -> str:
         "status": [list(s) for s in source.status],
         "columns": [dataclasses.asdict(c) for c in source.columns],
         "split": list(source.split),
+        "root": source.root,  # the split hashes the files' paths below it
+        "hash": 2,
         "format": FORMAT_VERSION,
     }
     return "t" + hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:23]

@@ -120,8 +120,6 @@ def check_stats(
                 )
     for info, spec in zip(features, inputs):
         s = stats["columns"][info.name]
-        if info.element_type == "string":
-            continue
         check_feature_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind)
     for i, (info, spec) in enumerate(zip(labels, outputs)):
         s = stats["columns"][info.name]

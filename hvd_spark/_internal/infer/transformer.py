@@ -401,7 +401,8 @@ class TFTransformer(
             from pyspark.ml.functions import array_to_vector
 
             c = col(output_cols[i])
-            return frame.withColumn(output_cols[i], array_to_vector(F.array(c) if is_scalar(outputs[i]) else c))
+            vector = array_to_vector(F.array(c) if is_scalar(outputs[i]) else c)
+            return frame.withColumn(output_cols[i], F.when(c.isNull(), F.lit(None)).otherwise(vector))
 
         if len(output_cols) == 1:
             result = dataset.withColumn(output_cols[0], nan_back(udf(packed), outputs[0]))

@@ -374,7 +374,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             raise ValueError(f"fit_on_parquet: every Parquet file at path={path!r} is a validation_path file.")
         every = tuple(found["path"] + found.get("validation_path", []))
         est._forced_scan = (  # type: ignore[attr-defined]  # read by _read_in_place
-            inplace.Scan(every, {n: n for n in schema.names}, str(path)),
+            inplace.Scan(every, {n: n for n in schema.names}, str(path), str(path)),
             tuple(found.get("validation_path", ())),
         )
         return est.fit(frame)
@@ -564,6 +564,11 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                     f"(they are stacked in order); {wide} hold several."
                 )
         labels = match_columns(p.label_cols, outputs, "label_cols", "output")
+        if p.label_shapes is not None:  # given in label_cols' order: follow the columns to the model's order
+            if not isinstance(p.label_cols, (list, tuple)):
+                raise ValueError("label_shapes needs label_cols as a list (its shapes follow the list's order).")
+            if len(p.label_shapes) == len(p.label_cols):
+                p = dataclasses.replace(p, label_shapes=[p.label_shapes[list(p.label_cols).index(c)] for c in labels])
         output_cols = p.output_cols
         if isinstance(output_cols, dict):
             output_cols = match_columns(output_cols, outputs, "output_cols", "output")
@@ -715,7 +720,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         else:
             logger.debug("data identity: %s", identity.reason)
         key = dataset_key(prepared, columns, c.validation, seed, identity)
-        row_values = sum((s.elements or 1) for s in c.inputs) + sum((s.elements or 1) for s in c.outputs) + 1
+        # 4 bytes a value; a string is taken as 64 (row groups of the copy are sized from this)
+        row_values = sum((16 if s.dtype == "string" else s.elements or 1) for s in c.inputs)
+        row_values += sum((s.elements or 1) for s in c.outputs) + 1
         meta = data_mod.materialize(
             prepared,
             c.store,
@@ -1051,7 +1058,7 @@ def _table_source(found, f_infos, l_infos, w_info, validation, seed: int):
         split = ("fraction", float(validation), int(seed))
     else:
         split = ()
-    return sources.TableSource(columns, split, status, options, inplace.table_root(scan.files))
+    return sources.TableSource(columns, split, status, options, scan.root or inplace.table_root(scan.files))
 
 
 def _check_settable_learning_rate(optimizer) -> None:

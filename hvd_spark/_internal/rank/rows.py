@@ -71,9 +71,11 @@ class ParquetSet:
         self._ahead: dict[tuple, Any] = {}
         self._pool = None
         if workers > 1:
+            import weakref
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hvd_spark-reader")
+            weakref.finalize(self, self._pool.shutdown, wait=False)
 
     def prefetch(self, units, names: Sequence[str]) -> None:
         """Starts reading ``units`` in the reader threads (none: nothing), for :meth:`read` to take."""
@@ -83,6 +85,11 @@ class ParquetSet:
             key = (unit.file, unit.group, tuple(names))
             if key not in self._ahead and (self._cache is None or key not in self._cache):
                 self._ahead[key] = self._pool.submit(self._read, unit, list(names))
+
+    def drop_ahead(self) -> None:
+        for future in self._ahead.values():
+            future.cancel()
+        self._ahead.clear()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -111,9 +118,8 @@ class ParquetSet:
             columns = [sources.resolve(pf.schema_arrow, n) for n in self.source.file_columns()]
             pf = (pf, columns, sources.group_offsets(pf.metadata))
         self._open[i] = pf
-        while len(self._open) > self.MAX_OPEN:
-            _, old = self._open.popitem(last=False)
-            _close(old[0] if isinstance(old, tuple) else old)
+        while len(self._open) > self.MAX_OPEN:  # another thread may still read it: closed when released
+            self._open.popitem(last=False)
         return pf
 
     def read(self, unit, names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -198,6 +204,11 @@ def transformation(fn, features, labels, weight):
                     new = np.stack([np.asarray(v) for v in out[info.name]])
                 else:
                     new = np.asarray(out[info.name])
+                if old.dtype.kind in "iub" and new.dtype.kind == "f" and np.any(new != np.floor(new)):
+                    raise ValueError(
+                        f"it holds fractional values where the data has {old.dtype} values; cast the column to "
+                        "double before fit"
+                    )
                 result[info.stored] = new if old.dtype == object else new.astype(old.dtype, copy=False)
             except (KeyError, ValueError) as e:
                 raise ValueError(
@@ -220,10 +231,10 @@ def share_rows(
     names = list(names)
     cached: tuple[int, dict[str, np.ndarray]] | None = None
 
-    def window(w: int) -> dict[str, np.ndarray]:
+    def window(w: int, until: int) -> dict[str, np.ndarray]:
         nonlocal cached
         if cached is None or cached[0] != w:
-            if w + 1 < len(plan.starts) - 1:  # the next window's row groups are read meanwhile
+            if w + 1 < len(plan.starts) - 1 and plan.starts[w + 1] < until:  # the share's next window: read ahead
                 data.prefetch([units[u] for u in plan.window_units(w + 1)], names)
             parts = [data.read(units[u], names) for u in plan.window_units(w)]
             joined = parts[0] if len(parts) == 1 else {n: np.concatenate([p[n] for p in parts]) for n in names}
@@ -231,14 +242,17 @@ def share_rows(
             cached = (w, joined if perm is None else {n: v[perm] for n, v in joined.items()})
         return cached[1]
 
-    for a, b in share:
-        w = bisect.bisect_right(plan.starts, a) - 1
-        while a < b:
-            start, end = plan.starts[w], plan.starts[w + 1]
-            hi = min(b, end)
-            rows = window(w)
-            yield {n: v[a - start : hi - start] for n, v in rows.items()}
-            a, w = hi, w + 1
+    try:
+        for a, b in share:
+            w = bisect.bisect_right(plan.starts, a) - 1
+            while a < b:
+                start, end = plan.starts[w], plan.starts[w + 1]
+                hi = min(b, end)
+                rows = window(w, b)
+                yield {n: v[a - start : hi - start] for n, v in rows.items()}
+                a, w = hi, w + 1
+    finally:
+        data.drop_ahead()  # reads of a share left early (a fixed step count): not kept
 
 
 def batched(chunks, batch_size: int, limit: int | None = None, group: int = 1) -> Iterator[dict[str, np.ndarray]]:
