@@ -435,6 +435,11 @@ def explain_problem(problem: Problem, stacks: dict[int, tuple[str, list[str] | N
     return message, ranks
 
 
+def _is_shutdown(rec) -> bool:
+    """A rank's failure that only says Horovod was shut down under it (another rank was stopped)."""
+    return "Horovod has been shut down" in (getattr(rec, "message", "") or "")
+
+
 def conclude(
     records: list[RankOutcome],
     report: JobReport,
@@ -458,6 +463,8 @@ def conclude(
     ]
     known = returned | {r.rank for r in errors}
     errors += [v for v in report.vanished if v.rank not in known]
+    if report.problem is not None and errors and all(_is_shutdown(e) for e in errors):
+        errors = []  # ranks stopped for the timeout or stall failed in their collectives: the problem explains it
     if errors:
         _raise_failure(pick_failure(errors))
     if report.problem is not None:
