@@ -181,7 +181,7 @@ def transformation(fn, features, labels, weight):
         n = len(next(iter(block.values())))
         frame: dict[str, Any] = {}
         for info in infos:
-            values = block[info.stored]
+            values = block[info.stored].copy()  # the block may be a view of cached rows: fn may change it in place
             if info.parts:
                 frame.update({p: values[:, k] for k, p in enumerate(info.parts)})
             elif values.ndim > 1:
