@@ -572,7 +572,7 @@ def _task_spec(options: LaunchOptions, payload: bytes, driver_addr: str, token: 
 class _Stage:
     """The barrier stage's blocking call, in a background thread; its rows or its error."""
 
-    def __init__(self, call: Callable[[], list], name: str, inheritable: bool):
+    def __init__(self, call: Callable[[], list], name: str, inheritable: bool, on_end: Callable[[], None] | None = None):
         from pyspark import InheritableThread
 
         self.rows: list | None = None
@@ -583,6 +583,9 @@ class _Stage:
                 self.rows = call()
             except BaseException as e:  # noqa: BLE001 - the launcher reports it with what it knows
                 self.error = e
+            finally:
+                if on_end is not None:
+                    on_end()  # the waiting loop sees the end now, not at its next poll
 
         self.thread = (InheritableThread if inheritable else threading.Thread)(target=run, name=name)
         self.thread.daemon = True
@@ -613,7 +616,7 @@ def _launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, des
 
     t0 = time.monotonic()
     supervisor = Supervisor(service, options, where=sc.master)
-    job = _Stage(stage, f"{group}-submit", inheritable=True)
+    job = _Stage(stage, f"{group}-submit", inheritable=True, on_end=service.wake)
     cancelled = False
     try:
         try:

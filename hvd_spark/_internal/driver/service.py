@@ -9,6 +9,7 @@ dropped.
 """
 
 import contextlib
+import functools
 import json
 import logging
 import secrets
@@ -176,7 +177,9 @@ class DriverService:
     def start(self) -> int:
         self._server = _Server((self._bind, 0), _Handler)
         self._server.service = self  # type: ignore[attr-defined]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="hvd_spark-driver-service", daemon=True)
+        # A short poll: stop() (at the end of every job) waits for serve_forever to notice it.
+        serve = functools.partial(self._server.serve_forever, poll_interval=0.05)
+        self._thread = threading.Thread(target=serve, name="hvd_spark-driver-service", daemon=True)
         self._thread.start()
         return self.port
 
@@ -311,6 +314,11 @@ class DriverService:
     def wait(self, timeout: float) -> None:
         with self._lock:
             self._lock.wait(timeout)
+
+    def wake(self) -> None:
+        """Ends a :meth:`wait` now (the barrier stage returned)."""
+        with self._lock:
+            self._lock.notify_all()
 
     def broadcast(self, message: dict, partitions=None) -> None:
         with self._lock:

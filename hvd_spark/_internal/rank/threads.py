@@ -1,16 +1,37 @@
 """TensorFlow's thread budget in a rank's process or a Python UDF worker."""
 
 import contextlib
+import os
+
+
+def _positive(value: str | None) -> int | None:
+    try:
+        n = int(value) if value else 0
+    except ValueError:
+        return None
+    return n if n > 0 else None
+
+
+def thread_counts(num_threads: int | None, environ=None) -> tuple[int | None, int | None]:
+    """(intra-op, inter-op) threads: ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` where
+    the process's environment sets them (``backend_env`` on a rank, ``spark.executorEnv`` on a UDF
+    worker), else ``num_threads`` for both."""
+    env = os.environ if environ is None else environ
+    n = num_threads or None
+    return _positive(env.get("TF_NUM_INTRAOP_THREADS")) or n, _positive(env.get("TF_NUM_INTEROP_THREADS")) or n
 
 
 def set_threads(num_threads: int | None) -> None:
-    """Applies ``num_threads`` to TensorFlow's intra- and inter-op pools (before any op runs); None
-    or 0 leaves them as they are."""
-    if not num_threads:
+    """Applies the thread counts (:func:`thread_counts`) to TensorFlow's pools (before any op runs);
+    nothing set leaves them as they are."""
+    intra, inter = thread_counts(num_threads)
+    if not intra and not inter:
         return
     import tensorflow as tf
 
     # RuntimeError: TF is already initialized; the environment variables the launcher set applied instead.
     with contextlib.suppress(RuntimeError):
-        tf.config.threading.set_intra_op_parallelism_threads(int(num_threads))
-        tf.config.threading.set_inter_op_parallelism_threads(max(1, int(num_threads)))
+        if intra:
+            tf.config.threading.set_intra_op_parallelism_threads(intra)
+        if inter:
+            tf.config.threading.set_inter_op_parallelism_threads(inter)

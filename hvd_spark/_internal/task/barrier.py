@@ -388,8 +388,13 @@ def _write_payload(spec: TaskSpec, workdir: str) -> None:
 
 def _supervise(proc: subprocess.Popen, watch: _Watch, grace: float) -> bool:
     """Waits for ``proc``; on an abort, stops it. Returns True when it was aborted."""
-    while proc.poll() is None:
-        if watch.abort.wait(0.2):
+    while True:
+        try:
+            proc.wait(timeout=0.05)  # a finished rank is seen within 50 ms: its task reports it at once
+            return False
+        except subprocess.TimeoutExpired:
+            pass
+        if watch.abort.is_set():
             if proc.poll() is not None:
                 # It ended on its own (often the very failure that caused the abort): report that.
                 return False
@@ -404,7 +409,6 @@ def _supervise(proc: subprocess.Popen, watch: _Watch, grace: float) -> bool:
                     return True  # it is already gone
             kill_tree(proc, grace)
             return True
-    return False
 
 
 def _run_watched(cmd: list[str], env: dict, workdir: str, watch: _Watch, grace: float, warm_proc=None):
