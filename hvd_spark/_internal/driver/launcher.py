@@ -641,6 +641,10 @@ def _launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, des
                 supervisor.interrupt("the Spark job ended with an error")
             _wait_for_ranks(service, group)
     finally:
+        if not job.alive():
+            # The tasks closed their connections before the stage ended: read what they sent last
+            # (a stalled rank's stack, the last output lines) before the service closes them.
+            service.wait_until_stopped(2.0)
         service.stop()
     if job.error is not None and not cancelled and _was_cancelled(job.error):
         raise JobCancelledError(
