@@ -35,6 +35,20 @@ def test_mode_is_checked_first():
         check_mode("yes please")
 
 
+def test_auto_does_not_import_mlflow_where_the_caller_did_not():
+    """'auto' logs into the caller's active run, which needs the caller's own import of MLflow: a fit
+    in a process that never imported it does not pay MLflow's import (about a second) to find none."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from hvd_spark._internal.driver.tracking import FitTracker; "
+        "assert FitTracker.open('auto', {}, {}) is None; print('mlflow' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
 def test_auto_needs_an_active_run_and_off_never_logs(tracking):
     assert _open("auto") is None and _open("off") is None
     with mlflow.start_run():

@@ -17,6 +17,7 @@ Metric events arrive on the driver service's thread: everything after the start 
 """
 
 import logging
+import sys
 import time
 from typing import Any
 
@@ -121,7 +122,9 @@ class FitTracker:
         """Starts tracking (or returns None: mode 'off', MLflow missing, no active run with 'auto')."""
         if mode == "off":
             return None
-        mlflow = _mlflow()
+        # 'auto' logs into the caller's active run, which only exists where the caller imported MLflow:
+        # importing it here (a second or more) just to find no run would slow every fit down.
+        mlflow = sys.modules.get("mlflow") if mode == "auto" else _mlflow()
         if mlflow is None:
             return None
         active = mlflow.active_run()
