@@ -28,6 +28,7 @@ ORDER = [
     "parity",
     "elastic",
     "inplace",
+    "overhead",
 ]
 ROOT_ONLY = ["multihost"]  # needs root (network namespaces): run with --only multihost
 MODULES = {
@@ -44,6 +45,7 @@ MODULES = {
     "parity": "bench_parity",
     "elastic": "bench_elastic",
     "inplace": "bench_inplace",
+    "overhead": "bench_overhead",
 }
 FILES = {
     "multihost": "multihost",
@@ -59,6 +61,7 @@ FILES = {
     "parity": "parity",
     "elastic": "elastic",
     "inplace": "inplace",
+    "overhead": "overhead",
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -288,6 +291,9 @@ def report() -> str:
     inplace = _load("inplace")
     if inplace:
         _inplace_section(lines, inplace)
+    overhead = _load("overhead")
+    if overhead:
+        _overhead_section(lines, overhead)
     memory = _load("memory")
     if memory:
         _memory_section(lines, memory)
@@ -378,6 +384,110 @@ def _inplace_section(lines, d) -> None:
     lines.append(
         f"- {d['ranks']} ranks on local[2], {d['epochs']} epoch, batch {d['batch_size']} per rank, 16 float features "
         "(an array column) and a label; each fit on a fresh store."
+    )
+    lines.append("")
+
+
+def _fmt(x, spec=".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _med(stats_or_none, key):
+    return ((stats_or_none or {}).get(key) or {}).get("median")
+
+
+def _overhead_section(lines, d) -> None:
+    """Launchers side by side on one job: first step, whole job, overhead, transform, a killed rank."""
+    header = [
+        "system",
+        "fit",
+        "first step (s)",
+        "whole job (s)",
+        "training (s)",
+        "overhead (s)",
+        "transform (s)",
+        "process (s)",
+    ]
+    order = ["hvd_spark", "plain Keras", "horovod.spark KerasEstimator", "horovod.run (Gloo, no Spark)"]
+    systems = dict(sorted((d.get("systems") or {}).items(), key=lambda kv: (order + [kv[0]]).index(kv[0])))
+    if systems:
+        _table(lines, "### Launcher overhead: the same MLP job under each launcher (issue 28)", header, d)
+    else:
+        lines += ["### Launcher overhead: the same MLP job under each launcher (issue 28)", "", _stack(d), ""]
+    for name, entry in systems.items():
+        if "skipped" in entry:
+            lines.append(f"| {name} | - | skipped: {entry['skipped']} | | | | | |")
+            continue
+        runs = entry.get("runs", [])
+        failed = [run["cold"] for run in runs if run["cold"].get("outcome") != "finished"]
+        if failed:
+            lines.append(
+                f"| {name} | cold | failed in {len(failed)} of {len(runs)} runs: {str(failed[0].get('error'))[:80]} "
+                "| | | | | |"
+            )
+        for phase in ("cold", "warm"):
+            f = entry.get(phase)
+            if not f:
+                continue
+            lines.append(
+                f"| {name} | {phase} | {_fmt(_med(f, 'first_step_s'))} | {_fmt(_med(f, 'whole_s'))} "
+                f"| {_fmt(_med(f, 'training_s'))} | {_fmt(_med(f, 'overhead_s'))} "
+                f"| {_fmt(_med(f, 'transform_s'), '.2f')} "
+                f"| {_fmt(_med(f, 'process_wall_s')) if phase == 'cold' else ''} |"
+            )
+    lines.append("")
+    t = d.get("targets", {})
+    m = t.get("measured", {})
+    if m:
+        warm = m.get("hvd_spark_warm_fit_s")
+        cold, transform = (
+            m.get("cold_fit_horovod_spark_over_hvd_spark"),
+            m.get("cold_transform_horovod_spark_over_hvd_spark"),
+        )
+        lines.append(
+            f"- Targets: warm fit {_fmt(warm, '.2f')} s (<= {t['warm_fit_s_at_most']:g} s: "
+            f"{_ok((warm or 99) <= t['warm_fit_s_at_most'])}); cold fit, horovod.spark / hvd_spark "
+            f"{_fmt(cold, '.2f')} (>= {t['cold_fit_ratio_at_least']:g}: "
+            f"{_ok((cold or 0) >= t['cold_fit_ratio_at_least'])}); "
+            f"cold transform, horovod.spark / hvd_spark {_fmt(transform, '.2f')} (>= "
+            f"{t['cold_transform_ratio_at_least']:g}: {_ok((transform or 0) >= t['cold_transform_ratio_at_least'])})."
+        )
+    kill = d.get("kill_rank_1_after_epoch_2") or {}
+    for name, k in kill.items():
+        if "skipped" in k:
+            continue
+        what = f"{k.get('outcome')}"
+        if k.get("outcome") == "finished":
+            what += f" after {k.get('restarts')} restart(s), {_fmt(k.get('kill_to_end_s'))} s from the kill to the end"
+            if k.get("kill_to_training_again_s") is not None:
+                what += f" (training again {_fmt(k.get('kill_to_training_again_s'))} s after the kill)"
+        else:
+            what += f" {_fmt(k.get('kill_to_end_s'))} s after the kill: {str(k.get('error'))[:120].rstrip('.:')}"
+        lines.append(f"- Rank 1 killed after epoch 2, {name}: {what}.")
+    steps = d.get("step_cost_ms") or {}
+    if steps:
+        parts = [f"{label} {_fmt(v.get('median'), '.2f')}" for label, v in steps.get("hvd_spark_2_ranks", {}).items()]
+        plain = [
+            f"{label} {_fmt(v.get('median'), '.2f')}" for label, v in steps.get("plain_keras_1_process", {}).items()
+        ]
+        lines.append(
+            "- Step cost (ms; rank 0, batch 1 to the last batch of epochs 2-10; 2 ranks on 2 cores): "
+            f"{'; '.join(parts)}. "
+            f"Plain Keras, one process: {'; '.join(plain)}."
+        )
+    stacks = [
+        f"{name}: " + ", ".join(f"{k} {v}" for k, v in entry["versions"].items())
+        for name, entry in systems.items()
+        if entry.get("versions")
+    ]
+    if stacks:
+        lines.append(f"- Other stacks (each in its own venv, `benchmarks/baselines/setup.sh`): {'; '.join(stacks)}.")
+    lines.append(
+        f"- {d.get('what', '')}; medians of {d.get('repeats')} runs of each system (taken in turn), step costs "
+        f"of {d.get('step_repeats', d.get('repeats'))}; times from the launcher call (`fit`, `horovod.run`, "
+        "`TorchDistributor.run`); training = rank 0's first step to its last; plain Keras: `model.fit` in a "
+        "fresh process. Process: the script's wall time from outside (interpreter start, imports, session, "
+        "both fits for the Spark estimators)."
     )
     lines.append("")
 

@@ -446,9 +446,11 @@ class _EnvProbe(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         import horovod.tensorflow as hvd
+        import tensorflow as tf
 
+        inter = tf.config.threading.get_inter_op_parallelism_threads()  # what TensorFlow was given
         with open(os.path.join(self.folder, f"rank-{hvd.rank()}"), "w") as f:
-            f.write(f"{os.environ.get('HVD_SPARK_TEST_ENV')},{os.environ.get('TF_NUM_INTEROP_THREADS')}")
+            f.write(f"{os.environ.get('HVD_SPARK_TEST_ENV')},{os.environ.get('TF_NUM_INTEROP_THREADS')},{inter}")
 
 
 def test_backend_env_reaches_every_rank_and_its_credentials_are_not_saved(spark, tmp_path, caplog):
@@ -464,7 +466,8 @@ def test_backend_env_reaches_every_rank_and_its_credentials_are_not_saved(spark,
         tmp_path / "store", model=small_model(), epochs=1, backend_env=env, callbacks=[_EnvProbe(str(probe))]
     )
     est.fit(xor_frame(spark, 64))
-    assert sorted(p.read_text() for p in probe.iterdir()) == ["from-the-user,3", "from-the-user,3"]
+    # TF_NUM_INTEROP_THREADS=3 reaches TensorFlow itself, not only the environment (num_threads is 1)
+    assert sorted(p.read_text() for p in probe.iterdir()) == ["from-the-user,3,3", "from-the-user,3,3"]
     est.save(str(tmp_path / "saved"))
     saved = [p.read_bytes() for p in (tmp_path / "saved").rglob("*") if p.is_file()]
     assert saved and not any(b"s3cr3t" in data or b"AWS_SECRET_ACCESS_KEY" in data for data in saved)

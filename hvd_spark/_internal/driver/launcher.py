@@ -572,11 +572,14 @@ def _task_spec(options: LaunchOptions, payload: bytes, driver_addr: str, token: 
 class _Stage:
     """The barrier stage's blocking call, in a background thread; its rows or its error."""
 
-    def __init__(self, call: Callable[[], list], name: str, inheritable: bool, on_end: Callable[[], None] | None = None):
+    def __init__(
+        self, call: Callable[[], list], name: str, inheritable: bool, on_end: Callable[[], None] | None = None
+    ):
         from pyspark import InheritableThread
 
         self.rows: list | None = None
         self.error: BaseException | None = None
+        self._done = threading.Event()
 
         def run():
             try:
@@ -584,6 +587,7 @@ class _Stage:
             except BaseException as e:  # noqa: BLE001 - the launcher reports it with what it knows
                 self.error = e
             finally:
+                self._done.set()  # before on_end: a woken loop sees the stage ended
                 if on_end is not None:
                     on_end()  # the waiting loop sees the end now, not at its next poll
 
@@ -592,7 +596,7 @@ class _Stage:
         self.thread.start()
 
     def alive(self) -> bool:
-        return self.thread.is_alive()
+        return not self._done.is_set()
 
 
 def _launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, description: str) -> list[Any]:
@@ -641,10 +645,10 @@ def _launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, des
                 supervisor.interrupt("the Spark job ended with an error")
             _wait_for_ranks(service, group)
     finally:
-        if not job.alive():
+        if not job.alive() and job.error is None:  # (a failed stage's ranks were waited for above)
             # The tasks closed their connections before the stage ended: read what they sent last
             # (a stalled rank's stack, the last output lines) before the service closes them.
-            service.wait_until_stopped(2.0)
+            service.wait_until_stopped(2.0, silent_after=options.heartbeat_timeout)
         service.stop()
     if job.error is not None and not cancelled and _was_cancelled(job.error):
         raise JobCancelledError(

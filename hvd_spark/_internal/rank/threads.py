@@ -21,10 +21,13 @@ def thread_counts(num_threads: int | None, environ=None) -> tuple[int | None, in
     return _positive(env.get("TF_NUM_INTRAOP_THREADS")) or n, _positive(env.get("TF_NUM_INTEROP_THREADS")) or n
 
 
-def set_threads(num_threads: int | None) -> None:
-    """Applies the thread counts (:func:`thread_counts`) to TensorFlow's pools (before any op runs);
-    nothing set leaves them as they are."""
-    intra, inter = thread_counts(num_threads)
+def set_threads(num_threads: int | None, *, environment_wins: bool = False) -> None:
+    """Applies ``num_threads`` to TensorFlow's intra- and inter-op pools (before any op runs); None
+    or 0 leaves them as they are. ``environment_wins`` (a rank, whose environment hvd_spark wrote:
+    its defaults, then the user's ``backend_env``): the environment's explicit counts win, each pool
+    on its own (:func:`thread_counts`). Transform's Python workers keep ``num_threads``
+    (``spark.task.cpus``): their environment is the executor's, not a setting of the job."""
+    intra, inter = thread_counts(num_threads, None if environment_wins else {})
     if not intra and not inter:
         return
     import tensorflow as tf

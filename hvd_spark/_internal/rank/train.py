@@ -94,7 +94,7 @@ def train(cfg: RunConfig) -> dict:
     mark_progress("hvd.init()")
     hvd.init()
     startup.mark("horovod_init")
-    set_threads(cfg.num_threads)
+    set_threads(cfg.num_threads, environment_wins=True)  # backend_env's TF_NUM_*_THREADS win
 
     from hvd_spark._internal.common.events import send_event
     from hvd_spark._internal.data.store import Store
