@@ -7,6 +7,7 @@ would reach the driver.
 """
 
 import collections
+import dataclasses
 import os
 import re
 import shutil
@@ -169,7 +170,12 @@ def _outcome(workdir: str, rank: int, rc: int | None, aborted: bool, tail) -> Ra
             return RankOutcome(rank, OK, result=f.read())
     if os.path.exists(error):
         with open(error, "rb") as f:
-            return cloudpickle.load(f)
+            failed: RankOutcome = cloudpickle.load(f)
+        if aborted and not failed.tail:
+            # It failed while being stopped (a peer stopped first ended its collective): what it
+            # printed is kept, with the stack it dumped for the driver's report.
+            failed = dataclasses.replace(failed, tail=tuple(tail or ()))
+        return failed
     if aborted:
         return RankOutcome(rank, ABORTED, tail=tuple(tail or ()))
     if rc is not None and rc < 0:
