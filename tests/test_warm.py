@@ -153,6 +153,43 @@ def test_consecutive_fits_of_different_models_match_fresh_processes(spark, tmp_p
     assert warm.getHistory()["accuracy"][-1] > 0.8
 
 
+def _inference_processes() -> dict[int, int]:
+    """pid -> parent pid of every process forked by a warm server to predict."""
+    from hvd_spark._internal.task.warm import INFER_NAME
+
+    found = {}
+    for p in psutil.process_iter(["name", "ppid"]):
+        if p.info["name"] == INFER_NAME:
+            found[p.pid] = p.info["ppid"]
+    return found
+
+
+def test_a_transform_after_a_fit_predicts_in_the_warm_servers_children(spark, tmp_path, monkeypatch):
+    train, test = digits_frames(spark)
+    model = _digits_fit(train.cache(), str(tmp_path / "store"), 11, _mlp, True, monkeypatch)
+    before = set(_inference_processes())
+
+    def predicted():
+        rows = model.transform(test).select("features", "probability").collect()
+        return np.array([r.features for r in rows], np.float32), np.array([r.probability for r in rows])
+
+    X, probs = predicted()
+    children = {pid: ppid for pid, ppid in _inference_processes().items() if pid not in before}
+    # The UDF workers did not import TensorFlow: children of the fit's warm server predicted ...
+    assert children, "no inference process was forked"
+    servers = {p.pid for p in _servers()}
+    assert set(children.values()) <= servers
+    # ... exactly what the model predicts here.
+    assert len(X) == test.count()
+    np.testing.assert_allclose(probs, model.getModel().predict(X, verbose=0), rtol=1e-5, atol=1e-6)
+    # Children that die (killed, or gone with their server) are replaced: the next transform goes on.
+    for pid in children:
+        psutil.Process(pid).kill()
+    X2, probs2 = predicted()
+    order, order2 = np.lexsort(X.T), np.lexsort(X2.T)
+    np.testing.assert_allclose(probs2[order2], probs[order], rtol=1e-5, atol=1e-6)
+
+
 def test_servers_end_when_idle_and_with_the_application(tmp_path):
     """A separate application (its own driver process): an idle server ends after
     HVD_SPARK_WARM_IDLE seconds; a busy one ends when the application stops."""

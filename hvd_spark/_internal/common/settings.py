@@ -247,7 +247,8 @@ WARM = _setting(
     "warm", "HVD_SPARK_WARM", "spark.hvd_spark.warm", "bool", True, ("driver", "task"),
     "Ranks forked by the host's warm server (Gloo, no GPUs); 0: fresh processes. Read on the driver "
     "(a job's `env` entry counts as its environment); the task follows the driver's decision, and "
-    "reads its executor's own variable only when the driver had none of these.",
+    "reads its executor's own variable only when the driver had none of these. Also transform's: on, "
+    "its CPU workers predict in children of a warm server of the application when one can serve them.",
     argument="warm",
 )  # fmt: skip
 WARM_IDLE = _setting(

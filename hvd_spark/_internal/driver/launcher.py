@@ -40,7 +40,7 @@ from hvd_spark._internal.common.topology import (
     task_gpu_amount,
     task_slots,
 )
-from hvd_spark._internal.driver.sessions import is_connect
+from hvd_spark._internal.driver.sessions import application_id, is_connect
 from hvd_spark._internal.driver.supervisor import ClientWatch, JobReport, Supervisor, conclude
 from hvd_spark.errors import JobCancelledError
 
@@ -125,7 +125,7 @@ def cluster_of(spark, *, num_proc: int | None = None, start_timeout: float | Non
     refusal = barrier_refusal(master, _ConnectConf(conf))
     if refusal:
         raise ValueError(refusal)
-    app = conf.get("spark.app.id", None) or f"connect-{spark.session_id}"
+    app = application_id(spark)
     cpus = task_cpus(conf)
     m = _LOCAL_N.match(master)
     if m or master.startswith("local-cluster"):

@@ -15,3 +15,9 @@ def session_conf(spark) -> Any:
     if is_connect(spark):
         return spark.conf
     return spark.sparkContext.getConf()
+
+
+def application_id(spark) -> str:
+    """The application's id (what warm servers are keyed by): ``spark.app.id``, or for a Connect
+    session that does not tell it, one per session."""
+    return session_conf(spark).get("spark.app.id", None) or f"connect-{spark.session_id}"

@@ -23,8 +23,13 @@ def predict_columns(
 ) -> list[np.ndarray]:
     """Predicts ``n`` rows given as column values (numpy or pyarrow), ``batch_size`` rows per model call.
 
-    Returns one float64 array of shape (n, values per row) per model output.
+    Returns one float64 array of shape (n, values per row) per model output. A
+    :class:`~hvd_spark._internal.infer.remote.RemoteModel` predicts in its own process.
     """
+    from hvd_spark._internal.infer.remote import RemoteModel
+
+    if isinstance(model, RemoteModel):
+        return model.predict_columns(cols, n, inputs, outputs, batch_size, names)
     from hvd_spark._internal.rank.reader import to_model_inputs
 
     if n == 0:  # e.g. a batch whose rows all had a null feature (handleInvalid="keep")

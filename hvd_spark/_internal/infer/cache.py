@@ -20,33 +20,59 @@ def load_cached(
     custom_objects_bytes: bytes | None,
     num_threads: int,
     device: str | None = None,
+    warm_app: str | None = None,
 ):
     """The model at ``model_url``, loaded once per Python worker, model version (``key``) and device
-    (a GPU Spark assigned to the task: the model's variables live there)."""
+    (a GPU Spark assigned to the task: the model's variables live there).
+
+    ``warm_app`` (the application's id; CPU only): the model is loaded in a child of the host's warm
+    server of that application, where TensorFlow is imported already (``remote.py``), and this
+    worker gets a :class:`~hvd_spark._internal.infer.remote.RemoteModel`; without such a server, here."""
     key = f"{key}@{device}"
     with _MODEL_LOCK:
         model = _MODEL_CACHE.get(key)
-        if model is not None:
+        if model is not None and not getattr(model, "broken", False):
             return model
-        import cloudpickle
 
-        from hvd_spark._internal.common.logs import tf_notices_dropped
+        def load():
+            if warm_app is not None and device is None:
+                from hvd_spark._internal.infer.remote import open_model
 
-        if device is not None:  # several Python workers share a GPU: each takes what it needs, not all
-            os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
-        with tf_notices_dropped():
-            import tensorflow  # noqa: F401  # its start-up notices are not the user's business
+                remote = open_model(warm_app, model_url, storage_options, custom_objects_bytes, num_threads)
+                if remote is not None:
+                    remote.reload = load  # its process gone, the next one (or this worker) predicts
+                    return remote
+            return load_model(model_url, storage_options, custom_objects_bytes, num_threads, device)
 
-        from hvd_spark._internal.common.serde import load_model_file
-        from hvd_spark._internal.rank.threads import set_threads
-
-        set_threads(num_threads)
-        custom_objects = cloudpickle.loads(custom_objects_bytes) if custom_objects_bytes else None
-        with on_device(device):
-            model = load_model_file(model_url, custom_objects, compile=False, storage_options=storage_options)
-        _MODEL_CACHE.clear()  # one model per worker at a time: older versions are dropped
+        model = load()
+        for old in _MODEL_CACHE.values():  # one model per worker at a time: older versions are dropped
+            if hasattr(old, "close"):
+                old.close()  # a remote one's process ends
+        _MODEL_CACHE.clear()
         _MODEL_CACHE[key] = model
         return model
+
+
+def load_model(
+    model_url: str, storage_options: dict, custom_objects_bytes: bytes | None, num_threads: int, device=None
+):
+    """Loads the model for predictions (not compiled), with TensorFlow's pools at ``num_threads``."""
+    import cloudpickle
+
+    from hvd_spark._internal.common.logs import tf_notices_dropped
+
+    if device is not None:  # several Python workers share a GPU: each takes what it needs, not all
+        os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    with tf_notices_dropped():
+        import tensorflow  # noqa: F401  # its start-up notices are not the user's business
+
+    from hvd_spark._internal.common.serde import load_model_file
+    from hvd_spark._internal.rank.threads import set_threads
+
+    set_threads(num_threads)
+    custom_objects = cloudpickle.loads(custom_objects_bytes) if custom_objects_bytes else None
+    with on_device(device):
+        return load_model_file(model_url, custom_objects, compile=False, storage_options=storage_options)
 
 
 def model_version(url: str, opts: dict) -> str:

@@ -15,11 +15,12 @@ from pyspark.ml.param import TypeConverters
 from pyspark.ml.param.shared import HasHandleInvalid, HasPredictionCol, HasProbabilityCol, HasRawPredictionCol
 from pyspark.ml.util import MLReadable, MLWritable
 
+from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.choices import INFERENCE_UDFS, PREDICTION_TASKS
 from hvd_spark._internal.common.contracts import FitSummary
 from hvd_spark._internal.common.specs import TensorSpec, check_string_input, column_label, stack_for_single_input
 from hvd_spark._internal.common.topology import task_cpus
-from hvd_spark._internal.driver.sessions import session_conf
+from hvd_spark._internal.driver.sessions import application_id, session_conf
 from hvd_spark._internal.infer.batching import is_scalar, predict_arrow_batches, predict_batches
 from hvd_spark._internal.infer.cache import load_cached, load_uncached, model_version
 from hvd_spark._internal.infer.device import GPU_BATCH_SIZE, on_device, task_device
@@ -347,7 +348,10 @@ class TFTransformer(
         co_bytes = cloudpickle.dumps(co) if co else None
         batch_size = int(self.getOrDefault(self.batch_size))
         batch_set = self.isSet(self.batch_size)  # on a GPU, an unset batch_size grows to GPU_BATCH_SIZE
-        num_threads = task_cpus(session_conf(dataset.sparkSession))
+        conf = session_conf(dataset.sparkSession)
+        num_threads = task_cpus(conf)
+        # After a fit, the host's warm server has TensorFlow imported: the workers predict in its children.
+        warm_app = application_id(dataset.sparkSession) if settings.WARM.get(conf=conf) else None
         names = [f"_f{i}" for i in range(len(feature_cols))]
         key = model_version(url, opts)
         arrow = self._use_arrow_udf()
@@ -358,7 +362,7 @@ class TFTransformer(
 
             def predict_arrow(structs: Iterator[pa.Array]) -> Iterator[pa.Array]:
                 device = task_device()
-                model = load_cached(key, url, opts, co_bytes, num_threads, device)
+                model = load_cached(key, url, opts, co_bytes, num_threads, device, warm_app)
                 rows = batch_size if device is None or batch_set else max(batch_size, GPU_BATCH_SIZE)
                 with on_device(device):
                     yield from predict_arrow_batches(
@@ -371,7 +375,7 @@ class TFTransformer(
 
             def predict(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
                 device = task_device()
-                model = load_cached(key, url, opts, co_bytes, num_threads, device)
+                model = load_cached(key, url, opts, co_bytes, num_threads, device, warm_app)
                 rows = batch_size if device is None or batch_set else max(batch_size, GPU_BATCH_SIZE)
                 with on_device(device):
                     yield from predict_batches(model, frames, inputs, outputs, feature_cols, output_cols, rows, keep)

@@ -20,8 +20,16 @@ Lifetime: a server ends when it has had no request for ``HVD_SPARK_WARM_IDLE`` s
 Spark stops with the SparkContext) is gone; its children die with it. A child whose task goes away
 (the connection closes) is killed with its process group, as a fresh rank dies with its task.
 
+Predictions: a transform's Python UDF worker on the same host may ask the server of its application
+for an inference process instead of importing TensorFlow itself (``infer/remote.py``): a child that
+loads the model and predicts the columns the worker sends it over a socket pair. Spark's UDF
+workers do not share the barrier tasks' environment exactly (another worker pool), so the worker
+finds a server through its ``<fp>.json`` (Python, user, application and environment) and takes it
+only when the two environments differ in :data:`INFER_IGNORED` variables alone.
+
 Files (one folder per user, mode 0700, under the temp dir): ``<fp>.sock`` the socket, ``<fp>.lock``
-held by the live server (no second server for one fingerprint), ``<fp>.log`` its output.
+held by the live server (no second server for one fingerprint), ``<fp>.log`` its output,
+``<fp>.json`` what it was started with (for transforms).
 """
 
 import contextlib
@@ -70,6 +78,21 @@ PER_JOB = (
     settings.ENV_RANK_STARTED,
 )
 _MAX_MESSAGE = 1 << 20
+# Variables in which a UDF worker's environment may differ from a server's and still be served by it:
+# set by Spark per worker pool, read only after the fork (thread counts, unbuffered output), or only
+# changing how much TensorFlow logs (the ranks' quiet default).
+INFER_IGNORED = frozenset(
+    {
+        "PYTHON_WORKER_FACTORY_SECRET",
+        "SPARK_SIMPLIFIED_TRACEBACK",
+        "PYTHONUNBUFFERED",
+        "TF_CPP_MIN_LOG_LEVEL",
+        "OMP_NUM_THREADS",
+        "TF_NUM_INTRAOP_THREADS",
+        "TF_NUM_INTEROP_THREADS",
+        settings.ENV_NUM_THREADS,
+    }
+)
 
 
 def idle_seconds(env: dict[str, str]) -> float:
@@ -190,7 +213,8 @@ def ensure_server(env: dict[str, str], app: str = "", watch_pid: int | None = No
     watch = watch_pid if watch_pid is not None else os.getppid()
     with open(os.path.join(folder, f"{fp}.log"), "ab") as log:
         starter = subprocess.Popen(
-            [sys.executable, "-m", "hvd_spark._internal.task.warm", folder, fp, str(idle_seconds(env)), str(watch)],
+            [sys.executable, "-m", "hvd_spark._internal.task.warm"]
+            + [folder, fp, str(idle_seconds(env)), str(watch), app],
             env=server_env(env),
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -227,32 +251,80 @@ def spawn(env: dict[str, str], workdir: str, app: str = "", timeout: float = 120
         time.sleep(0.05)
     read_end, write_end = os.pipe()
     try:
-        request = json.dumps({"env": env, "workdir": workdir}).encode() + b"\n"
-        socket.send_fds(conn, [request], [write_end])
-        os.close(write_end)
-        write_end = -1
-        conn.settimeout(30)
-        reply = b""
-        while b"\n" not in reply:
-            chunk = conn.recv(4096)
-            if not chunk:
-                raise ConnectionError("the warm server closed the connection before starting the rank")
-            reply += chunk
-        line, rest = reply.split(b"\n", 1)
-        pid = int(json.loads(line)["pid"])
+        pid, rest = _request(conn, {"env": env, "workdir": workdir}, [write_end])
     except (OSError, ValueError, KeyError) as exc:
         conn.close()
         os.close(read_end)
-        if write_end >= 0:
-            os.close(write_end)
         logger.warning("the warm server %s could not start a rank (%s); starting a fresh process", fp, exc)
         return None
-    conn.settimeout(None)
+    finally:
+        os.close(write_end)
     proc = WarmProcess(conn, pid, os.fdopen(read_end, "rb"))
     proc._buf = rest
     if b"\n" in rest:
         proc.returncode = proc._returncode()
     return proc
+
+
+def _request(conn: socket.socket, request: dict, fds: list[int]) -> tuple[int, bytes]:
+    """Sends a request with its file descriptors; the forked child's pid and what followed the reply."""
+    socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], fds)
+    conn.settimeout(30)
+    reply = b""
+    while b"\n" not in reply:
+        chunk = conn.recv(4096)
+        if not chunk:
+            raise ConnectionError("the warm server closed the connection before forking")
+        reply += chunk
+    conn.settimeout(None)
+    line, rest = reply.split(b"\n", 1)
+    return int(json.loads(line)["pid"]), rest
+
+
+def infer_key(env: dict[str, str]) -> str:
+    """A digest of ``env`` without :data:`INFER_IGNORED` (the ``.json`` holds no values: they may be secrets)."""
+    kept = sorted((k, v) for k, v in env.items() if k not in INFER_IGNORED)
+    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()
+
+
+def find_server(env: dict[str, str], app: str) -> str | None:
+    """The fingerprint of a live server of this user, Python and application whose environment
+    differs from ``env`` only in :data:`INFER_IGNORED` (a transform's UDF worker may use it), or None."""
+    try:
+        folder = home()
+        names = sorted(os.listdir(folder))
+    except (OSError, PermissionError):
+        return None
+    mine = infer_key(env)
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        fp = name[: -len(".json")]
+        try:
+            with open(os.path.join(folder, name)) as f:
+                info = json.load(f)
+        except (OSError, ValueError):
+            continue  # being written, or a dead server's
+        if not isinstance(info, dict) or info.get("python") != sys.executable or info.get("app") != app:
+            continue
+        if info.get("env_key") == mine and _held(os.path.join(folder, f"{fp}.lock")):
+            return fp
+    return None
+
+
+def fork_inference(fp: str, env: dict[str, str], cwd: str, data_fd: int, err_fd: int):
+    """Asks server ``fp`` for an inference child (``infer/remote.py``) that talks over ``data_fd``
+    and writes its output to ``err_fd``. Returns (the connection to keep open while the child is
+    used: the server kills the child when it closes, the child's pid)."""
+    conn = _connect(os.path.join(home(), f"{fp}.sock"))
+    if conn is None:
+        raise ConnectionError(f"the warm server {fp} does not answer")
+    try:
+        pid, _ = _request(conn, {"kind": "infer", "env": env, "workdir": cwd, "sys_path": sys.path}, [err_fd, data_fd])
+    except BaseException:
+        conn.close()
+        raise
+    return conn, pid
 
 
 # -- the server ----------------------------------------------------------------------------------
@@ -268,10 +340,10 @@ def _alive(pid: int, started: float) -> bool:
 
 
 class _Server:
-    def __init__(self, folder: str, fp: str, idle: float, watch_pid: int):
+    def __init__(self, folder: str, fp: str, idle: float, watch_pid: int, app: str = ""):
         import psutil
 
-        self.folder, self.fp, self.idle = folder, fp, idle
+        self.folder, self.fp, self.idle, self.app = folder, fp, idle, app
         self.watch_pid = watch_pid
         try:
             self.watch_started = psutil.Process(watch_pid).create_time()
@@ -290,6 +362,7 @@ class _Server:
         os.chmod(path, 0o600)
         listener.listen(64)
         self.listener = listener
+        self._describe()
         signal.signal(signal.SIGTERM, lambda *_: self._stop(listener, path, "SIGTERM"))
         # A child's exit wakes the loop at once (its task is waiting for the exit code).
         wake_r, wake_w = os.pipe()
@@ -317,10 +390,20 @@ class _Server:
             if self.watch_started >= 0 and not _alive(self.watch_pid, self.watch_started):
                 self._stop(listener, path, f"process {self.watch_pid} (its Spark worker daemon) is gone")
 
+    def _describe(self) -> None:
+        """``<fp>.json``: what a transform's UDF worker compares its own with (:func:`find_server`)."""
+        info = {"python": sys.executable, "app": self.app, "pid": os.getpid(), "env_key": infer_key(dict(os.environ))}
+        path = os.path.join(self.folder, f"{self.fp}.json")
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(info, f)
+        os.replace(path + ".tmp", path)
+
     def _stop(self, listener: socket.socket, path: str, why: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} warm server {self.fp} stops: {why}", flush=True)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        for stale in (path, os.path.join(self.folder, f"{self.fp}.json")):
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
         listener.close()
         for pid in self.conns.values():
             with contextlib.suppress(OSError):
@@ -330,26 +413,31 @@ class _Server:
     def _accept(self, listener: socket.socket) -> None:
         conn, _ = listener.accept()
         conn.settimeout(10)
+        fds: list[int] = []
         try:
-            msg, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE, 1)
+            msg, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE, 2)
             while not msg.endswith(b"\n"):
                 more = conn.recv(_MAX_MESSAGE)
                 if not more:
                     raise ConnectionError("short request")
                 msg += more
             request = json.loads(msg)
-            if len(fds) != 1:
-                raise ValueError("a request carries one file descriptor (the rank's output)")
+            wanted = 2 if request.get("kind") == "infer" else 1  # the output; an inference child's data socket
+            if len(fds) != wanted:
+                raise ValueError(f"a {request.get('kind', 'rank')} request carries {wanted} file descriptor(s)")
         except (OSError, ValueError) as exc:
             print(f"bad request: {exc}", flush=True)
+            for fd in fds:
+                os.close(fd)
             conn.close()
             return
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            self._child(conn, fds[0], request)  # never returns
-        os.close(fds[0])
+            self._child(conn, fds, request)  # never returns
+        for fd in fds:
+            os.close(fd)
         self.conns[conn] = pid
         self.last_busy = time.monotonic()
         try:
@@ -357,8 +445,10 @@ class _Server:
         except OSError:
             self._client_gone(conn)
 
-    def _child(self, conn: socket.socket, out_fd: int, request: dict) -> None:
+    def _child(self, conn: socket.socket, fds: list[int], request: dict) -> None:
         code = 1
+        out_fd = fds[0]
+        infer = request.get("kind") == "infer"
         try:
             for s in (conn, self.listener, *self.conns):
                 s.close()
@@ -367,7 +457,7 @@ class _Server:
                 os.close(fd)
             os.setsid()
             procs.die_with_parent()  # the server's end (it is killed, or its Spark worker is gone) ends its ranks
-            procs.set_name(RANK_NAME)  # its command line is the server's: ps and /proc/<pid>/comm tell them apart
+            procs.set_name(INFER_NAME if infer else RANK_NAME)  # ps and /proc/<pid>/comm tell it from the server
             for sig in (signal.SIGTERM, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             devnull = os.open(os.devnull, os.O_RDONLY)
@@ -378,12 +468,18 @@ class _Server:
             os.close(devnull)
             os.environ.clear()
             os.environ.update(request["env"])
-            os.environ[settings.ENV_WARM_RANK] = "1"
             os.chdir(request["workdir"])
             _reseed()
-            from hvd_spark._internal.rank import entry as child
+            if infer:
+                from hvd_spark._internal.infer import remote
 
-            code = child.entry(request["workdir"])
+                sys.path[:] = request.get("sys_path") or sys.path  # the UDF worker's (Spark's files, py-files)
+                code = remote.serve(fds[1])
+            else:
+                os.environ[settings.ENV_WARM_RANK] = "1"
+                from hvd_spark._internal.rank import entry as child
+
+                code = child.entry(request["workdir"])
         finally:
             os._exit(code)
 
@@ -421,6 +517,7 @@ class _Server:
 
 
 RANK_NAME = "hvd_spark-rank"  # a forked rank's process name (/proc/<pid>/comm)
+INFER_NAME = "hvd_spark-infer"  # a forked inference process's
 
 
 def _reseed() -> None:
@@ -431,7 +528,7 @@ def _reseed() -> None:
         np.random.seed(int.from_bytes(os.urandom(4), "little"))
 
 
-def _main(folder: str, fp: str, idle: float, watch_pid: int) -> None:
+def _main(folder: str, fp: str, idle: float, watch_pid: int, app: str = "") -> None:
     lock = os.open(os.path.join(folder, f"{fp}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -450,8 +547,8 @@ def _main(folder: str, fp: str, idle: float, watch_pid: int) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
     print(f"{time.strftime('%H:%M:%S')} warm server {fp}: imports took {time.monotonic() - started:.1f} s", flush=True)
-    _Server(folder, fp, idle, watch_pid).serve()
+    _Server(folder, fp, idle, watch_pid, app).serve()
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]))
+    _main(sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else "")

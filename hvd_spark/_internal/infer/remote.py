@@ -1,0 +1,198 @@
+"""Predictions in a process forked by the host's warm server, for a UDF worker that has not imported
+TensorFlow.
+
+A transform's first task on an executor used to spend 3-4 s importing TensorFlow in each Spark
+Python worker before it predicted anything. After a fit, the host's warm server (``task/warm.py``)
+has TensorFlow, Keras and hvd_spark imported already: the worker asks it for a child process
+(:func:`open_model`), which loads the model and predicts the columns the worker sends it, over a
+socket pair that only the two of them hold. The worker itself never imports TensorFlow.
+
+It is only a faster start: the child has the worker's environment, working folder and ``sys.path``,
+loads the model the way the worker would (:func:`~hvd_spark._internal.infer.cache.load_model`) and
+predicts with the same code (:func:`~hvd_spark._internal.infer.batching.predict_columns`). When no
+server of the application lives on the host with an environment the worker could use, or it cannot
+fork, the worker loads the model itself (:func:`open_model` returns None). A child ends when the
+worker closes its end (a newer model, the worker's exit: the server kills the child of a connection
+that closes) and with its server.
+
+Messages: an 8-byte length, then a pickle; requests ``("load", ...)`` and ``("predict", ...)``,
+replies ``("ok", value)`` or ``("error", exception, traceback text)``.
+"""
+
+import logging
+import os
+import pickle
+import socket
+import struct
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from hvd_spark._internal.task import warm
+
+logger = logging.getLogger(__name__)
+
+LOAD_TIMEOUT = 600.0  # seconds for the child to load the model (a large one, from S3)
+PREDICT_TIMEOUT = 3600.0  # seconds for one batch of predictions
+_HEADER = struct.Struct(">Q")
+
+
+class RemoteGone(ConnectionError):
+    """The inference process went away or stopped answering (not an error of the model)."""
+
+
+def _send(sock: socket.socket, obj) -> None:
+    data = pickle.dumps(obj, protocol=5)
+    sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError(f"connection closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return bytes(buf)
+
+
+def _recv(sock: socket.socket) -> bytes:
+    (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    return _recv_exact(sock, n)
+
+
+class RemoteModel:
+    """A model loaded in an inference process (see the module's doc): what a UDF worker predicts with."""
+
+    def __init__(self, sock: socket.socket, conn: socket.socket, pid: int):
+        self.sock, self.conn, self.pid = sock, conn, pid
+        self.broken = False
+        self._lock = threading.Lock()
+        # What predicts once this process is gone (killed, or ended with its server): a model
+        # loaded anew, in another process or here (set by the worker's cache, ``cache.load_cached``).
+        self.reload: Callable[[], Any] | None = None
+        self._replacement: Any = None
+
+    def call(self, request: tuple, timeout: float, doing: str):
+        """Sends ``request``; its result, or the child's exception (with the child's traceback as a note)."""
+        with self._lock:
+            if self.broken:
+                raise RemoteGone(f"the inference process {self.pid} is gone (an earlier call failed)")
+            try:
+                _send(self.sock, request)
+                self.sock.settimeout(timeout)
+                raw = _recv(self.sock)
+            except TimeoutError:
+                self.close()
+                raise RemoteGone(
+                    f"the inference process {self.pid} (forked by the warm server) did not answer within "
+                    f"{timeout:.0f} s while {doing}"
+                ) from None
+            except (OSError, EOFError) as exc:
+                self.close()
+                raise RemoteGone(
+                    f"the inference process {self.pid} (forked by the warm server) went away while {doing}: {exc}"
+                ) from None
+        try:
+            reply = pickle.loads(raw)
+        except Exception as exc:  # e.g. an exception class this worker cannot import
+            raise RuntimeError(f"the inference process {self.pid}'s reply could not be read here: {exc!r}") from None
+        if reply[0] == "error":
+            _, error, text = reply
+            error.add_note(f"(raised in the inference process {self.pid} forked by the warm server)\n{text}")
+            raise error
+        return reply[1]
+
+    def predict_columns(self, cols, n, inputs, outputs, batch_size, names):
+        """:func:`~hvd_spark._internal.infer.batching.predict_columns`, in the child; once the child
+        is gone, with the model :attr:`reload` gives (the task goes on)."""
+        from hvd_spark._internal.infer.batching import predict_columns
+
+        if self._replacement is None:
+            request = ("predict", cols, n, inputs, outputs, batch_size, names)
+            try:
+                return self.call(request, PREDICT_TIMEOUT, "predicting")
+            except RemoteGone as exc:
+                if self.reload is None:
+                    raise
+                logger.warning("%s; loading the model again", exc)
+                self._replacement = self.reload()
+        return predict_columns(self._replacement, cols, n, inputs, outputs, batch_size, names)
+
+    def close(self) -> None:
+        """Ends the child (the server kills a child whose connection closed)."""
+        self.broken = True
+        if isinstance(self._replacement, RemoteModel):
+            self._replacement.close()
+        for s in (self.sock, self.conn):
+            try:
+                s.close()
+            except OSError:
+                logger.debug("closing a socket of inference process %d failed", self.pid, exc_info=True)
+
+
+def open_model(app: str, url: str, storage_options: dict, co_bytes: bytes | None, num_threads: int):
+    """The model at ``url`` loaded in a child of this host's warm server for ``app``, or None when
+    no server can serve this worker (the caller loads the model itself). An error of the model
+    (a missing file, a custom object that does not load) is raised as the child raised it."""
+    env = dict(os.environ)
+    fp = warm.find_server(env, app)
+    if fp is None:
+        return None
+    mine, theirs = socket.socketpair()
+    try:
+        conn, pid = warm.fork_inference(fp, env, os.getcwd(), theirs.fileno(), 2)
+    except (OSError, ValueError, KeyError) as exc:
+        logger.info("the warm server %s could not fork an inference process (%s); loading the model here", fp, exc)
+        mine.close()
+        return None
+    finally:
+        theirs.close()
+    model = RemoteModel(mine, conn, pid)
+    try:
+        model.call(("load", url, storage_options, co_bytes, num_threads), LOAD_TIMEOUT, "loading the model")
+    except RemoteGone as exc:
+        logger.warning("%s; loading the model here", exc)
+        return None
+    return model
+
+
+# -- the child ---------------------------------------------------------------------------------------
+
+
+def serve(fd: int) -> int:
+    """The inference child's loop over the socket ``fd``, until the worker closes it. Returns the exit code."""
+    from hvd_spark._internal.infer.batching import predict_columns
+    from hvd_spark._internal.infer.cache import load_model
+
+    sock = socket.socket(fileno=fd)
+    model = None
+    while True:
+        try:
+            raw = _recv(sock)
+        except (EOFError, OSError):
+            return 0  # the worker closed its end: nothing more to predict
+        try:
+            request = pickle.loads(raw)
+            if request[0] == "load":
+                model = load_model(*request[1:])
+                reply: tuple = ("ok", None)
+            elif request[0] == "predict":
+                if model is None:
+                    raise RuntimeError("predict before load")
+                reply = ("ok", predict_columns(model, *request[1:]))
+            else:
+                raise ValueError(f"unknown request {request[0]!r}")
+        except Exception as exc:  # noqa: BLE001 - the worker raises it, as if it had run here
+            reply = ("error", exc, traceback.format_exc())
+        try:
+            try:
+                _send(sock, reply)
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:  # e.g. an exception that does not pickle
+                if reply[0] == "error":
+                    _send(sock, ("error", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}"), reply[2]))
+                else:
+                    _send(sock, ("error", RuntimeError(f"the predictions did not pickle: {exc!r}"), ""))
+        except OSError:
+            return 0
