@@ -23,10 +23,14 @@ ROUNDS = 20
 
 
 def _warm_servers() -> list[int]:
+    """The servers alone: their forked ranks and inference processes share their command line, not their name."""
+    from hvd_spark._internal.task.warm import INFER_NAME, RANK_NAME
+
     return [
         p.pid
-        for p in psutil.process_iter(["cmdline"])
+        for p in psutil.process_iter(["cmdline", "name"])
         if "hvd_spark._internal.task.warm" in " ".join(p.info["cmdline"] or [])
+        and p.info["name"] not in (RANK_NAME, INFER_NAME)
     ]
 
 

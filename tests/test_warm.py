@@ -24,10 +24,13 @@ SERVER = "hvd_spark._internal.task.warm"
 
 
 def _servers() -> list[psutil.Process]:
+    """The servers alone: their forked ranks and inference processes share their command line, not their name."""
+    from hvd_spark._internal.task.warm import INFER_NAME, RANK_NAME
+
     found = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "name"]):
         cmd = p.info["cmdline"] or []
-        if len(cmd) > 2 and cmd[1:3] == ["-m", SERVER]:
+        if len(cmd) > 2 and cmd[1:3] == ["-m", SERVER] and p.info["name"] not in (RANK_NAME, INFER_NAME):
             found.append(p)
     return found
 
