@@ -84,8 +84,12 @@ def train(cfg: RunConfig) -> dict:
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     t_entry = time.time()
+    import gc
+
     import cloudpickle
     import horovod.tensorflow as hvd
+
+    gc.freeze()  # what the imports made lives as long as the process: full collections skip it (warm.py)
 
     from hvd_spark._internal.common.events import mark_progress
     from hvd_spark._internal.rank.threads import set_threads
