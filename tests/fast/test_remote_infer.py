@@ -141,3 +141,58 @@ def test_a_silent_child_is_reported_by_pid_after_the_timeout():
     with pytest.raises(remote.RemoteGone, match=r"4242 .* did not answer within 0 s while loading the model"):
         model.call(("load", "file:///m.keras", {}, None, 1), 0.2, "loading the model")
     theirs.close()
+
+
+class _Picky(Exception):
+    """An exception that does not rebuild from its pickle (its __init__ takes two arguments)."""
+
+    def __init__(self, a, b):
+        super().__init__(f"picky {a} {b}")
+
+
+def test_an_exception_that_does_not_rebuild_keeps_its_type_message_and_traceback(stand_ins, monkeypatch):
+    def load_model(*args, **kwargs):
+        raise _Picky(1, 2)
+
+    monkeypatch.setattr(cache, "load_model", load_model)
+    model, t, _ = _child()
+    with pytest.raises(RuntimeError, match=r"_Picky: picky 1 2") as info:
+        model.call(("load", "file:///m.keras", {}, None, 1), 10, "loading the model")
+    assert any("load_model" in n for n in info.value.__notes__)  # the child's traceback
+    model.close()
+    t.join(10)
+
+
+def test_a_worker_keeps_one_model_and_replaces_a_broken_remote_one(stand_ins, monkeypatch):
+    opened = []
+
+    def open_model(app, url, opts, co_bytes, num_threads):
+        m = remote.RemoteModel(*socket.socketpair(), pid=100 + len(opened))
+        opened.append(m)
+        return m
+
+    monkeypatch.setattr(remote, "open_model", open_model)
+    monkeypatch.setattr(cache, "_MODEL_CACHE", {})
+    first = cache.load_cached("v1", "file:///m.keras", {}, None, 1, None, "app")
+    assert cache.load_cached("v1", "file:///m.keras", {}, None, 1, None, "app") is first
+    first.broken = True  # its process went away during a task
+    second = cache.load_cached("v1", "file:///m.keras", {}, None, 1, None, "app")
+    assert second is not first and len(opened) == 2
+    third = cache.load_cached("v2", "file:///m.keras", {}, None, 1, None, "app")  # a newer model version
+    assert second.broken and not third.broken  # the older one's process was told to end
+    here = cache.load_cached("v2", "file:///m.keras", {}, None, 4, None, None)  # warm off: loaded here
+    assert isinstance(here, stand_ins) and third.broken
+    assert first.reload is not None and isinstance(first.reload(), stand_ins)  # a gone child: this worker
+
+
+def test_a_udf_worker_predicting_remotely_does_not_import_tensorflow():
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from hvd_spark._internal.infer import transformer, cache, remote, batching\n"
+        "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, 'imported TF'\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

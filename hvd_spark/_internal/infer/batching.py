@@ -7,7 +7,6 @@ built as Arrow arrays without per-row Python."""
 from collections.abc import Iterator
 
 import numpy as np
-import pandas as pd
 
 from hvd_spark._internal.common.specs import TensorSpec, unpack
 
@@ -123,7 +122,7 @@ def _output_arrays(arrays: list[np.ndarray], outputs: list[TensorSpec], valid: n
 
 def predict_batches(
     model,
-    frames: Iterator[pd.DataFrame],
+    frames: Iterator,
     inputs: list[TensorSpec],
     outputs: list[TensorSpec],
     feature_cols: list[str],
@@ -143,6 +142,8 @@ def predict_batches(
     (None for an invalid row): pyspark turns the NaNs inside into null elements, which
     ``TFTransformer._transform`` turns back into NaN (the model never outputs a null).
     """
+    import pandas as pd  # here: an inference process (remote.py) predicts without it
+
     k = len(feature_cols)
     for frame in frames:
         n = len(frame)

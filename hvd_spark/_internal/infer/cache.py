@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 from hvd_spark._internal.infer.device import on_device
+from hvd_spark._internal.infer.remote import RemoteModel
 
 _MODEL_CACHE: dict[str, Any] = {}
 _MODEL_LOCK = threading.Lock()
@@ -28,10 +29,10 @@ def load_cached(
     ``warm_app`` (the application's id; CPU only): the model is loaded in a child of the host's warm
     server of that application, where TensorFlow is imported already (``remote.py``), and this
     worker gets a :class:`~hvd_spark._internal.infer.remote.RemoteModel`; without such a server, here."""
-    key = f"{key}@{device}"
+    key = f"{key}@{device}@{warm_app}"
     with _MODEL_LOCK:
         model = _MODEL_CACHE.get(key)
-        if model is not None and not getattr(model, "broken", False):
+        if model is not None and not (isinstance(model, RemoteModel) and model.broken):
             return model
 
         def load():
@@ -40,14 +41,17 @@ def load_cached(
 
                 remote = open_model(warm_app, model_url, storage_options, custom_objects_bytes, num_threads)
                 if remote is not None:
-                    remote.reload = load  # its process gone, the next one (or this worker) predicts
+                    remote.reload = here  # its process gone, this worker predicts
                     return remote
+            return here()
+
+        def here():
             return load_model(model_url, storage_options, custom_objects_bytes, num_threads, device)
 
         model = load()
         for old in _MODEL_CACHE.values():  # one model per worker at a time: older versions are dropped
-            if hasattr(old, "close"):
-                old.close()  # a remote one's process ends
+            if isinstance(old, RemoteModel):
+                old.close()  # its process ends
         _MODEL_CACHE.clear()
         _MODEL_CACHE[key] = model
         return model

@@ -16,7 +16,8 @@ worker closes its end (a newer model, the worker's exit: the server kills the ch
 that closes) and with its server.
 
 Messages: an 8-byte length, then a pickle; requests ``("load", ...)`` and ``("predict", ...)``,
-replies ``("ok", value)`` or ``("error", exception, traceback text)``.
+replies ``("ok", value)`` or ``("error", type name, message, traceback text, the exception pickled
+or None)``: an exception that does not rebuild in the worker still reports its type and message.
 """
 
 import logging
@@ -80,8 +81,8 @@ class RemoteModel:
             if self.broken:
                 raise RemoteGone(f"the inference process {self.pid} is gone (an earlier call failed)")
             try:
-                _send(self.sock, request)
                 self.sock.settimeout(timeout)
+                _send(self.sock, request)
                 raw = _recv(self.sock)
             except TimeoutError:
                 self.close()
@@ -90,23 +91,44 @@ class RemoteModel:
                     f"{timeout:.0f} s while {doing}"
                 ) from None
             except (OSError, EOFError) as exc:
+                status = self._exit_status()
                 self.close()
                 raise RemoteGone(
-                    f"the inference process {self.pid} (forked by the warm server) went away while {doing}: {exc}"
+                    f"the inference process {self.pid} (forked by the warm server) went away while {doing}"
+                    f"{status}: {exc}"
                 ) from None
+            except BaseException:  # interrupted between request and reply: the stream is out of step
+                self.close()
+                raise
         try:
             reply = pickle.loads(raw)
-        except Exception as exc:  # e.g. an exception class this worker cannot import
+        except Exception as exc:  # noqa: BLE001 - a reply this worker cannot read is reported as such
             raise RuntimeError(f"the inference process {self.pid}'s reply could not be read here: {exc!r}") from None
         if reply[0] == "error":
-            _, error, text = reply
-            error.add_note(f"(raised in the inference process {self.pid} forked by the warm server)\n{text}")
-            raise error
+            raise _rebuilt(reply, self.pid)
         return reply[1]
+
+    def _exit_status(self) -> str:
+        """How the child ended, as its server reported it (within a second), for the error message."""
+        import json
+        import select
+
+        try:
+            ready, _, _ = select.select([self.conn], [], [], 1.0)
+            line = self.conn.recv(4096).split(b"\n", 1)[0] if ready else b""
+            rc = int(json.loads(line)["rc"]) if line else None
+        except (OSError, ValueError, KeyError, TypeError):
+            rc = None
+        if rc is None:
+            return ""
+        from hvd_spark._internal.task.procs import signal_name
+
+        return f" (killed by {signal_name(rc)})" if rc < 0 else f" (exit code {rc})"
 
     def predict_columns(self, cols, n, inputs, outputs, batch_size, names):
         """:func:`~hvd_spark._internal.infer.batching.predict_columns`, in the child; once the child
-        is gone, with the model :attr:`reload` gives (the task goes on)."""
+        is gone, with the model :attr:`reload` gives (loaded in this worker: a batch that kills its
+        process is not tried in another child, and again)."""
         from hvd_spark._internal.infer.batching import predict_columns
 
         if self._replacement is None:
@@ -116,15 +138,13 @@ class RemoteModel:
             except RemoteGone as exc:
                 if self.reload is None:
                     raise
-                logger.warning("%s; loading the model again", exc)
+                logger.warning("%s; loading the model in this worker", exc)
                 self._replacement = self.reload()
         return predict_columns(self._replacement, cols, n, inputs, outputs, batch_size, names)
 
     def close(self) -> None:
         """Ends the child (the server kills a child whose connection closed)."""
         self.broken = True
-        if isinstance(self._replacement, RemoteModel):
-            self._replacement.close()
         for s in (self.sock, self.conn):
             try:
                 s.close()
@@ -155,7 +175,36 @@ def open_model(app: str, url: str, storage_options: dict, co_bytes: bytes | None
     except RemoteGone as exc:
         logger.warning("%s; loading the model here", exc)
         return None
+    except BaseException:
+        model.close()  # the model's own error (a missing file, a custom object): raised as the child raised it
+        raise
     return model
+
+
+def _error_reply(exc: BaseException, text: str) -> tuple:
+    """An error reply: the exception's type, message and traceback as text, and the exception pickled
+    when it pickles (the worker rebuilds it if it can, see :func:`_rebuilt`)."""
+    try:
+        pickled = pickle.dumps(exc, protocol=5)
+    except Exception:  # noqa: BLE001 - its text still reports it
+        pickled = None
+    return ("error", f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), text, pickled)
+
+
+def _rebuilt(reply: tuple, pid: int) -> BaseException:
+    """The child's exception, with its traceback as a note; a RuntimeError naming its type when it
+    does not rebuild here."""
+    _, kind, message, text, pickled = reply
+    error: BaseException | None = None
+    if pickled is not None:
+        try:
+            error = pickle.loads(pickled)
+        except Exception:  # noqa: BLE001 - e.g. a class whose __init__ takes other arguments
+            error = None
+    if not isinstance(error, BaseException):
+        error = RuntimeError(f"{kind.replace('builtins.', '')}: {message}")
+    error.add_note(f"(raised in the inference process {pid} forked by the warm server)\n{text}")
+    return error
 
 
 # -- the child ---------------------------------------------------------------------------------------
@@ -185,14 +234,16 @@ def serve(fd: int) -> int:
             else:
                 raise ValueError(f"unknown request {request[0]!r}")
         except Exception as exc:  # noqa: BLE001 - the worker raises it, as if it had run here
-            reply = ("error", exc, traceback.format_exc())
+            reply = _error_reply(exc, traceback.format_exc())
         try:
             try:
                 _send(sock, reply)
-            except (pickle.PicklingError, TypeError, AttributeError) as exc:  # e.g. an exception that does not pickle
+            except OSError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a reply that does not pickle is reported as an error
                 if reply[0] == "error":
-                    _send(sock, ("error", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}"), reply[2]))
+                    _send(sock, reply[:4] + (None,))
                 else:
-                    _send(sock, ("error", RuntimeError(f"the predictions did not pickle: {exc!r}"), ""))
+                    _send(sock, _error_reply(RuntimeError(f"the predictions did not pickle: {exc!r}"), ""))
         except OSError:
             return 0

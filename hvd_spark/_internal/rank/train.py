@@ -89,7 +89,8 @@ def train(cfg: RunConfig) -> dict:
     import cloudpickle
     import horovod.tensorflow as hvd
 
-    gc.freeze()  # what the imports made lives as long as the process: full collections skip it (warm.py)
+    if os.environ.get(settings.ENV_RANK) is not None:  # a rank's own process (not a caller's, in-process)
+        gc.freeze()  # what the imports made lives as long as the process: full collections skip it (warm.py)
 
     from hvd_spark._internal.common.events import mark_progress
     from hvd_spark._internal.rank.threads import set_threads

@@ -363,7 +363,10 @@ class _Server:
         os.chmod(path, 0o600)
         listener.listen(64)
         self.listener = listener
-        self._describe()
+        try:
+            self._describe()
+        except OSError as exc:  # transforms cannot find this server; its ranks are served all the same
+            print(f"cannot describe this server for transforms: {exc}", flush=True)
         signal.signal(signal.SIGTERM, lambda *_: self._stop(listener, path, "SIGTERM"))
         # A child's exit wakes the loop at once (its task is waiting for the exit code).
         wake_r, wake_w = os.pipe()
