@@ -298,3 +298,61 @@ def test_a_table_read_in_place_on_local_cluster_trains_each_row_once_per_epoch(t
         assert not set(ids) & val, f"epoch {epoch}: validation rows trained on"
         assert len(train - set(ids)) <= 1, f"epoch {epoch}: {len(train - set(ids))} training rows not read"
     assert sorted(data["seen"]) == ["0", "1"] and len(data["history"]["val_loss"]) == 2
+
+
+TRANSFORM_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import psutil
+    import hvd_spark
+    from pyspark.sql import functions as F
+    sys.path.insert(0, {tests!r})
+    from _helpers import xor_estimator
+    from hvd_spark._internal.task.warm import INFER_NAME, RANK_NAME
+
+    def infer_children():
+        servers = {{p.pid for p in psutil.process_iter(["cmdline", "name"])
+                   if "hvd_spark._internal.task.warm" in " ".join(p.info["cmdline"] or [])
+                   and p.info["name"] not in (RANK_NAME, INFER_NAME)}}
+        return {{p.pid: p.info["ppid"] in servers for p in psutil.process_iter(["name", "ppid"])
+                if p.info["name"] == INFER_NAME}}
+
+    spark = hvd_spark.local_session("local-cluster[2,1,1024]", conf={{"spark.executor.memory": "800m"}})
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        # features drawn anew at every evaluation, after a shuffle: only a row's own values can be compared
+        df = (spark.range(3000).repartition(5, "id").withColumn("x", F.array(F.rand(), F.rand()))
+              .withColumn("y", (F.col("id") % 2).cast("float")))
+        model = xor_estimator(sys.argv[1], epochs=1, verbose=0).fit(df)
+        keras_model = model.getModel()
+
+        def checked():
+            rows = model.transform(df.repartition(3)).select("id", "x", model.getOutputCols()[0]).collect()
+            x = np.array([r["x"] for r in rows], np.float32)
+            got = np.array([r[2] for r in rows], np.float64).reshape(len(rows), -1)
+            want = keras_model.predict(x, verbose=0).reshape(len(rows), -1)
+            return {{"rows": len(rows), "ids": len({{r["id"] for r in rows}}),
+                    "max_diff": float(np.max(np.abs(got - want)))}}
+
+        first = checked()
+        children = infer_children()
+        for pid in children:
+            psutil.Process(pid).kill()
+        second = checked()
+        print("RESULT " + json.dumps({{"first": first, "second": second, "children": list(children.values())}}))
+    finally:
+        spark.stop()
+""")
+
+
+def test_a_transform_on_local_cluster_predicts_in_the_executors_warm_children(tmp_path):
+    """Two executor JVMs, a shuffle upstream, features drawn anew at each evaluation: after the fit,
+    transform's workers predict in children of the executors' warm servers (no TensorFlow import in
+    the workers), every row's prediction is the model's for that row's own features, and once the
+    children are killed the next transform still predicts every row (the model is loaded again)."""
+    script = TRANSFORM_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    data = run_result_script(script, str(tmp_path / "store"), cwd=tmp_path)
+    assert data["children"] and all(data["children"]), "no inference process forked by a warm server"
+    for run in ("first", "second"):
+        assert data[run]["rows"] == data[run]["ids"] == 3000, data[run]
+        assert data[run]["max_diff"] < 1e-5, data[run]

@@ -341,10 +341,11 @@ def _alive(pid: int, started: float) -> bool:
 
 
 class _Server:
-    def __init__(self, folder: str, fp: str, idle: float, watch_pid: int, app: str = ""):
+    def __init__(self, folder: str, fp: str, idle: float, watch_pid: int, app: str = "", env=None):
         import psutil
 
         self.folder, self.fp, self.idle, self.app = folder, fp, idle, app
+        self.env = dict(os.environ if env is None else env)  # as started: before its imports changed it
         self.watch_pid = watch_pid
         try:
             self.watch_started = psutil.Process(watch_pid).create_time()
@@ -396,7 +397,7 @@ class _Server:
 
     def _describe(self) -> None:
         """``<fp>.json``: what a transform's UDF worker compares its own with (:func:`find_server`)."""
-        info = {"python": sys.executable, "app": self.app, "pid": os.getpid(), "env_key": infer_key(dict(os.environ))}
+        info = {"python": sys.executable, "app": self.app, "pid": os.getpid(), "env_key": infer_key(self.env)}
         path = os.path.join(self.folder, f"{self.fp}.json")
         fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -543,6 +544,7 @@ def _main(folder: str, fp: str, idle: float, watch_pid: int, app: str = "") -> N
     os.setsid()
     procs.load_prctl()  # resolved before any fork: a forked rank only calls it (no library loading)
     started = time.monotonic()
+    launch_env = dict(os.environ)  # the imports below may set variables (TF, Keras): not part of the key
     import importlib
     import warnings
 
@@ -556,7 +558,7 @@ def _main(folder: str, fp: str, idle: float, watch_pid: int, app: str = "") -> N
     gc.collect()
     gc.freeze()
     print(f"{time.strftime('%H:%M:%S')} warm server {fp}: imports took {time.monotonic() - started:.1f} s", flush=True)
-    _Server(folder, fp, idle, watch_pid, app).serve()
+    _Server(folder, fp, idle, watch_pid, app, launch_env).serve()
 
 
 if __name__ == "__main__":
