@@ -58,8 +58,8 @@ CASES = [
         r"length 3",
     ),
     (dict(label_cols=["x3"]), ValueError, r"label column 'x3' has 3 values per row\. Expected 1"),
-    (dict(feature_cols=["xnan"]), ValueError, r"Feature column 'xnan' has 1 of 8 rows with null or NaN"),
-    (dict(label_cols=["ynull"]), ValueError, r"Label column 'ynull' has 1 of 8 rows with null or NaN"),
+    (dict(feature_cols=["xnan"]), ValueError, r"Feature column 'xnan' has 1 of 8 rows with null, NaN or infinite"),
+    (dict(label_cols=["ynull"]), ValueError, r"Label column 'ynull' has 1 of 8 rows with null, NaN or infinite"),
     (dict(model="uncompiled"), ValueError, r"The model is not compiled, so optimizer and loss are required"),
     (dict(num_proc=0), ValueError, r"num_proc must be at least 1"),
     (

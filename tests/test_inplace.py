@@ -132,7 +132,9 @@ def test_nulls_in_a_table_read_in_place_are_refused_before_training(spark, tmp_p
     pdf = pd.DataFrame({"a": [0.5, None, 0.1, 0.3], "b": [0.1, 0.2, 0.3, 0.4], "y": [0, 1, 0, 1]})
     spark.createDataFrame(pdf).write.parquet(str(tmp_path / "t"))
     est = xor_estimator(tmp_path / "store", feature_cols=["a", "b"], materialize="never", verbose=0)
-    with pytest.raises(ValueError, match=r"Feature column '\[a, b\]' has 1 of 4 rows with null or NaN values"):
+    with pytest.raises(
+        ValueError, match=r"Feature column '\[a, b\]' has 1 of 4 rows with null, NaN or infinite values"
+    ):
         est.fit(spark.read.parquet(str(tmp_path / "t")))
 
 

@@ -75,14 +75,16 @@ _SPARK_NUMPY = {
 
 def stored_dtype(kind: str, element_type: str, is_integer: bool) -> str:
     """The numpy type the copied path stores a column in (``materialize._as_stored``): Vectors as
-    float32 arrays, arrays and stacked scalars as int32 or float32, booleans as int32, decimals as
-    float64, other scalars as their own type."""
+    float32 arrays, arrays and stacked scalars as int64 when their elements (or one of the stacked
+    columns) are ``bigint``, so that 64-bit ids stay whole, as int32 for other integers, float32
+    otherwise; booleans as int32, decimals as float64, other scalars as their own type. (For a group,
+    ``element_type`` is ``materialize._group_info``'s: ``bigint``, ``int`` or ``float``.)"""
     if element_type == "string":
         return "string"  # object arrays of str, a tf.string tensor for the model
     if kind in ("vector",):
         return "float32"
     if kind in ("array", "group"):
-        return "int32" if is_integer else "float32"
+        return ("int64" if element_type == "bigint" else "int32") if is_integer else "float32"
     if element_type.startswith("decimal"):
         return "float64"
     return _SPARK_NUMPY.get(element_type, "float64")
@@ -310,41 +312,94 @@ def read_values(source: TableSource, table, mask: np.ndarray | None) -> dict[str
 # --- statistics of a row group (the same fields as data/stats.py computes with Spark) -------------
 
 
-def _bad_rows(col: SourceColumn, table) -> np.ndarray:
-    """Rows with a null or NaN anywhere in the column (for a group: in any of its columns)."""
+def _numbers(array) -> np.ndarray:
+    """A flat pyarrow array of numbers as numpy in its own type, nulls as 0 (they are counted apart)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    if pa.types.is_decimal(array.type):
+        array = array.cast(pa.float64())
+    if array.null_count:
+        array = pc.fill_null(array, False if pa.types.is_boolean(array.type) else 0)
+    return array.to_numpy(zero_copy_only=False)
+
+
+def _checked_rows(col: SourceColumn, table) -> tuple[np.ndarray, np.ndarray, Any]:
+    """``(bad, overflow, value)``: the rows with a null, NaN or infinity anywhere in the column (for a
+    group: in any of its columns; a float64 beyond float32's largest value where the copy stores
+    float32 too: it would become infinite, as in the copy), and the other rows with a value beyond the
+    range of the integer type the DataFrame casts the column to (Spark's ANSI cast refuses those;
+    numpy's would wrap them), with one such value as the file holds it (None: no such row)."""
+    import pyarrow.compute as pc
+
     bad = np.zeros(table.num_rows, dtype=bool)
+    over = np.zeros(table.num_rows, dtype=bool)
+    example = None
+    target = None if col.dtype == "string" else np.dtype(col.dtype)
     for name in col.names:
         column = _array(table.column(resolve(table.schema, name)))
         bad |= ~_np_bool(pc.is_valid(column))
-        if col.kind in ("scalar", "group"):
-            if pa.types.is_floating(column.type):
-                values = column.to_numpy(zero_copy_only=False)
-                bad |= np.isnan(values)
-                target = np.dtype(col.dtype) if col.dtype not in ("string",) else None
-                if target is not None and target.kind in "iu":  # cast to an integer: beyond its range is an error
-                    info = np.iinfo(target)
-                    with np.errstate(invalid="ignore"):
-                        bad |= ~np.isfinite(values) | (values < info.min) | (values > info.max)
+        if target is None:
             continue
-        values = column.field("values") if col.kind == "vector" else column
-        flat = values.flatten()
-        if len(flat):
-            elem_bad = ~_np_bool(pc.is_valid(flat))
-            if pa.types.is_floating(flat.type):
-                elem_bad |= _np_bool(pc.is_nan(flat))
-            if elem_bad.any():
-                parents = pc.list_parent_indices(values).to_numpy(zero_copy_only=False)
-                bad[np.unique(parents[elem_bad])] = True
-    return bad
+        parents = None  # scalars: an element is a row
+        flat = column
+        if col.kind not in ("scalar", "group"):
+            lists = column.field("values") if col.kind == "vector" else column
+            flat = lists.flatten()
+            if not len(flat):
+                continue
+            parents = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
+        elem_bad = ~_np_bool(pc.is_valid(flat))
+        values = _numbers(flat)
+        if values.dtype.kind == "f":
+            elem_bad |= ~np.isfinite(values)
+            if target.kind == "f" and target.itemsize < values.dtype.itemsize:
+                with np.errstate(invalid="ignore"):
+                    elem_bad |= np.abs(values) > np.finfo(target).max
+        elem_over = None
+        if target.kind in "iu" and values.dtype.kind in "iuf" and not np.can_cast(values.dtype, target):
+            info = np.iinfo(target)
+            with np.errstate(invalid="ignore"):
+                elem_over = ~elem_bad & ((values < info.min) | (values > info.max))
+            if elem_over.any():
+                example = values[elem_over][0].item() if example is None else example
+            else:
+                elem_over = None
+        if parents is None:
+            bad |= elem_bad
+            if elem_over is not None:
+                over |= elem_over
+            continue
+        bad[np.unique(parents[elem_bad])] = True
+        if elem_over is not None:
+            over[np.unique(parents[elem_over])] = True
+    return bad, over & ~bad, example
+
+
+def _element_range(col: SourceColumn, table) -> tuple[Any, Any]:
+    """(smallest, largest) value the model gets from an array, Vector or group column (a sparse
+    Vector's implicit zeros included), after the copy's conversion; (None, None) for no values."""
+    if col.kind == "group":
+        flat = values_of(col, table).reshape(-1)
+    elif col.kind == "array":
+        flat = _flat_values(_array(table.column(resolve(table.schema, col.names[0]))))[0].astype(col.dtype)
+    else:
+        _, values, widths = _vector_values(_array(table.column(resolve(table.schema, col.names[0]))))
+        flat = values.astype(col.dtype)
+        if len(flat) < int(widths.sum()):
+            flat = np.append(flat, np.zeros(1, flat.dtype))
+    if not len(flat):
+        return None, None
+    return flat.min().item(), flat.max().item()
 
 
 def row_group_stats(source: TableSource, url: str, table, first_row: int) -> dict:
     """The statistics of one row group in ``data/stats.stats_from``'s form, with the rows of each split:
     ``{"rows", "val_rows", "val_nulls", "columns": {label: {bad, min_len, max_len, min, max,
-    fractional}}}``. Columns are summarized over their rows without nulls."""
+    fractional, overflow, overflow_value, cast}}}``. Columns are summarized over their rows without
+    nulls, NaNs, infinities and values beyond a cast's range (``overflow``: how many rows hold one,
+    ``overflow_value``: one of them, ``cast``: the type); ``min`` / ``max`` are those of the values
+    (an array's elements) after the conversion, ints for integer types."""
     import pyarrow as pa
 
     val, invalid = split_mask(source, url, table, first_row)
@@ -355,15 +410,16 @@ def row_group_stats(source: TableSource, url: str, table, first_row: int) -> dic
         "columns": {},
     }
     for col in source.columns:
-        bad = _bad_rows(col, table)
+        bad, over, example = _checked_rows(col, table)
         s: dict[str, Any] = {"bad": int(bad.sum()), "min_len": None, "max_len": None, "min": None, "max": None}
-        s["fractional"] = 0
-        good = ~bad
+        s.update(fractional=0, overflow=int(over.sum()), overflow_value=example, cast=col.dtype)
+        good = ~(bad | over)
         if good.any() and col.dtype != "string":  # a string feature: only its nulls matter
+            kept = table if good.all() else table.filter(pa.array(good))
             if col.kind == "scalar":  # the values the model gets (after a cast), as the copy's statistics
-                v = values_of(col, table.filter(pa.array(good)))
-                v = v.astype(np.float64)
-                s.update(min=float(v.min()), max=float(v.max()), fractional=int((v != np.floor(v)).sum()))
+                v = values_of(col, kept)
+                frac = int((v != np.floor(v)).sum()) if v.dtype.kind == "f" else 0
+                s.update(min=v.min().item(), max=v.max().item(), fractional=frac)
             else:
                 if col.kind == "group":
                     lengths = np.full(table.num_rows, len(col.names))
@@ -371,7 +427,8 @@ def row_group_stats(source: TableSource, url: str, table, first_row: int) -> dic
                     lengths = _flat_values(_array(table.column(resolve(table.schema, col.names[0]))))[1]
                 else:
                     lengths = _vector_values(_array(table.column(resolve(table.schema, col.names[0]))))[2]
-                s.update(min_len=int(lengths[good].min()), max_len=int(lengths[good].max()))
+                low, high = _element_range(col, kept)
+                s.update(min_len=int(lengths[good].min()), max_len=int(lengths[good].max()), min=low, max=high)
         out["columns"][col.label] = s
     return out
 
@@ -393,6 +450,9 @@ def merge_stats(parts: Sequence[dict]) -> dict:
                 continue
             m["bad"] += s["bad"]
             m["fractional"] += s["fractional"]
+            m["overflow"] = m.get("overflow", 0) + s.get("overflow", 0)
+            if m.get("overflow_value") is None:
+                m["overflow_value"] = s.get("overflow_value")
             m["min_len"] = pick(min, m["min_len"], s["min_len"])
             m["max_len"] = pick(max, m["max_len"], s["max_len"])
             m["min"] = pick(min, m["min"], s["min"])

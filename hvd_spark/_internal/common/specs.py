@@ -201,6 +201,66 @@ def check_label_lengths(col: str, spec: TensorSpec, min_len: int | None, max_len
     )
 
 
+INT_RANGES = {
+    "int8": (-(1 << 7), (1 << 7) - 1),
+    "int16": (-(1 << 15), (1 << 15) - 1),
+    "int32": (-(1 << 31), (1 << 31) - 1),
+    "int64": (-(1 << 63), (1 << 63) - 1),
+    "uint8": (0, (1 << 8) - 1),
+    "uint16": (0, (1 << 16) - 1),
+    "uint32": (0, (1 << 32) - 1),
+    "uint64": (0, (1 << 64) - 1),
+}
+FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
+
+
+def beyond_range(low, high, dtype: str):
+    """A value of ``[low, high]`` that ``dtype`` cannot hold (an integer type: outside its range, a cast
+    would wrap it; a narrow float: beyond its largest finite value, a cast would make it infinite), or
+    None when all fit, or nothing is known (``low`` / ``high`` None, another type)."""
+    if low is None or high is None:
+        return None
+    if dtype in INT_RANGES:
+        lo, hi = INT_RANGES[dtype]
+        return low if low < lo else high if high > hi else None
+    if dtype in FLOAT_MAX:
+        top = FLOAT_MAX[dtype]
+        return low if low < -top else high if high > top else None
+    return None
+
+
+def check_value_range(role: str, col: str, low, high, dtype: str, spec: TensorSpec | None = None) -> None:
+    """Raises ValueError naming the column and a value when its values (``low`` to ``high``) do not fit
+    ``dtype``, the type the model gets them in: ``spec``'s for a feature (its model input), int32 for
+    integer labels, float32 for the others (the reader's casts). Checked before any rank starts, so no
+    cast wraps an id or turns a large number into an infinity."""
+    bad = beyond_range(low, high, dtype)
+    if bad is None:
+        return
+    if dtype in INT_RANGES:
+        lo, hi = INT_RANGES[dtype]
+        limit = f"{dtype}'s range [{lo}, {hi}]"
+        if spec is not None:
+            fix = (
+                f"Give model input '{spec.name}' a wider integer type (keras.Input(..., dtype='int64')), or map the "
+                f"values into {dtype}'s range."
+            )
+        else:
+            fix = f"Map the labels into {dtype}'s range, or cast the column to double."
+    else:
+        limit = f"the largest {dtype} ({FLOAT_MAX[dtype]:.7g}): they would become infinite"
+        fix = "Scale the column down" + (f", or give model input '{spec.name}' dtype='float64'." if spec else ".")
+    into = f"model input '{spec.name}' takes {dtype}" if spec is not None else f"the model gets its values as {dtype}"
+    raise ValueError(
+        f"{role.capitalize()} column '{col}' holds values from {_num(low)} to {_num(high)}; {into}, and "
+        f"{_num(bad)} is beyond {limit}. {fix}"
+    )
+
+
+def _num(x) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 2**63 else repr(x)
+
+
 def _shape(shape) -> str:
     return "(None, " + ", ".join("None" if d is None else str(d) for d in shape) + ")" if shape else "(None,)"
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
 from hvd_spark._internal.common import settings
+from hvd_spark._internal.common.sources import stored_dtype
 from hvd_spark._internal.common.specs import (
     ColumnInfo,
     group_name,
@@ -89,16 +90,19 @@ def _group_info(df, parts: list[str], role: str) -> ColumnInfo:
             "give each array / Vector column its own input."
         )
     integer = all(i.is_integer for i in infos)
-    return ColumnInfo(group_name(parts), "array", "int" if integer else "float", integer, parts=tuple(parts))
+    element = ("bigint" if any(i.element_type == "bigint" for i in infos) else "int") if integer else "float"
+    return ColumnInfo(group_name(parts), "array", element, integer, parts=tuple(parts))
 
 
-def feature_expr(info: ColumnInfo, element: str = "float"):
-    """The Spark expression of one feature as an array (or a scalar) of ``element``: Vectors turned into
-    arrays, a group of scalar columns stacked into one array (null when any of them is null)."""
+def feature_expr(info: ColumnInfo, element: str | None = None):
+    """The Spark expression of one feature as an array (or a scalar): Vectors turned into float arrays,
+    a group of scalar columns stacked into one array of ``element`` (default: bigint for integers, so
+    no id is truncated; float otherwise), null when any of them is null."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F
 
     if info.parts:
+        element = element or ("bigint" if info.is_integer else "float")
         stacked = F.array(*[col(p).cast(element) for p in info.parts])
         return F.when(functools.reduce(operator.or_, [col(p).isNull() for p in info.parts]), F.lit(None)).otherwise(
             stacked
@@ -114,20 +118,30 @@ def col(name: str):
     return F.col("`" + name.replace("`", "``") + "`")
 
 
+_SPARK_TYPE = {"int32": "int", "int64": "bigint", "float32": "float"}
+
+
+def stored_element(info: ColumnInfo) -> str:
+    """The Spark type an array or a group is stored with: ``sources.stored_dtype``'s (bigint for
+    arrays and groups of bigint, so that 64-bit ids are kept whole; int for other integers; float)."""
+    return _SPARK_TYPE[stored_dtype("group" if info.parts else info.kind, info.element_type, info.is_integer)]
+
+
 def _as_stored(info: ColumnInfo):
     """The column as it is written to Parquet, under its stored name: vectors become float arrays
-    on the JVM side, booleans ints, decimals doubles."""
+    on the JVM side, integer arrays int (bigint when their elements are), booleans ints, decimals
+    doubles."""
     from pyspark.ml.functions import vector_to_array
 
     if info.parts:  # nulls inside stay elements of the array: check_stats names the group
         from pyspark.sql import functions as F
 
-        return F.array(*[col(p).cast("int" if info.is_integer else "float") for p in info.parts]).alias(info.stored)
+        return F.array(*[col(p).cast(stored_element(info)) for p in info.parts]).alias(info.stored)
     c = col(info.name)
     if info.kind == "vector":
         c = vector_to_array(c, "float32")
     elif info.kind == "array":
-        c = c.cast(f"array<{'int' if info.is_integer else 'float'}>")
+        c = c.cast(f"array<{stored_element(info)}>")
     elif info.element_type == "boolean":
         c = c.cast("int")
     elif info.element_type.startswith("decimal"):

@@ -11,6 +11,7 @@ from hvd_spark._internal.common.specs import (
     TensorSpec,
     check_feature_lengths,
     check_label_lengths,
+    check_value_range,
 )
 from hvd_spark._internal.data.store import VAL_COL
 
@@ -18,9 +19,10 @@ logger = logging.getLogger(__name__)
 
 
 def stats_aggs(infos: Sequence[ColumnInfo]) -> list:
-    """The aggregate expressions of the data's statistics: row counts, nulls / NaNs per column (null
-    elements of arrays included), array lengths, value ranges of scalar columns and the validation
-    flag. Computed while the data is written (``DataFrame.observe``), so the input is evaluated once."""
+    """The aggregate expressions of the data's statistics: row counts, nulls / NaNs / infinities per
+    column (elements of arrays included), array lengths, value ranges (of the elements, for arrays:
+    bigint for integer columns, double otherwise) and the validation flag. Computed while the data is
+    written (``DataFrame.observe``), so the input is evaluated once."""
     from pyspark.sql import functions as F
 
     aggs = [
@@ -30,6 +32,7 @@ def stats_aggs(infos: Sequence[ColumnInfo]) -> list:
     ]
     for i, info in enumerate(_unique(infos)):
         c = F.col(info.stored)
+        number = "bigint" if info.is_integer else "double"  # the range: exact for 64-bit integers
         if info.element_type == "string":  # a string feature: only nulls matter
             aggs += [
                 F.sum(c.isNull().cast("int")).alias(f"bad_{i}"),
@@ -40,26 +43,35 @@ def stats_aggs(infos: Sequence[ColumnInfo]) -> list:
                 F.lit(None).cast("int").alias(f"frac_{i}"),
             ]
         elif info.kind == "scalar":
-            bad = c.isNull() | (F.isnan(c.cast("double")) if not info.is_integer else F.lit(False))
+            bad = c.isNull() | (F.lit(False) if info.is_integer else _not_finite(c))
             aggs += [
                 F.sum(bad.cast("int")).alias(f"bad_{i}"),
                 F.lit(None).cast("int").alias(f"min_{i}"),
                 F.lit(None).cast("int").alias(f"max_{i}"),
-                F.min(c.cast("double")).alias(f"lo_{i}"),
-                F.max(c.cast("double")).alias(f"hi_{i}"),
-                F.sum((c.cast("double") != F.floor(c.cast("double"))).cast("int")).alias(f"frac_{i}"),
+                F.min(c.cast(number)).alias(f"lo_{i}"),
+                F.max(c.cast(number)).alias(f"hi_{i}"),
+                # a remainder, not floor(): Spark's floor gives a bigint, an ANSI error for infinities
+                F.sum(((c.cast("double") % F.lit(1.0)) != F.lit(0.0)).cast("int")).alias(f"frac_{i}"),
             ]
         else:
-            bad = c.isNull() | F.exists(c, lambda x: x.isNull() | F.isnan(x.cast("double")))
+            bad = c.isNull() | F.exists(c, lambda x: x.isNull() | _not_finite(x))
             aggs += [
                 F.sum(bad.cast("int")).alias(f"bad_{i}"),
                 F.min(F.size(c)).alias(f"min_{i}"),
                 F.max(F.size(c)).alias(f"max_{i}"),
-                F.lit(None).cast("double").alias(f"lo_{i}"),
-                F.lit(None).cast("double").alias(f"hi_{i}"),
+                F.min(F.array_min(c).cast(number)).alias(f"lo_{i}"),  # the elements' range
+                F.max(F.array_max(c).cast(number)).alias(f"hi_{i}"),
                 F.lit(None).cast("int").alias(f"frac_{i}"),
             ]
     return aggs
+
+
+def _not_finite(c):
+    """Spark expression: a NaN or an infinity (for any number column; false for a null)."""
+    from pyspark.sql import functions as F
+
+    d = c.cast("double")
+    return F.isnan(d) | (F.abs(d) == F.lit(float("inf")))
 
 
 def _unique(infos: Sequence[ColumnInfo]) -> list[ColumnInfo]:
@@ -112,20 +124,31 @@ def check_stats(
         )
     for role, infos in (("feature", features), ("label", labels), ("sample weight", [weight] if weight else [])):
         for info in infos:
-            bad = stats["columns"][info.name]["bad"]
-            if bad:
+            s = stats["columns"][info.name]
+            if s["bad"]:
                 raise ValueError(
-                    f"{role.capitalize()} column '{info.name}' has {bad} of {rows} rows with null or "
-                    "NaN values. Remove or fill them before fit (e.g. df.dropna() / df.fillna())."
+                    f"{role.capitalize()} column '{info.name}' has {s['bad']} of {rows} rows with null, NaN or "
+                    "infinite values. Remove or fill them before fit (e.g. df.dropna() / df.fillna(), "
+                    "df.replace(float('inf'), ...))."
+                )
+            if s.get("overflow"):  # only a table read in place: the DataFrame's own casts, done by the ranks
+                raise ValueError(
+                    f"{role.capitalize()} column '{info.name}' has {s['overflow']} of {rows} rows with values beyond "
+                    f"the range of {s['cast']}, the type the DataFrame casts it to (e.g. {_num(s['overflow_value'])}); "
+                    "Spark's ANSI cast refuses them. Cast it to a wider type (bigint, double), or remove those rows."
                 )
     for info, spec in zip(features, inputs):
         s = stats["columns"][info.name]
         check_feature_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind)
+        if info.element_type != "string":
+            check_value_range("feature", info.name, s["min"], s["max"], spec.dtype or "float32", spec)
     for i, (info, spec) in enumerate(zip(labels, outputs)):
         s = stats["columns"][info.name]
         check_label_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind)
         if class_indices is not None and i < len(class_indices) and class_indices[i]:
             check_class_indices(info, spec, s)
+        # the reader gives the model integer labels as int32, others as float32
+        check_value_range("label", info.name, s["min"], s["max"], "int32" if info.is_integer else "float32")
     if isinstance(validation, str) and stats["val_nulls"]:
         raise ValueError(
             f"validation column '{validation}' has {stats['val_nulls']} rows that are null or not 0/1. "
@@ -164,4 +187,4 @@ def check_class_indices(info: ColumnInfo, spec: TensorSpec, s: dict) -> None:
 
 
 def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else repr(x)
+    return str(int(x)) if float(x).is_integer() and abs(x) < 2**63 else repr(x)

@@ -414,6 +414,22 @@ def _objects_to_array(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
     return flat.reshape((n, *spec.dims))
 
 
+def _check_fits(arr: np.ndarray, dtype: np.dtype) -> None:
+    """Numbers going to an integer input must fit its type: a cast would wrap an id into another one.
+    Raises ValueError naming a value that does not."""
+    if dtype.kind not in "iu" or arr.dtype.kind not in "iuf" or not arr.size or np.can_cast(arr.dtype, dtype):
+        return
+    info = np.iinfo(dtype)
+    with np.errstate(invalid="ignore"):
+        beyond = (arr < info.min) | (arr > info.max)
+    if beyond.any():
+        value = arr[beyond].flat[0].item()
+        raise ValueError(
+            f"it holds {value}, beyond {dtype}'s range [{info.min}, {info.max}]. Give the model input a wider "
+            "integer type (keras.Input(..., dtype='int64'))."
+        )
+
+
 def to_model_inputs(columns: Sequence, inputs: Sequence[TensorSpec], names: Sequence[str] | None = None):
     """The arrays the model takes (inference), from pyarrow arrays or numpy / pandas column values.
 
@@ -441,7 +457,8 @@ def to_model_inputs(columns: Sequence, inputs: Sequence[TensorSpec], names: Sequ
                 arr = np.asarray(values)
                 if arr.dtype == object:
                     arr = _objects_to_array(arr, spec)
-            dtype = np.dtype(spec.dtype) if spec.dtype else np.float32
+            dtype = np.dtype(spec.dtype) if spec.dtype else np.dtype(np.float32)
+            _check_fits(arr, dtype)
             arr = arr.astype(dtype, copy=False)
             if spec.elements is not None:
                 arr = arr.reshape((len(arr), *spec.dims))
