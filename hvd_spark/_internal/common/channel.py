@@ -134,11 +134,18 @@ class ChannelReader:
                 self.store._rm(parent)
 
 
-def show(records: list[dict], on_event: Callable[[int, dict], None] | None) -> None:
-    """Shows records on the client as the driver service shows them on a classic driver."""
+def show(
+    records: list[dict],
+    on_event: Callable[[int, dict], None] | None,
+    on_log: Callable[[int, str], None] | None = None,
+) -> None:
+    """Shows records on the client as the driver service shows them on a classic driver (a rank's
+    output line goes to ``on_log(rank, line)`` when given, else to the ``hvd_spark.rank`` logger)."""
     for r in records:
         kind = r.get("k")
-        if kind == "log":
+        if kind == "log" and on_log is not None:
+            on_log(int(r.get("rank", -1)), str(r.get("line", "")))
+        elif kind == "log":
             rank_logger.info("[rank %s] %s", r.get("rank"), r.get("line", ""))
         elif kind == "event" and on_event is not None:
             try:

@@ -468,6 +468,7 @@ def launch(
     warm: bool | None = None,
     stall_timeout: float | None = None,
     use_gpu: bool | None = None,
+    on_log: Callable[[int, str], None] | None = None,
 ) -> list[Any]:
     """Runs ``fn`` on Horovod ranks; see :func:`hvd_spark.run` for the arguments.
 
@@ -475,6 +476,7 @@ def launch(
     arguments (the estimator resolves them before it writes any data). ``channel``, a
     ``(Store, folder)`` pair, is where a job launched through Spark Connect writes the ranks'
     output and progress while it runs; without it they reach the client when the job ends.
+    ``on_log(rank, line)`` receives the ranks' output lines instead of the ``hvd_spark.rank`` logger.
     """
     from pyspark.sql import SparkSession
 
@@ -498,8 +500,12 @@ def launch(
     with _SLOTS.claim(options.app, options.num_proc, options.slots, description):
         logger.info("starting %d ranks (%s) on %s", options.num_proc, options.backend, options.master)
         if is_connect(spark):
-            return _launch_connect(spark, payload, options, on_event=on_event, description=description, channel=channel)
-        return _launch_classic(spark.sparkContext, payload, options, on_event=on_event, description=description)
+            return _launch_connect(
+                spark, payload, options, on_event=on_event, description=description, channel=channel, on_log=on_log
+            )
+        return _launch_classic(
+            spark.sparkContext, payload, options, on_event=on_event, description=description, on_log=on_log
+        )
 
 
 def prewarm(spark, options: LaunchOptions, background: bool = False) -> threading.Thread | None:
@@ -599,12 +605,14 @@ class _Stage:
         return not self._done.is_set()
 
 
-def _launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, description: str) -> list[Any]:
+def _launch_classic(
+    sc, payload: bytes, options: LaunchOptions, *, on_event, description: str, on_log=None
+) -> list[Any]:
     """A classic session: the driver service and its supervisor run here, on the Spark driver."""
     from hvd_spark._internal.driver.service import DriverService
 
     num_proc = options.num_proc
-    service = DriverService(num_proc, on_event=on_event)
+    service = DriverService(num_proc, on_event=on_event, on_log=on_log)
     port = service.start()
     spec = _task_spec(options, payload, f"{_driver_address(sc)}:{port}", service.token)
     group = f"hvd_spark-{uuid.uuid4().hex[:12]}"
@@ -700,7 +708,7 @@ def _wait_for_ranks(service, group: str) -> None:
         )
 
 
-def _launch_connect(spark, payload: bytes, options: LaunchOptions, *, on_event, description: str, channel):
+def _launch_connect(spark, payload: bytes, options: LaunchOptions, *, on_event, description: str, channel, on_log=None):
     """Spark Connect: the driver service and supervisor run in the first barrier task
     (``coordinator.py``); this client submits the stage under a tag (to interrupt it), shows the
     channel's records and decides the result from the stage's rows."""
@@ -746,7 +754,7 @@ def _launch_connect(spark, payload: bytes, options: LaunchOptions, *, on_event, 
             job.thread.join(1.0)
             if reader is not None:
                 news = reader.poll()
-                show(news, on_event)
+                show(news, on_event, on_log)
                 watch.see(news)
             if not watch.step():
                 logger.error("the Spark Connect operations tagged %s did not stop after the interruption", tag)
@@ -756,7 +764,7 @@ def _launch_connect(spark, payload: bytes, options: LaunchOptions, *, on_event, 
         raise
     finally:
         if reader is not None:
-            show(reader.poll(), on_event)
+            show(reader.poll(), on_event, on_log)
             reader.remove()
     records: list[RankOutcome] = []
     report, kept = JobReport(), []
@@ -768,7 +776,7 @@ def _launch_connect(spark, payload: bytes, options: LaunchOptions, *, on_event, 
             report = cloudpickle.loads(data)
         elif kind == RECORDS:
             kept = json.loads(data)
-    show(kept, on_event)
+    show(kept, on_event, on_log)
     if watch.problem is not None:
         raise watch.problem
     return conclude(
