@@ -38,6 +38,9 @@ LINE_FEATURES = {
 }
 
 
+MANUAL_TIERS = ("multihost", "slow")  # left out unless named in -m
+
+
 def pytest_configure(config):
     for name, (what, _) in LINE_FEATURES.items():
         config.addinivalue_line("markers", f"{name}: needs {what}; not collected on lines without it")
@@ -53,9 +56,14 @@ def pytest_collection_modifyitems(session, config, items):
         if any(item.get_closest_marker(name) for item in items) and not available()
     ]
     left_out = [item for item in items if any(item.get_closest_marker(name) for name in missing)]
-    # The multihost tier (about 14 minutes) runs when asked for by its marker: -m multihost.
-    tier = [item for item in items if item.get_closest_marker("multihost") and item not in left_out]
-    if tier and "multihost" not in (config.option.markexpr or ""):
+    # The manual tiers run when asked for by their marker: -m multihost (about 14 minutes), -m slow.
+    wanted = config.option.markexpr or ""
+    tier = [
+        item
+        for item in items
+        if any(item.get_closest_marker(m) and m not in wanted for m in MANUAL_TIERS) and item not in left_out
+    ]
+    if tier:
         config._hvd_spark_tier_left_out = len(tier)
         left_out += tier
     if left_out:
@@ -72,7 +80,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(f"not on this Spark line: {count} test(s) that need {what}")
     if getattr(config, "_hvd_spark_tier_left_out", 0):
         terminalreporter.write_line(
-            f"multihost tier not run ({config._hvd_spark_tier_left_out} tests): bash scripts/test.sh -m multihost"
+            f"manual tiers not run ({config._hvd_spark_tier_left_out} tests): bash scripts/test.sh -m multihost, "
+            "bash scripts/test.sh -m slow"
         )
 
 

@@ -115,7 +115,9 @@ def test_twenty_fits_and_runs_leave_nothing_behind(spark, tmp_path):
     _calls(spark, df, store, ROUNDS)
     after = _state()
     assert after["ranks"] == [], "rank processes left behind"
-    assert after["servers"] == before["servers"], "warm servers came or went (one per environment, kept on purpose)"
+    # No new warm server (one per environment, kept on purpose); one of an earlier test's environment may
+    # end meanwhile, idle for HVD_SPARK_WARM_IDLE seconds.
+    assert set(after["servers"]) <= set(before["servers"]), "warm servers came (one per environment expected)"
     assert after["hvd_spark_threads"] == before["hvd_spark_threads"]
     assert after["listening"] == before["listening"], "listening sockets left open on the driver"
     assert after["tmp"] == before["tmp"], "temporary folders left behind"

@@ -10,6 +10,7 @@ STORE_PUBLIC = {
     "parquet_writer",
     "spark_writes",
     "run_path",
+    "outputs_path",
     "model_path",
     "models_path",
     "datasets",

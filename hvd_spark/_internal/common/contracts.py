@@ -114,7 +114,9 @@ class RunConfig:
     store: dict[str, Any]  # Store.to_config()
     run_id: str
     epochs: int
-    compile: dict[str, Any]  # optimizer / loss / metrics as serialized Keras objects, loss_weights
+    # optimizer / loss / metrics given as Params (serialized Keras objects), loss_weights, learning_rate, and
+    # what a saved model does not carry: the model's dtype policy and compile's auto_scale_loss
+    compile: dict[str, Any]
     custom_objects: bytes | None  # cloudpickled
     callbacks: bytes | None  # cloudpickled list of keras callbacks
     data: DataSpec
@@ -154,6 +156,9 @@ class RunConfig:
     transformation_fn: bytes | None = None  # cloudpickled fn(pandas.DataFrame) -> pandas.DataFrame per block
     cache_all: bool = False  # inmemory_cache_all: keep every row group read
     checkpoint_callback: bytes | None = None  # cloudpickled ModelCheckpoint run on rank 0 (the model returned)
+    # --- keras.Model.fit's own arguments ---
+    class_weight: dict[int, float] | None = None
+    validation_freq: int | tuple[int, ...] = 1  # every N epochs, or these epochs (1-based)
     # --- per attempt ---
     initial_epoch: int = 0
     resume_ckpt: str | None = None  # checkpoint model path in the store, when resuming

@@ -39,14 +39,21 @@ def loads_keras_obj(data: Any, custom_objects: dict[str, Any] | None = None) -> 
     return cloudpickle.loads(value)
 
 
-def model_custom_objects(model, custom_objects: dict[str, Any] | None) -> dict[str, Any]:
+def model_custom_objects(model, custom_objects: dict[str, Any] | None, params: Any = ()) -> dict[str, Any]:
     """The custom objects that loading ``model`` needs in a process that may not import their modules.
 
     Starts from the user's ``custom_objects`` (also keyed by each object's registered name, e.g.
-    ``"my_package>MyLayer"``, which is what a saved file names), and adds every object of
-    Keras' global registry (``@keras.saving.register_keras_serializable``) that the model's
-    or its compile configuration names. Classes registered in the driver's ``__main__`` or in a
-    module the executors cannot import then still load on the ranks and in ``transform``.
+    ``"my_package>MyLayer"``, which is what a saved file names), and adds:
+
+    - every object of Keras' global registry (``@keras.saving.register_keras_serializable``) that the
+      model's configuration (its own class included), its compile configuration or ``params`` (the
+      optimizer, loss and metrics given to the estimator) name;
+    - every class or function not from Keras that the model, its layers (their initializers,
+      regularizers, activations, ...), its optimizer, loss and metrics, or ``params`` are made of,
+      keyed by the name a saved file gives it.
+
+    The result is cloudpickled to the ranks and to ``transform``: classes defined in the driver's
+    ``__main__`` (a script, a notebook) travel by value, so they load where their module does not exist.
     """
     import keras
 
@@ -54,14 +61,79 @@ def model_custom_objects(model, custom_objects: dict[str, Any] | None) -> dict[s
     for obj in list(out.values()):
         with contextlib.suppress(Exception):  # not a class or function Keras can name: keep as given
             out.setdefault(keras.saving.get_registered_name(obj), obj)
-    registry = keras.saving.get_custom_objects()
-    configs = [model.get_config()]
+    configs: list[Any] = []
+    for obj in [model, *_flat(params)]:
+        with contextlib.suppress(Exception):  # a subclassed model without get_config, a plain string
+            configs.append(keras.saving.serialize_keras_object(obj))
     with contextlib.suppress(Exception):  # an uncompiled model has no compile config
         configs.append(model.get_compile_config())
+    registry = keras.saving.get_custom_objects()
     for name in _registered_names(configs):
         if name in registry:
             out.setdefault(name, registry[name])
+    for item in _user_objects(model, params):
+        with contextlib.suppress(Exception):
+            out.setdefault(keras.saving.get_registered_name(item), item)
     return out
+
+
+def _flat(obj) -> list:
+    if isinstance(obj, dict):
+        return [x for v in obj.values() for x in _flat(v)]
+    if isinstance(obj, (list, tuple)):
+        return [x for v in obj for x in _flat(v)]
+    return [] if obj is None or isinstance(obj, (str, int, float, bool)) else [obj]
+
+
+def _user_objects(model, params) -> list:
+    """The classes and functions not from Keras that ``model`` and ``params`` are made of."""
+    import inspect
+
+    seen: list[Any] = []
+
+    def add(obj) -> None:
+        kind = obj if inspect.isclass(obj) or inspect.isfunction(obj) else type(obj)
+        module = getattr(kind, "__module__", "") or ""
+        if module.split(".")[0] in ("keras", "tensorflow", "builtins", "numpy", "tf_keras") or kind in seen:
+            return
+        seen.append(kind)
+
+    layers = list(model._flatten_layers(include_self=True)) if hasattr(model, "_flatten_layers") else [model]
+    compiled = getattr(getattr(model, "_compile_config", None), "config", None) or {}
+    roots = [*layers, getattr(model, "optimizer", None), getattr(model, "loss", None), *_flat(compiled)]
+    for obj in [*roots, *_flat(params)]:
+        if obj is None or isinstance(obj, (str, int, float, bool)):
+            continue
+        add(obj)
+        parts = vars(obj).values() if hasattr(obj, "__dict__") and not inspect.isclass(obj) else ()
+        for part in parts:  # a layer's initializers, regularizers, activation; an optimizer's schedule
+            for leaf in _flat(part) if isinstance(part, (list, tuple, dict)) else [part]:
+                if _named_function(leaf) or _is_keras_part(leaf):
+                    add(leaf)
+    return seen
+
+
+def _named_function(obj) -> bool:
+    """A function Keras saves by name (an activation, a loss): defined at a module's top level, not a
+    method, a closure (Keras' wrappers of a layer's own methods hold the layer) or a lambda."""
+    import inspect
+
+    name = getattr(obj, "__qualname__", "")
+    return inspect.isfunction(obj) and obj.__closure__ is None and "." not in name and not name.startswith("<")
+
+
+def _is_keras_part(obj) -> bool:
+    import keras
+
+    kinds = (
+        keras.initializers.Initializer,
+        keras.regularizers.Regularizer,
+        keras.constraints.Constraint,
+        keras.losses.Loss,
+        keras.metrics.Metric,
+        keras.optimizers.schedules.LearningRateSchedule,
+    )
+    return isinstance(obj, kinds)
 
 
 def register_custom_objects(custom_objects: dict[str, Any] | None) -> None:

@@ -42,7 +42,8 @@ _WRITERS = ("auto", "spark", "store")
 _SPARK_PROTOCOLS = ("file", "local", "hdfs", "viewfs")  # filesystems every Spark cluster's Hadoop serves
 
 
-FORMAT_VERSION = 3  # of data/<key>/: 2 had attempt folders and stored column names; 3: one write, stats in meta
+FORMAT_VERSION = 4  # of data/<key>/: 2 had attempt folders and stored column names; 3: one write, stats in meta;
+# 4: bigint arrays and groups stored as int64, statistics count infinities and hold element ranges
 VAL_COL = "__hvd_spark_is_val"  # data/<key>/<VAL_COL>=true|false/: the validation split
 DATA_META = "_hvd_spark_meta.json"  # data/<key>/: names the published files
 DATA_USED = "_last_used.json"  # data/<key>/: when a fit last reused it
@@ -206,6 +207,10 @@ class Store:
 
     def logs_path(self, run_id: str) -> str:
         return posixpath.join(self.run_path(run_id), "logs")
+
+    def outputs_path(self, run_id: str) -> str:
+        """What rank 0's callbacks wrote to relative paths (CSVLogger, TensorBoard, ModelCheckpoint)."""
+        return posixpath.join(self.run_path(run_id), "outputs")
 
     def models_path(self, run_id: str) -> str:
         return posixpath.join(self.run_path(run_id), "models")

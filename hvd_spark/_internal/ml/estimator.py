@@ -30,7 +30,7 @@ from hvd_spark._internal.driver.progress import BATCH_INTERVAL, FitProgress, int
 from hvd_spark._internal.infer.transformer import TFTransformer
 from hvd_spark._internal.ml import persistence
 from hvd_spark._internal.ml import plan as plan_mod
-from hvd_spark._internal.ml.backend import fit_backend
+from hvd_spark._internal.ml.backend import fit_backend, fit_launch_args, launches_with_spark
 from hvd_spark._internal.ml.fit_params import FitParams, every_seconds, is_backend_object
 from hvd_spark._internal.ml.params import EstimatorParams
 from hvd_spark.errors import DataChangedError, HvdSparkError, RankFailedError, RunInUseError
@@ -71,7 +71,11 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         label_cols: one column per model output.
         sample_weight_col: optional per-row weight.
         validation: fraction in [0, 1) or the name of a boolean / 0-1 column.
-        callbacks: Keras callbacks, run on every rank after metrics are averaged.
+        callbacks: Keras callbacks, run on every rank after metrics are averaged. When any rank sets
+            ``model.stop_training``, every rank stops at the end of that step or epoch. Callbacks
+            that write files (TensorBoard, CSVLogger, ModelCheckpoint, BackupAndRestore) run on rank 0
+            only; relative paths land in the run's ``outputs/`` folder in the store (docs/estimator.md).
+        class_weight, validation_freq: as for ``keras.Model.fit``.
         batch_size: rows per training batch per rank (default 32); val_batch_size: default
             batch_size. The fitted :class:`TFTransformer` has a ``batch_size`` of its own (rows per
             model call in ``transform``); fit does not copy this one to it.
@@ -80,7 +84,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         shuffle: default True; shuffle_buffer_size: default 10000; random_seed: default 0.
         run_id: run folder name; default a new one per fit.
         verbose: 0, 1 (default: per-epoch progress in the driver's log) or 2.
-        backend: the Horovod controller, "gloo" (default) or "mpi"; or an object of
+        backend: the Horovod controller, "gloo" (default) or "mpi"; or :class:`hvd_spark.SparkBackend`
+            (horovod's constructor; the ranks run as with the default); or an object of
             horovod.spark's ``Backend`` shape (``run(fn, args=(), kwargs=None, env=None)`` returning
             the ranks' results in rank order, and ``num_processes()``) that runs the ranks of each
             training attempt instead of Spark barrier tasks, e.g.
@@ -165,6 +170,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         sample_weight_col: str | None = None,
         validation: float | str | None = None,
         callbacks: list[Any] | None = None,
+        class_weight: dict[int, float] | None = None,
+        validation_freq: int | list[int] = 1,
         batch_size: int = 32,
         val_batch_size: int | None = None,
         epochs: int = 1,
@@ -224,6 +231,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             validation=None,
             sample_weight_col=None,
             callbacks=None,
+            class_weight=None,
+            validation_freq=1,
             batch_size=32,
             val_batch_size=None,
             epochs=1,
@@ -511,11 +520,12 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         from hvd_spark._internal.common.logs import TF_LOG_LEVEL, ensure_visible
         from hvd_spark._internal.common.serde import model_custom_objects
         from hvd_spark._internal.driver.launcher import prewarm, resolve_launch_options
-        from hvd_spark._internal.ml.model_info import is_compiled, model_specs, prediction_task
+        from hvd_spark._internal.ml.model_info import is_compiled, model_specs, needs_build, prediction_task
 
         p = self._fit_params()
         ensure_visible(p.verbose)
-        if p.elastic and self._backend_object is None:
+        spark_launch = launches_with_spark(self._backend_object)  # no object, or a SparkBackend
+        if p.elastic and spark_launch:
             from hvd_spark._internal.driver.sessions import is_connect
 
             if is_connect(dataset.sparkSession):
@@ -523,8 +533,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                     "min_num_proc / max_num_proc (elastic training) count the executors' task slots, which a "
                     "Spark Connect client cannot see. Use a classic session, or a fixed num_proc with max_restarts."
                 )
-        options = resolve_launch_options(
-            dataset.sparkSession,
+        launch_args = dict(
             warm=False if p.mp_start_method == "spawn" else None,  # horovod.spark's start method: a fresh process
             num_proc=None if p.elastic else p.num_proc,
             backend=p.backend,
@@ -538,8 +547,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             )
             or None,
         )
+        # A SparkBackend given as backend adds its launcher arguments (start_timeout, use_mpi, env, ...).
+        options = resolve_launch_options(dataset.sparkSession, **fit_launch_args(self._backend_object, launch_args))
         static = options.master.startswith("local") and not options.master.startswith("local-cluster")
-        if p.elastic and static and (p.min_num_proc or 1) > options.slots and self._backend_object is None:
+        if p.elastic and static and (p.min_num_proc or 1) > options.slots and spark_launch:
             raise ValueError(
                 f"min_num_proc={p.min_num_proc} is more than the {options.slots} task slots of master "
                 f"{options.master}, which never change: lower min_num_proc, or use a cluster master."
@@ -547,10 +558,12 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         if p.elastic:  # the first attempt's ranks: the slots there are, within the bounds (train_with_restarts waits)
             first = p.num_proc or (options.slots if p.max_num_proc is None else min(options.slots, p.max_num_proc))
             options = dataclasses.replace(options, num_proc=max(1, first))
-        if self._backend_object is None:
+        if spark_launch:
             # The hosts' warm servers start importing TF now, while the checks and the data's writing run.
             prewarm(dataset.sparkSession, options, background=True)
         model = p.model
+        if needs_build(model):  # a subclassed model never called: built as fit's first batch would build it
+            _build_from_columns(model, dataset, p.feature_cols)
         inputs, outputs = model_specs(model)
         # Columns in the model's order (matched by name where they are named after its tensors).
         listed = match_columns(p.feature_cols, inputs, "feature_cols", "input")
@@ -603,6 +616,18 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         w_info = data_mod.column_info(dataset, p.sample_weight_col, "sample weight") if p.sample_weight_col else None
         if w_info is not None and w_info.kind != "scalar":
             raise TypeError(f"sample weight column '{w_info.name}' must be numeric. Received an {w_info.kind} column.")
+        if p.class_weight is not None:
+            if len(outputs) != 1:
+                raise ValueError(
+                    f"class_weight is for a model with a single output, as in keras.Model.fit. Received a model with "
+                    f"{len(outputs)} outputs ({[o.name for o in outputs]}): weight the rows with sample_weight_col."
+                )
+            if p.sample_weight_col:
+                raise ValueError(
+                    "class_weight and sample_weight_col cannot both be set (keras.Model.fit refuses class_weight "
+                    f"with sample weights). Received: sample_weight_col={p.sample_weight_col!r}. Fold the class "
+                    "weights into the sample weight column instead."
+                )
         validation = p.validation or None
         if isinstance(validation, str):
             vinfo = data_mod.column_info(dataset, validation, "validation")
@@ -610,11 +635,12 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 raise TypeError(
                     f"validation column '{validation}' must be boolean or 0/1. Received an {vinfo.kind} column."
                 )
-        custom_objects = model_custom_objects(model, p.custom_objects) or None
+        custom_objects = model_custom_objects(model, p.custom_objects, (p.optimizer, p.loss, p.metrics)) or None
         if p.label_shapes is not None:
             _check_label_shapes(p.label_shapes, labels, outputs)
         if p.transformation_fn is not None and p.reader != "arrow":
             raise ValueError("transformation_fn needs reader='arrow' (the rank applies it to the rows it reads).")
+        _check_callbacks(p.callbacks)
         for name, value in (
             ("callbacks", p.callbacks),
             ("custom_objects", custom_objects),
@@ -740,6 +766,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     def _plan_ranks(self, c: "_Checked", plan: plan_mod.ResumePlan, w: "_Written", lease=None) -> RunConfig:
         """Step 4: files per rank, steps per epoch, the run's record and the run configuration."""
         from hvd_spark._internal.common.serde import dumps_keras_obj
+        from hvd_spark._internal.ml.model_info import compile_extras
 
         p, meta, num_proc = c.p, w.meta, c.options.num_proc
         if (len(meta["train_files"]) < num_proc and p.reader == "petastorm") or meta["train_rows"] < num_proc:
@@ -770,6 +797,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         }
         comp["loss_weights"] = p.loss_weights
         comp["learning_rate"] = p.learning_rate
+        comp.update(compile_extras(c.model, p.optimizer))
         cfg = RunConfig(
             store=c.store.to_config(),
             run_id=plan.run_id,
@@ -816,6 +844,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             transformation_fn=cloudpickle.dumps(p.transformation_fn) if p.transformation_fn else None,
             cache_all=p.inmemory_cache_all,
             checkpoint_callback=cloudpickle.dumps(p.checkpoint_callback) if p.checkpoint_callback else None,
+            class_weight=p.class_weight,
+            validation_freq=tuple(p.validation_freq) if isinstance(p.validation_freq, list) else p.validation_freq,
         )
         cfg = plan_mod.sized(cfg, num_proc)
         logger.info(
@@ -1059,6 +1089,74 @@ def _table_source(found, f_infos, l_infos, w_info, validation, seed: int):
     else:
         split = ()
     return sources.TableSource(columns, split, status, options, scan.root or inplace.table_root(scan.files))
+
+
+def _build_from_columns(model, dataset, feature_cols) -> None:
+    """Builds a subclassed model that was never called from the feature columns' per-row shapes and
+    types, as Keras builds it on the first batch: one input per entry of ``feature_cols`` (all scalar
+    columns: one input stacking them, as for a one-input model); a scalar is shape ``(1,)``, an array or
+    Vector its length in the first row, a group of stacked columns ``(columns,)``."""
+    from hvd_spark._internal.ml.model_info import build_subclassed
+
+    if isinstance(feature_cols, dict):
+        raise ValueError(
+            f"feature_cols must be a list for a subclassed model that was never called ({type(model).__name__}): "
+            f"it has no input names to match a dict's keys. Received: {feature_cols!r}. Pass a list in the order "
+            "of the model's inputs, or build the model first (call it once on a batch)."
+        )
+    entries = list(feature_cols)
+    infos = {c: data_mod.column_info(dataset, c, "feature") for c in entries if isinstance(c, str)}
+    if entries and len(infos) == len(entries) and all(i.kind == "scalar" for i in infos.values()) and len(entries) > 1:
+        if all(i.element_type != "string" for i in infos.values()):
+            entries = [list(entries)]  # several plain numbers: one input, stacked
+    wide = [c for c, i in infos.items() if i.kind != "scalar"]
+    rows = dataset.select(*wide).limit(1).collect() if wide else []
+    if wide and not rows:
+        raise ValueError(
+            "The DataFrame passed to fit() is empty: 0 rows (the model's input shapes come from its rows)."
+        )
+    shapes, dtypes = [], []
+    for entry in entries:
+        if isinstance(entry, (list, tuple)):
+            group = [data_mod.column_info(dataset, c, "feature") for c in entry]
+            shapes.append((len(entry),))
+            dtypes.append("int64" if all(i.is_integer for i in group) else "float32")  # stored as a copy stores it
+            continue
+        info = infos[entry]
+        if info.kind == "scalar":
+            shapes.append((1,))
+        else:
+            value = rows[0][entry]
+            shapes.append((int(value.size) if hasattr(value, "size") else len(value),))
+        if info.element_type == "string":
+            dtypes.append("string")
+        elif info.is_integer:
+            dtypes.append("int64" if info.element_type == "bigint" else "int32")
+        else:
+            dtypes.append("float32")
+    logger.info(
+        "building %s (a subclassed model never called) on inputs of shapes %s and dtypes %s",
+        type(model).__name__,
+        [(None, *s) for s in shapes],
+        dtypes,
+    )
+    build_subclassed(model, shapes, dtypes)
+
+
+def _check_callbacks(callbacks) -> None:
+    """Refuses, before any work, the Keras callbacks that cannot work across ranks as they do in one process."""
+    import keras
+
+    for cb in callbacks or ():
+        if isinstance(cb, keras.callbacks.BackupAndRestore):
+            raise ValueError(
+                "callbacks: keras.callbacks.BackupAndRestore cannot restore several ranks (each would restore its "
+                "own copy). hvd_spark does what it does: it checkpoints every epoch (and, with checkpoint_every, "
+                "inside epochs), a fit with the same run_id resumes from the latest checkpoint, and max_restarts "
+                f"restarts a failed job from it. Received: {cb!r}. Remove it and set run_id."
+            )
+        if not isinstance(cb, keras.callbacks.Callback):
+            raise TypeError(f"callbacks must be keras.callbacks.Callback objects. Received: {cb!r}.")
 
 
 def _check_settable_learning_rate(optimizer) -> None:

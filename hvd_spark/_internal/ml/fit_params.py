@@ -11,6 +11,7 @@ Pure: no Spark, Keras or Horovod, so the fast tier tests it.
 """
 
 import dataclasses
+import math
 import numbers
 import os
 import re
@@ -234,6 +235,41 @@ def custom_objects(x):
     raise TypeError(f"custom_objects must be a dict of name -> class or function. Received: {x!r}.")
 
 
+def class_weight(x):
+    """Keras ``fit``'s ``class_weight``: ``{class index: weight}``, each weight a finite number >= 0."""
+    if x is None:
+        return None
+    if not isinstance(x, Mapping) or not x:
+        raise TypeError(f"class_weight must be a non-empty dict of class index -> weight. Received: {x!r}.")
+    out = {}
+    for k, v in x.items():
+        key = int(k) if isinstance(k, str) and k.isdigit() else k  # JSON turns the keys into strings
+        if not _is_int(key) or not _is_number(v):
+            raise TypeError(
+                f"class_weight must map class indices (integers) to weights (numbers). Received: {k!r}: {v!r}."
+            )
+        if key < 0 or not math.isfinite(v) or v < 0:
+            raise ValueError(
+                f"class_weight must map class indices >= 0 to finite weights >= 0. Received: class_weight[{k!r}]={v!r}."
+            )
+        out[int(key)] = float(v)
+    return out
+
+
+def validation_freq(x):
+    """Keras ``fit``'s ``validation_freq``: validate every N epochs (an int >= 1), or after the listed
+    epochs (1-based)."""
+    if _is_int(x):
+        if x < 1:
+            raise ValueError(f"validation_freq must be at least 1. Received: validation_freq={x!r}.")
+        return int(x)
+    if isinstance(x, (list, tuple)) and x and all(_is_int(e) for e in x):
+        if min(x) < 1:
+            raise ValueError(f"validation_freq lists epochs, counted from 1. Received: validation_freq={list(x)!r}.")
+        return sorted({int(e) for e in x})
+    raise TypeError(f"validation_freq must be an integer >= 1 or a non-empty list of epoch numbers. Received: {x!r}.")
+
+
 def callbacks(x):
     if x is None or isinstance(x, (list, tuple)):
         return x
@@ -427,6 +463,8 @@ CONVERTERS: dict[str, Converter] = {
     "sample_weight_col": optional_str("sample_weight_col"),
     "validation": validation,
     "callbacks": callbacks,
+    "class_weight": class_weight,
+    "validation_freq": validation_freq,
     "batch_size": int_at_least("batch_size", 1),
     "val_batch_size": int_at_least("val_batch_size", 1, optional=True),
     "epochs": int_at_least("epochs", 1),
@@ -490,6 +528,7 @@ _NOT_NONE = (
     "val_reader_num_workers",
     "reader_pool_type",
     "inmemory_cache_all",
+    "validation_freq",
 )
 
 
@@ -517,6 +556,8 @@ class FitParams:
     sample_weight_col: str | None = None
     validation: float | str | None = None
     callbacks: list | tuple | None = None
+    class_weight: dict[int, float] | None = None
+    validation_freq: int | list[int] = 1
     batch_size: int = 32
     val_batch_size: int | None = None
     epochs: int = 1

@@ -41,11 +41,7 @@ def model_specs(model) -> tuple[list[TensorSpec], list[TensorSpec]]:
     except (AttributeError, ValueError):
         inputs = outputs = []
     if not inputs or not outputs:
-        raise ValueError(
-            "model must be built with known input shapes: use a Functional or Sequential model that "
-            "starts with keras.Input(shape=...). Received: a model without defined inputs "
-            f"({type(model).__name__})."
-        )
+        return _subclassed_specs(model)
     in_names = list(
         getattr(model, "input_names", None) or [getattr(t, "name", f"input_{i}") for i, t in enumerate(inputs)]
     )
@@ -53,6 +49,57 @@ def model_specs(model) -> tuple[list[TensorSpec], list[TensorSpec]]:
     in_keys = _struct_keys(getattr(model, "_inputs_struct", None), len(inputs))
     out_keys = _struct_keys(getattr(model, "_outputs_struct", None), len(outputs))
     return _specs(inputs, in_names, "input", in_keys), _specs(outputs, out_names, "output", out_keys)
+
+
+INPUT_DTYPES_ATTR = "_hvd_spark_input_dtypes"  # set by build_subclassed: a build config keeps no dtypes
+
+
+def needs_build(model) -> bool:
+    """A subclassed model that was never called: its input shapes are not known yet."""
+    try:
+        has_inputs = bool(model.inputs)
+    except (AttributeError, ValueError):
+        has_inputs = False
+    return not has_inputs and not getattr(model, "built", False)
+
+
+def build_subclassed(model, shapes: list[tuple], dtypes: list[str]) -> None:
+    """Builds a subclassed model as its first batch in ``fit`` would: called once on symbolic inputs
+    of these per-row shapes and dtypes (one input: the tensor; several: a list, in order)."""
+    import keras
+
+    tensors = [keras.KerasTensor((None, *shape), dtype=dtype) for shape, dtype in zip(shapes, dtypes)]
+    model(tensors[0] if len(tensors) == 1 else tensors)
+    setattr(model, INPUT_DTYPES_ATTR, list(dtypes))
+
+
+def _subclassed_specs(model) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The specs of a built subclassed model (no symbolic inputs): the input shapes it was built with
+    and the outputs of a symbolic call on them."""
+    import keras
+
+    config = model.get_build_config() if getattr(model, "built", False) else None
+    shapes = (config or {}).get("input_shape")
+    if shapes is None:
+        raise ValueError(
+            "model must be built or buildable from its input shapes. Received a subclassed model "
+            f"({type(model).__name__}) that was built without them (its build config holds no input_shape). "
+            "Call it once on a batch of the features, or use a Functional model that starts with keras.Input."
+        )
+    several = isinstance(shapes, (list, tuple)) and bool(shapes) and all(isinstance(x, (list, tuple)) for x in shapes)
+    shapes = [tuple(x) for x in shapes] if several else [tuple(shapes)]
+    dtypes = list(getattr(model, INPUT_DTYPES_ATTR, None) or ["float32"] * len(shapes))
+    tensors = [keras.KerasTensor(shape, dtype=dtype) for shape, dtype in zip(shapes, dtypes)]
+    out = model.compute_output_spec(tensors if several else tensors[0])
+    keys = None
+    if isinstance(out, dict):
+        keys = [str(k) for k in keras.tree.flatten({k: k for k in out})]
+        outs = [out[k] for k in keys]
+    else:
+        outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    in_names = [f"input_{i}" for i in range(len(tensors))]
+    out_names = keys or [f"output_{i}" for i in range(len(outs))]
+    return _specs(tensors, in_names, "input"), _specs(outs, out_names, "output", keys)
 
 
 def model_fingerprint(model) -> str:
@@ -186,6 +233,21 @@ _MISSING = "<missing>"
 def _short(value) -> str:
     text = json.dumps(value, sort_keys=True, default=str) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def compile_extras(model, optimizer=None) -> dict:
+    """What the ranks need to compile ``model`` as it was compiled here, beyond its saved file: the
+    model's dtype policy (a Functional model loaded elsewhere takes that process's global policy, and
+    ``compile`` wraps the optimizer in a ``LossScaleOptimizer`` only under ``"mixed_float16"``) and
+    ``compile``'s ``auto_scale_loss``, which Keras does not save (read off the compiled optimizer; True
+    when the optimizer is the ``optimizer`` Param's, as ``compile``'s default)."""
+    import keras
+
+    policy = keras.dtype_policies.get(getattr(model, "dtype_policy", None) or "float32").name
+    auto = True
+    if optimizer is None and is_compiled(model) and policy == "mixed_float16":
+        auto = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    return {"dtype_policy": policy, "auto_scale_loss": auto}
 
 
 def is_compiled(model) -> bool:

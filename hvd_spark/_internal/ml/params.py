@@ -128,6 +128,15 @@ class EstimatorParams(ColumnParams):
         "random_seed), or the name of a boolean / 0-1 column marking validation rows.",
     )
     callbacks = _checked("callbacks", "Keras callbacks run on every rank (after metrics are averaged).")
+    class_weight = _checked(
+        "class_weight",
+        "As for keras.Model.fit: {class index: weight}, weighting each training row's loss by its class "
+        "(a single-output model; not with sample_weight_col).",
+    )
+    validation_freq = _checked(
+        "validation_freq",
+        "As for keras.Model.fit: validate every N epochs (an int), or after the listed epochs (1-based). Default 1.",
+    )
     batch_size = _checked(
         "batch_size",
         "Rows per training batch on each rank (the global batch is batch_size * num_proc). Not the fitted "

@@ -27,6 +27,7 @@ _OBJECT_PARAMS = (
     "metrics",
     "custom_objects",
     "callbacks",
+    "class_weight",
     "backend_env",
     "transformation_fn",
     "checkpoint_callback",

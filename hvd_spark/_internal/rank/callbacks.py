@@ -54,22 +54,41 @@ class ExactValidationCallback(keras.callbacks.Callback):
     sums, so ``val_*`` equals one ``evaluate`` of the whole split. Metrics whose state is not additive
     over rows (a custom metric keeping a maximum) are not exact this way; Keras' built-in ones are.
 
+    ``evaluate`` is always given its number of steps: over a dataset of unknown length, Keras 3's
+    per-output loss trackers count one step more than there were (``val_<output>_loss`` too low).
+
     Args:
         dataset: a finite dataset of this rank's validation rows, or None when the rank has none.
         steps: at most this many batches per rank (``validation_steps_per_epoch``), or None: all.
+        batches: the number of batches ``dataset`` holds, when known (else counted on first use).
         callbacks: callbacks for the evaluation (progress ticks).
+        freq: Keras ``fit``'s ``validation_freq``: every N epochs, or after the listed epochs (1-based).
     """
 
-    def __init__(self, dataset, steps: int | None = None, callbacks=()):
+    def __init__(self, dataset, steps: int | None = None, callbacks=(), *, batches: int | None = None, freq=1):
         super().__init__()
         self.dataset, self.steps, self.callbacks = dataset, steps, list(callbacks)
+        self.batches, self.freq = batches, freq
+
+    def _due(self, epoch: int) -> bool:
+        if isinstance(self.freq, int):
+            return (epoch + 1) % self.freq == 0
+        return epoch + 1 in self.freq
+
+    def _steps(self) -> int:
+        if self.batches is None:
+            self.batches = int(self.dataset.reduce(0, lambda n, _: n + 1).numpy())  # once per fit
+        return self.batches if self.steps is None else min(self.steps, self.batches)
 
     def on_epoch_end(self, epoch, logs=None):
         import horovod.tensorflow as hvd
 
+        if not self._due(epoch):
+            return
         model = self.model
-        if self.dataset is not None:
-            model.evaluate(self.dataset, steps=self.steps, verbose=0, callbacks=self.callbacks)
+        steps = self._steps() if self.dataset is not None else 0
+        if steps:
+            model.evaluate(self.dataset, steps=steps, verbose=0, callbacks=self.callbacks)
         else:
             model.reset_metrics()
         variables = [v for m in model.metrics for v in m.variables]
@@ -83,6 +102,151 @@ class ExactValidationCallback(keras.callbacks.Callback):
         if logs is not None:
             logs.update({f"val_{k}": float(v) for k, v in results.items() if is_number(v)})
         model.reset_metrics()
+
+
+class StopAgreementCallback(keras.callbacks.Callback):
+    """``model.stop_training`` set on any rank stops every rank together, as one process would stop.
+
+    Keras ends ``fit`` after the step (or epoch) in which a callback set ``model.stop_training``; a rank
+    that stopped alone would leave the others waiting in the next allreduce. At each epoch's end, and
+    after each step when a user callback acts on steps (``batch_hooks``), the ranks agree with one
+    allreduce of a flag: any rank's request stops all of them there. Put it after the user's callbacks.
+    """
+
+    def __init__(self, batch_hooks: bool):
+        super().__init__()
+        self.batch_hooks = batch_hooks
+
+    def _agree(self) -> None:
+        import horovod.tensorflow as hvd
+
+        if hvd.size() == 1:
+            return
+        flag = tf.constant([1.0 if self.model.stop_training else 0.0], dtype=tf.float32)
+        requested = float(hvd.allreduce(flag, op=hvd.Sum, name="hvd_spark.stop_training").numpy()[0])
+        if requested > 0 and not self.model.stop_training:
+            import logging
+
+            logging.getLogger(__name__).info(
+                "%d rank(s) set model.stop_training: every rank stops here", int(requested)
+            )
+        self.model.stop_training = requested > 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.batch_hooks:
+            self._agree()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._agree()
+
+
+_BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
+
+
+def acts_on_steps(callbacks) -> bool:
+    """Whether any of ``callbacks`` has code of its own that runs at training steps (where it may set
+    ``model.stop_training``): a hook overridden by its class or set on the object (LambdaCallback).
+    Keras' file writers (:data:`FILE_WRITERS`) act on steps but never stop training."""
+    base = keras.callbacks.Callback
+    for cb in callbacks:
+        if isinstance(cb, FILE_WRITERS):
+            continue
+        for name in _BATCH_HOOKS:
+            if name in vars(cb) or getattr(type(cb), name, None) is not getattr(base, name):
+                return True
+    return False
+
+
+class UpdateCheckCallback(keras.callbacks.Callback):
+    """After the first training step and the first epoch, checks that the trainable weights are equal on
+    every rank (one allgather of a digest per rank). A ``train_step`` that changes weights without
+    ``self.optimizer`` (``apply`` / ``apply_gradients``, where the gradients are averaged) would
+    otherwise train every rank apart and fail only when ``fit`` compares the ranks at its end."""
+
+    def __init__(self):
+        super().__init__()
+        self._checks = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._checks == 0:
+            self._check("the first training step")
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._checks == 1:
+            self._check("the first epoch")
+
+    def _check(self, when: str) -> None:
+        import hashlib
+
+        import horovod.tensorflow as hvd
+        import numpy as np
+
+        self._checks += 1
+        if hvd.size() == 1:
+            return
+        h = hashlib.sha256()
+        for v in self.model.trainable_weights:
+            h.update(np.ascontiguousarray(np.asarray(v)).tobytes())
+        mine = np.frombuffer(h.digest(), dtype=np.uint8)
+        digests = hvd.allgather(tf.constant(mine[None, :]), name=f"hvd_spark.update_check.{self._checks}").numpy()
+        differ = [r for r in range(len(digests)) if not np.array_equal(digests[r], digests[0])]
+        if differ:
+            raise RuntimeError(
+                f"The trainable weights of ranks {differ} differ from rank 0's after {when}: the model's "
+                "train_step changed weights without self.optimizer, whose apply / apply_gradients averages the "
+                "gradients over the ranks. In train_step, compute the gradients and call "
+                "self.optimizer.apply(grads, self.trainable_variables) (or apply_gradients); variables updated "
+                "otherwise (statistics, counters) must not be trainable."
+            )
+
+
+# Keras callbacks that write files: on rank 0 only (every rank sees the same averaged logs), where a
+# relative path lands in the run's outputs/ folder in the store (OutputsSync).
+FILE_WRITERS = (keras.callbacks.TensorBoard, keras.callbacks.CSVLogger, keras.callbacks.ModelCheckpoint)
+
+
+def rank_callbacks(callbacks, rank: int) -> list:
+    """The user's callbacks that run on ``rank``: all of them on rank 0; on the others, all but
+    :data:`FILE_WRITERS` (the same file written by every rank would race, or land on every host)."""
+    return [cb for cb in callbacks if rank == 0 or not isinstance(cb, FILE_WRITERS)]
+
+
+class OutputsSync(keras.callbacks.Callback):
+    """Rank 0: copies what its callbacks wrote under ``local`` (its working folder during ``fit``) to
+    ``dest`` in the store after every epoch and at the end of training; only new or changed files."""
+
+    def __init__(self, store, local: str, dest: str):
+        super().__init__()
+        self.store, self.local, self.dest = store, local, dest
+        self._seen: dict[str, tuple[int, int]] = {}
+
+    def sync(self) -> int:
+        import os
+        import posixpath
+
+        copied = 0
+        for dirpath, _, files in os.walk(self.local):
+            for name in files:
+                path = os.path.join(dirpath, name)
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:  # removed meanwhile (a callback's temporary file)
+                    continue
+                if self._seen.get(path) == (st.st_size, st.st_mtime_ns):
+                    continue
+                rel = os.path.relpath(path, self.local).replace(os.sep, "/")
+                dest = posixpath.join(self.dest, rel)
+                self.store._makedirs(posixpath.dirname(dest))
+                self.store._upload_file(path, dest)
+                self._seen[path] = (st.st_size, st.st_mtime_ns)
+                copied += 1
+        return copied
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.sync()
+
+    def on_train_end(self, logs=None):
+        self.sync()
 
 
 def seed_states(seed: int, rank: int, epoch: int, count: int) -> list[list[int]]:

@@ -42,41 +42,68 @@ def _rank_seed(seed: int, rank: int) -> int:
 
 
 def _build_model(cfg: RunConfig, custom_objects):
-    """The model to train: the latest checkpoint when resuming, else the user's model (compiled)."""
+    """The model to train: the latest checkpoint when resuming, else the user's model, compiled as the
+    user compiled it (every ``compile`` option: ``weighted_metrics``, ``steps_per_execution``,
+    ``jit_compile``, ``run_eagerly``, ``auto_scale_loss``, the dtype policy) with the optimizer, loss,
+    metrics and loss weights given as Params in place of the model's."""
     from hvd_spark._internal.common.serde import load_model_file, loads_keras_obj, model_from_bytes
     from hvd_spark._internal.data.store import Store
 
+    comp = cfg.compile
+    policy = comp.get("dtype_policy")
+    if policy and (policy != "mixed_float16" or comp.get("auto_scale_loss", True)):
+        # A Functional model takes the global policy as its own when it is loaded: under the driver's
+        # "mixed_float16", compile wraps the optimizer in a LossScaleOptimizer, as it did there.
+        keras.mixed_precision.set_global_policy(policy)
     if cfg.resume_ckpt:
         store = Store.from_config(cfg.store)
         # Weights, optimizer state (its step counter included) and compile config, as saved.
-        return load_model_file(
+        model = load_model_file(
             store._url(cfg.resume_ckpt), custom_objects, compile=True, storage_options=store.storage_options
         )
-    if cfg.model_bytes is None:
+    elif cfg.model_bytes is None:
         raise ValueError("The run configuration has neither a checkpoint to resume nor the model to start from.")
-    model = model_from_bytes(cfg.model_bytes, custom_objects=custom_objects, compile=True)
-    comp = cfg.compile
-    if any(comp.get(k) is not None for k in ("optimizer", "loss", "metrics", "loss_weights")) or not getattr(
-        model, "compiled", False
-    ):
-        optimizer = loads_keras_obj(comp["optimizer"], custom_objects) if comp.get("optimizer") else None
-        if isinstance(optimizer, str):
-            optimizer = keras.optimizers.get(optimizer)
-        loss = loads_keras_obj(comp["loss"], custom_objects) if comp.get("loss") else None
-        metrics = loads_keras_obj(comp["metrics"], custom_objects) if comp.get("metrics") else None
-        weights = comp.get("loss_weights")
-        model.compile(
-            optimizer=optimizer or model.optimizer,
-            loss=loss or model.loss,
-            metrics=metrics if metrics is not None else _compiled_metrics(model),
-            loss_weights=weights if weights is not None else getattr(model, "loss_weights", None),
-        )
+    else:
+        model = model_from_bytes(cfg.model_bytes, custom_objects=custom_objects, compile=True)
+        given = {k: comp.get(k) for k in ("optimizer", "loss", "metrics", "loss_weights") if comp.get(k) is not None}
+        if given or not getattr(model, "compiled", False):
+            kwargs = _compile_config(model, custom_objects)
+            kwargs.update({k: loads_keras_obj(v, custom_objects) for k, v in given.items() if k != "loss_weights"})
+            if "loss_weights" in given:
+                kwargs["loss_weights"] = given["loss_weights"]
+            if isinstance(kwargs.get("optimizer"), str):
+                kwargs["optimizer"] = keras.optimizers.get(kwargs["optimizer"])
+            model.compile(**kwargs, auto_scale_loss=comp.get("auto_scale_loss", True))
+    _no_jit_across_ranks(model)
     return model
 
 
-def _compiled_metrics(model):
-    cfg = model.get_compile_config() if hasattr(model, "get_compile_config") else None
-    return (cfg or {}).get("metrics")
+def _compile_config(model, custom_objects) -> dict:
+    """``compile``'s arguments as the model was compiled (all of them but ``auto_scale_loss``, which
+    Keras does not keep), with the loaded optimizer itself (its state) in place of its config."""
+    if not getattr(model, "compiled", False):
+        return {}
+    config = model.get_compile_config() or {}
+    with keras.saving.custom_object_scope(custom_objects or {}):
+        kwargs = dict(keras.saving.deserialize_keras_object(config)) if config else {}
+    if getattr(model, "optimizer", None) is not None:
+        kwargs["optimizer"] = model.optimizer
+    return kwargs
+
+
+def _no_jit_across_ranks(model) -> None:
+    """XLA cannot compile Horovod's collectives into the train step: with several ranks the step runs
+    as a plain ``tf.function`` (a user's ``jit_compile=True`` is turned off, with a warning)."""
+    import horovod.tensorflow as hvd
+
+    if hvd.size() > 1 and getattr(model, "jit_compile", False):
+        if hvd.rank() == 0:
+            logger.warning(
+                "jit_compile=True is turned off on the ranks: XLA cannot compile Horovod's gradient allreduce "
+                "into the train step (the step runs as a tf.function without XLA). Layers can still use XLA "
+                "themselves."
+            )
+        model.jit_compile = False
 
 
 def train(cfg: RunConfig) -> dict:
@@ -108,7 +135,12 @@ def train(cfg: RunConfig) -> dict:
         EventCallback,
         ExactValidationCallback,
         MetricAverageCallback,
+        OutputsSync,
         RankRandomnessCallback,
+        StopAgreementCallback,
+        UpdateCheckCallback,
+        acts_on_steps,
+        rank_callbacks,
     )
     from hvd_spark._internal.rank.cursor import DataPlan, PositionCallback, ResizeCheck, Segment
     from hvd_spark._internal.rank.optimizer import make_distributed
@@ -136,7 +168,9 @@ def train(cfg: RunConfig) -> dict:
         transformation=_transformation(cfg),
     )
 
-    user_callbacks = cloudpickle.loads(cfg.callbacks) if cfg.callbacks else []
+    all_user_callbacks = cloudpickle.loads(cfg.callbacks) if cfg.callbacks else []
+    user_callbacks = rank_callbacks(all_user_callbacks, rank)
+    step_stops = acts_on_steps(all_user_callbacks)  # the same on every rank: they agree at the same points
     state_cb = StateAgreementCallback()
     ticks = _Ticks()
     tmp = tempfile.mkdtemp(prefix="hvd_spark-rank-")
@@ -146,6 +180,10 @@ def train(cfg: RunConfig) -> dict:
     segments = data.segments() if data is not None else [Segment(cfg.initial_epoch, cfg.epochs, cfg.steps_per_epoch)]
     if rank == 0 and data is not None and data.restarted_epoch is not None:
         store._remove_commits_before(cfg.run_id, data.restarted_epoch + 1, 0)  # its new commits take their names
+    outputs = os.path.join(tmp, "outputs")  # the working folder during fit: callbacks' relative paths
+    os.makedirs(outputs)
+    cwd = os.getcwd()
+    os.chdir(outputs)
     try:
         with _maybe_val(cfg, rank, data_kw) as val_ds:
             callbacks: list = [
@@ -154,13 +192,20 @@ def train(cfg: RunConfig) -> dict:
                 _FirstStep(),
                 BroadcastStateCallback(),
                 RankRandomnessCallback(cfg.seed, rank),  # after the broadcast, which copies rank 0's generators
+                UpdateCheckCallback(),  # weights equal on all ranks after the first step: updates were averaged
                 state_cb,  # before validation and checkpoints: layer state agrees
                 MetricAverageCallback(),
             ]
             if cfg.val_files is not None:  # every validation row once per evaluation, metrics summed over ranks
                 steps = None if cfg.validation_exact else cfg.validation_steps
-                callbacks.append(ExactValidationCallback(val_ds, steps, [ticks]))
+                batches = _val_batches(cfg, rank, size)
+                callbacks.append(
+                    ExactValidationCallback(val_ds, steps, [ticks], batches=batches, freq=cfg.validation_freq)
+                )
             callbacks += user_callbacks
+            callbacks.append(StopAgreementCallback(step_stops))  # any rank's stop stops all
+            if rank == 0:  # after the user's callbacks: what they wrote this epoch
+                callbacks.append(OutputsSync(store, outputs, store.outputs_path(cfg.run_id)))
             ckpt_cb = best = None
             if rank == 0:
                 ckpt_cb = _CheckpointCallback(
@@ -203,6 +248,7 @@ def train(cfg: RunConfig) -> dict:
                         callbacks=callbacks,
                         verbose=2 if (cfg.verbose >= 2 and rank == 0) else 0,
                         shuffle=False,
+                        class_weight=cfg.class_weight,
                     )  # the reader shuffles (row-group order, rows within windows)
                 if (resize_cb is not None and resize_cb.stopped) or model.stop_training:
                     break
@@ -240,6 +286,7 @@ def train(cfg: RunConfig) -> dict:
             result["epoch_logs"] = ckpt_cb.history
         return result
     finally:
+        os.chdir(cwd)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -423,6 +470,25 @@ def _maybe_val(cfg: RunConfig, rank: int, data_kw: dict):
         passes=1,
         **data_kw,
     )
+
+
+def _val_batches(cfg: RunConfig, rank: int, size: int) -> int | None:
+    """The batches of this rank's validation rows (``_maybe_val``), from the row counts the driver
+    planned with; None when a ``transformation_fn`` may change the rows (they are counted instead)."""
+    import math
+
+    if cfg.transformation_fn:
+        return None
+    if cfg.val_units:
+        total = sum(u[2] for u in cfg.val_units)
+        rows = (rank + 1) * total // size - rank * total // size
+    else:
+        counts = dict(cfg.val_table)
+        mine = cfg.val_files[rank] if cfg.val_files and rank < len(cfg.val_files) else []
+        if any(path not in counts for path in mine):
+            return None
+        rows = sum(counts[path] for path in mine)
+    return math.ceil(rows / cfg.val_batch_size)
 
 
 def _planned_val(cfg: RunConfig, rank: int, data_kw: dict):
