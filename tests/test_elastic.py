@@ -23,7 +23,8 @@ pytestmark = pytest.mark.cluster
 ROWS = 2400
 EPOCHS = 6  # the executor returns after the two-rank attempt's first commit; a grow needs an epoch end after that
 
-SCRIPT = textwrap.dedent("""
+SCRIPT = (
+    textwrap.dedent("""
     import json, os, signal, subprocess, sys, threading, time
     import numpy as np
     import keras
@@ -99,7 +100,10 @@ SCRIPT = textwrap.dedent("""
         }))
     finally:
         spark.stop()
-""").replace("ROWS", str(ROWS)).replace("EPOCHS", str(EPOCHS))
+""")
+    .replace("ROWS", str(ROWS))
+    .replace("EPOCHS", str(EPOCHS))
+)
 
 
 def _trained_rows(trace_dir: pathlib.Path):
