@@ -391,6 +391,47 @@ def test_stop_training_on_one_rank_stops_all(spark, tmp_path, table):
     assert len(fitted.getHistory()["loss"]) == 1
 
 
+class _StopAtEpochBegin(keras.callbacks.Callback):
+    """Asks to stop at the start of an epoch, on one rank only (no step hooks)."""
+
+    def __init__(self, rank: int, epoch: int):
+        super().__init__()
+        self.rank, self.epoch = rank, epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        import horovod.tensorflow as hvd
+
+        if hvd.rank() == self.rank and epoch == self.epoch:
+            self.model.stop_training = True
+
+
+def test_stop_training_at_an_epoch_start_on_one_rank_stops_all(spark, tmp_path, table):
+    """As Keras in one process: a stop asked for at an epoch's start ends fit after that epoch's first step."""
+    path, _ = table
+
+    def make():
+        keras.utils.set_random_seed(5)
+        x = keras.Input((8,))
+        model = keras.Model(x, keras.layers.Dense(1)(_dense_trunk(x)))
+        model.compile("sgd", "mse")
+        return model
+
+    fitted = _hvd_fit(
+        spark,
+        tmp_path / "s",
+        path,
+        make,
+        ["x"],
+        ["price"],
+        num_proc=2,
+        epochs=3,
+        callbacks=[_StopAtEpochBegin(0, 1)],
+        stall_timeout=120,
+    )
+    summary = fitted.getFitSummary()
+    assert [r.iterations for r in summary.ranks] == [summary.steps_per_epoch + 1] * 2
+
+
 class DriftingModel(keras.Model):
     """A train_step that moves a trainable weight by hand, without the optimizer (against the rule)."""
 

@@ -73,8 +73,24 @@ def model_custom_objects(model, custom_objects: dict[str, Any] | None, params: A
             out.setdefault(name, registry[name])
     for item in _user_objects(model, params):
         with contextlib.suppress(Exception):
-            out.setdefault(keras.saving.get_registered_name(item), item)
+            name = keras.saving.get_registered_name(item)
+            if ">" not in name and not isinstance(item, type) and _keras_knows(name):
+                continue  # a function named like a Keras one ("gelu", "mse"): it would replace Keras' everywhere
+            out.setdefault(name, item)
     return out
+
+
+def _keras_knows(name: str) -> bool:
+    """Whether Keras resolves ``name`` itself (an activation, loss or metric of its own)."""
+    import keras
+
+    for get in (keras.activations.get, keras.losses.get, keras.metrics.get):
+        try:
+            get(name)
+            return True
+        except (ValueError, TypeError):
+            continue
+    return False
 
 
 def _flat(obj) -> list:

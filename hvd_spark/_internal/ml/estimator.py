@@ -73,8 +73,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         validation: fraction in [0, 1) or the name of a boolean / 0-1 column.
         callbacks: Keras callbacks, run on every rank after metrics are averaged. When any rank sets
             ``model.stop_training``, every rank stops at the end of that step or epoch. Callbacks
-            that write files (TensorBoard, CSVLogger, ModelCheckpoint, BackupAndRestore) run on rank 0
-            only; relative paths land in the run's ``outputs/`` folder in the store (docs/estimator.md).
+            that write files (TensorBoard, CSVLogger, ModelCheckpoint) run on rank 0 only; relative
+            paths land in the run's ``outputs/`` folder in the store (docs/estimator.md). BackupAndRestore
+            is refused (``run_id`` resumes a run).
         class_weight, validation_freq: as for ``keras.Model.fit``.
         batch_size: rows per training batch per rank (default 32); val_batch_size: default
             batch_size. The fitted :class:`TFTransformer` has a ``batch_size`` of its own (rows per

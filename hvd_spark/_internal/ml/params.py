@@ -127,7 +127,11 @@ class EstimatorParams(ColumnParams):
         "Validation split: a fraction in [0, 1) of the rows (random, seeded by "
         "random_seed), or the name of a boolean / 0-1 column marking validation rows.",
     )
-    callbacks = _checked("callbacks", "Keras callbacks run on every rank (after metrics are averaged).")
+    callbacks = _checked(
+        "callbacks",
+        "Keras callbacks run on every rank after metrics are averaged (TensorBoard, CSVLogger and ModelCheckpoint "
+        "on rank 0 only, relative paths under the run's outputs/ in the store).",
+    )
     class_weight = _checked(
         "class_weight",
         "As for keras.Model.fit: {class index: weight}, weighting each training row's loss by its class "

@@ -108,9 +108,11 @@ class StopAgreementCallback(keras.callbacks.Callback):
     """``model.stop_training`` set on any rank stops every rank together, as one process would stop.
 
     Keras ends ``fit`` after the step (or epoch) in which a callback set ``model.stop_training``; a rank
-    that stopped alone would leave the others waiting in the next allreduce. At each epoch's end, and
-    after each step when a user callback acts on steps (``batch_hooks``), the ranks agree with one
-    allreduce of a flag: any rank's request stops all of them there. Put it after the user's callbacks.
+    that stopped alone would leave the others waiting in the next allreduce. At each epoch's start and
+    end, and after each step when a user callback acts on steps (``batch_hooks``), the ranks agree with
+    one allreduce of a flag: any rank's request stops all of them there (a request made at an epoch's
+    start, or in ``on_train_begin``, stops every rank after that epoch's first step, as Keras stops one
+    process). Put it after the user's callbacks.
     """
 
     def __init__(self, batch_hooks: bool):
@@ -136,6 +138,9 @@ class StopAgreementCallback(keras.callbacks.Callback):
         if self.batch_hooks:
             self._agree()
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._agree()
+
     def on_epoch_end(self, epoch, logs=None):
         self._agree()
 
@@ -146,10 +151,10 @@ _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", 
 def acts_on_steps(callbacks) -> bool:
     """Whether any of ``callbacks`` has code of its own that runs at training steps (where it may set
     ``model.stop_training``): a hook overridden by its class or set on the object (LambdaCallback).
-    Keras' file writers (:data:`FILE_WRITERS`) act on steps but never stop training."""
+    Keras' own file writers (:data:`FILE_WRITERS`, not subclasses) act on steps but never stop training."""
     base = keras.callbacks.Callback
     for cb in callbacks:
-        if isinstance(cb, FILE_WRITERS):
+        if type(cb) in FILE_WRITERS:
             continue
         for name in _BATCH_HOOKS:
             if name in vars(cb) or getattr(type(cb), name, None) is not getattr(base, name):
@@ -242,11 +247,17 @@ class OutputsSync(keras.callbacks.Callback):
                 copied += 1
         return copied
 
+    def _sync_busy(self) -> None:
+        from hvd_spark._internal.common.events import busy
+
+        with busy("copying what callbacks wrote to the store"):  # a large file to an object store: not stalled
+            self.sync()
+
     def on_epoch_end(self, epoch, logs=None):
-        self.sync()
+        self._sync_busy()
 
     def on_train_end(self, logs=None):
-        self.sync()
+        self._sync_busy()
 
 
 def seed_states(seed: int, rank: int, epoch: int, count: int) -> list[list[int]]:
