@@ -209,6 +209,25 @@ def test_multi_output_per_output_losses_and_metrics(spark, tmp_path, table):
     assert h["val_loss"][-1] == pytest.approx(total, rel=1e-5)  # the parts add up to the whole
 
 
+def test_multi_input_with_auc_and_precision(spark, tmp_path, table):
+    """Two inputs (an array column and a scalar one), metrics whose state is not a mean (AUC buckets,
+    precision counts): summed over the ranks, val_* is one evaluate of the whole split."""
+
+    def make():
+        keras.utils.set_random_seed(10)
+        x, w = keras.Input((8,), name="x"), keras.Input((1,), name="weight")
+        h = keras.layers.Concatenate()([_dense_trunk(x), w])
+        model = keras.Model([x, w], keras.layers.Dense(1, activation="sigmoid")(h))
+        model.compile(
+            keras.optimizers.Adam(0.01),
+            "binary_crossentropy",
+            metrics=[keras.metrics.AUC(name="auc"), keras.metrics.Precision(name="precision")],
+        )
+        return model
+
+    _differential(spark, tmp_path, table, make, ["x", "weight"], ["bin"])
+
+
 def test_class_weight_validation_freq_and_sequential(spark, tmp_path, table):
     """Issue 36.5: class_weight and validation_freq were refused as unknown parameters."""
 
