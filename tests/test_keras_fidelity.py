@@ -381,10 +381,8 @@ class _StopOnRank(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-def test_stop_training_on_one_rank_stops_all(spark, tmp_path, table):
-    """Issue 36.6: one rank's model.stop_training left the other waiting in an allreduce until the stall
-    watchdog (300 s) failed the fit, blaming rank 0. Keras stops after that step: so do all ranks."""
-    path, _ = table
+def _stopping_fit(spark, tmp_path, path, callback):
+    """A 3-epoch, 2-rank fit with ``callback`` (which asks one rank to stop); the stall watchdog at 120 s."""
 
     def make():
         keras.utils.set_random_seed(5)
@@ -393,7 +391,7 @@ def test_stop_training_on_one_rank_stops_all(spark, tmp_path, table):
         model.compile("sgd", "mse")
         return model
 
-    fitted = _hvd_fit(
+    return _hvd_fit(
         spark,
         tmp_path / "s",
         path,
@@ -402,9 +400,17 @@ def test_stop_training_on_one_rank_stops_all(spark, tmp_path, table):
         ["price"],
         num_proc=2,
         epochs=3,
-        callbacks=[_StopOnRank(1, 2)],
+        callbacks=[callback],
         stall_timeout=120,
     )
+
+
+def test_stop_training_on_one_rank_stops_all(spark, tmp_path, table):
+    """Issue 36.6: one rank's model.stop_training left the other waiting in an allreduce until the stall
+    watchdog (300 s) failed the fit, blaming rank 0. Keras stops after that step: so do all ranks."""
+    path, _ = table
+
+    fitted = _stopping_fit(spark, tmp_path, path, _StopOnRank(1, 2))
     summary = fitted.getFitSummary()
     assert [r.iterations for r in summary.ranks] == [2, 2]  # both stopped after step 2 of epoch 1
     assert len(fitted.getHistory()["loss"]) == 1
@@ -428,25 +434,7 @@ def test_stop_training_at_an_epoch_start_on_one_rank_stops_all(spark, tmp_path, 
     """As Keras in one process: a stop asked for at an epoch's start ends fit after that epoch's first step."""
     path, _ = table
 
-    def make():
-        keras.utils.set_random_seed(5)
-        x = keras.Input((8,))
-        model = keras.Model(x, keras.layers.Dense(1)(_dense_trunk(x)))
-        model.compile("sgd", "mse")
-        return model
-
-    fitted = _hvd_fit(
-        spark,
-        tmp_path / "s",
-        path,
-        make,
-        ["x"],
-        ["price"],
-        num_proc=2,
-        epochs=3,
-        callbacks=[_StopAtEpochBegin(0, 1)],
-        stall_timeout=120,
-    )
+    fitted = _stopping_fit(spark, tmp_path, path, _StopAtEpochBegin(0, 1))
     summary = fitted.getFitSummary()
     assert [r.iterations for r in summary.ranks] == [summary.steps_per_epoch + 1] * 2
 
