@@ -2,7 +2,9 @@
 
 Public API:
     HorovodEstimator: fit a Keras 3 model on a DataFrame; returns a TFTransformer.
-    TFTransformer: adds the model's predictions to a DataFrame (pandas UDF).
+    TFTransformer: adds the model's predictions to a DataFrame (an iterator Arrow UDF on pyspark >= 4.1,
+        else an iterator pandas UDF; after a fit, on CPU, the model sits in a child of the host's warm
+        server, which the UDF's workers hand their batches to).
     KerasEstimator, KerasModel: horovod.spark.keras's names for HorovodEstimator and TFTransformer
         (the same classes), so that ``import hvd_spark as hvd`` ports ``import horovod.spark.keras as hvd``.
     SparkBackend: horovod.spark's ``SparkBackend(num_proc, env, stdout=..., ...)``: a fit's ranks as
@@ -12,7 +14,8 @@ Public API:
     local_session: a SparkSession for one machine, set up for barrier jobs.
     FitSummary, RankSummary, Recovery: what ``TFTransformer.getFitSummary()`` reports about the fit.
     HvdSparkError, RankFailedError, JobTimeoutError, RankStalledError, NotEnoughSlotsError,
-        LaunchError, RunInUseError, JobCancelledError, DataChangedError: run-time errors.
+        LaunchError, RunInUseError, JobCancelledError, DataChangedError, StoreUnavailableError,
+        DataPreparationError: run-time errors.
     mark_progress: for functions run with ``run``: tells the stall watchdog this rank progresses.
     commit_state, committed_state: for functions run with ``run(..., max_restarts=...)``: rank 0's
         latest state, from which a restarted (or resized) attempt continues.
@@ -30,6 +33,7 @@ from hvd_spark._run import run
 from hvd_spark._session import local_session
 from hvd_spark.errors import (
     DataChangedError,
+    DataPreparationError,
     HvdSparkError,
     JobCancelledError,
     JobTimeoutError,
@@ -38,6 +42,7 @@ from hvd_spark.errors import (
     RankFailedError,
     RankStalledError,
     RunInUseError,
+    StoreUnavailableError,
 )
 
 # name -> "module" (the name itself there) or "module:name there" (horovod.spark.keras's names)
@@ -79,6 +84,7 @@ __all__ = [
     "Recovery",
     "HvdSparkError",
     "DataChangedError",
+    "DataPreparationError",
     "RankFailedError",
     "JobTimeoutError",
     "RankStalledError",
@@ -89,4 +95,5 @@ __all__ = [
     "LaunchError",
     "RunInUseError",
     "JobCancelledError",
+    "StoreUnavailableError",
 ]

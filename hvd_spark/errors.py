@@ -16,6 +16,54 @@ class DataChangedError(HvdSparkError):
     half-old, half-new data. Never restarted: fit again to train on the table as it is now."""
 
 
+class StoreUnavailableError(HvdSparkError):
+    """An operation on the store kept failing with transient errors (connection refused or reset,
+    timeouts, 5xx answers, throttling) for longer than the retry window (``store_retry_window``).
+    Inside a rank it fails the rank, and the fit restarts when ``max_restarts`` allows.
+
+    Attributes:
+        store: the store's URL (without credentials).
+        operation: what hvd_spark was doing (``"listing the checkpoints of run r1"``).
+        cause: the last error, on one line.
+        seconds: how long it was tried; ``tries``: how many times.
+    """
+
+    def __init__(self, store: str, operation: str, cause: str, seconds: float = 0.0, tries: int = 0, window=0.0):
+        self.store, self.operation, self.cause = store, operation, cause
+        self.seconds, self.tries, self.window = float(seconds), int(tries), float(window)
+        super().__init__(
+            f"store {store}: {operation} failed: {cause} (tried {self.tries} times over {self.seconds:.0f}s; the "
+            f"retry window is {self.window:g}s, HVD_SPARK_STORE_RETRY_WINDOW)"
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.store, self.operation, self.cause, self.seconds, self.tries, self.window))
+
+
+class DataPreparationError(HvdSparkError):
+    """A Spark job that a fit runs on the driver to prepare its data failed: writing the training data
+    to the store, scanning a table read in place, listing the input files, computing statistics.
+
+    The first line of the message is ``"<what hvd_spark was doing>: <root cause>"``: the store's URL
+    (without credentials) where the job writes to it, then the innermost Java exception (``java.io.
+    IOException: No space left on device``) or the Python exception raised on an executor, a UDF of
+    yours included, with the function, file and line that raised it. Spark's own error, with its stack
+    traces, is the ``__cause__``. Never restarted (``max_restarts`` covers training).
+
+    Attributes:
+        what: what hvd_spark was doing.
+        root_cause: the innermost cause, one line.
+    """
+
+    def __init__(self, message: str, what: str = "", root_cause: str = ""):
+        self.what = what
+        self.root_cause = root_cause
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.what, self.root_cause))
+
+
 class LaunchError(HvdSparkError):
     """The Horovod job could not be started or was lost (tasks not scheduled, not answering)."""
 

@@ -225,6 +225,19 @@ def test_resume_counts_epochs_exactly(spark, tmp_path):
     with pytest.raises(ValueError, match=differs):
         HorovodEstimator(epochs=6, **dict(kw, model=other)).fit(df)
 
+    # Other rows, or another split of them, are refused before any work, finished or resumed (before: the
+    # run went on, or returned its model, on whatever data it was given).
+    other_rows = xor_frame(spark, 256, seed=1)
+    for epochs in (6, 5):
+        with pytest.raises(
+            ValueError,
+            match="run_id 'resume-me' .* was trained on other data.*differs .*: the DataFrame's query or the rows",
+        ):
+            HorovodEstimator(epochs=epochs, **kw).fit(other_rows)
+    with pytest.raises(ValueError, match=r"validation: 0.25 -> 0.3"):
+        HorovodEstimator(epochs=6, **dict(kw, validation=0.3)).fit(df)
+    assert [c.epoch for c in Store(store).checkpoints("resume-me")] == [1, 2, 3, 4, 5]
+
 
 @pytest.mark.parametrize("reader", READERS)
 def test_both_readers_train_to_identical_weights_across_ranks(spark, tmp_path, reader):

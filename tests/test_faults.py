@@ -1,7 +1,9 @@
 """Faults that break things for real: a rank that stalls (SIGSTOP of its process, a
 collective that one rank never joins) is found by the stall watchdog, reported with its host and
 where each rank was, and then restarted from the last checkpoint or failed; crash points: a rank
-dying between a checkpoint's model file and its JSON, and the driver killed (kill -9) mid-fit."""
+dying between a checkpoint's model file and its JSON, and the driver killed (kill -9) mid-fit; a
+store too small for the data's copy (a 2 MB tmpfs) and a user's UDF failing in the copy, whose
+errors' first lines name what hvd_spark was doing and the root cause."""
 
 import contextlib
 import json
@@ -218,3 +220,62 @@ def test_a_driver_killed_mid_fit_leaves_no_process_and_its_run_resumes(spark, tm
     assert f"resuming run 'killed' from epoch {done} of {done + 1}" in caplog.text
     assert len(model.getHistory()["loss"]) == done + 1
     assert [c.epoch for c in Store(store).checkpoints("killed")] == list(range(1, done + 2))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MB tmpfs: a store on it runs out of space while the data is copied."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    command = ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"a 2 MB tmpfs store needs `mount -t tmpfs` (root): {done.stderr.strip() or done.returncode}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("writer", ["spark", "store"])  # Spark's Parquet writer; each task through fsspec
+def test_a_full_disk_while_the_data_is_copied_names_the_store_and_the_cause_and_leaves_no_attempt(
+    spark, small_disk, writer
+):
+    from pyspark.sql import functions as F
+
+    # About 4 MB of random floats: twice the disk. The run's lease (a few hundred bytes) is written
+    # before; the data is the first large write.
+    df = spark.range(500_000).select(
+        F.array(F.rand(1).cast("float"), F.rand(2).cast("float")).alias("x"), (F.rand(3) > 0.5).cast("long").alias("y")
+    )
+    store = str(small_disk / "store")
+    with pytest.raises(Exception) as info:
+        xor_estimator(Store(store, parquet_writer=writer), run_id="full", verbose=0).fit(df)
+    first = str(info.value).splitlines()[0]
+    assert "writing the training data to" in first and store in first, f"{type(info.value).__name__}: {first}"
+    assert "No space left on device" in first, first
+    assert isinstance(info.value, hvd_spark.DataPreparationError)
+    assert info.value.__cause__ is not None  # Spark's own error, for its stack traces
+    data = small_disk / "store" / "data"
+    left = [os.path.join(d, f) for d, _, fs in os.walk(data) for f in fs] if data.exists() else []
+    assert left == [] and (not data.exists() or os.listdir(data) == []), left  # no half-written attempt
+
+
+@pytest.mark.parametrize("writer", ["spark", "store"])
+def test_a_users_udf_failing_while_the_data_is_copied_is_named_in_the_first_line(spark, tmp_path, writer):
+    from pyspark.sql import functions as F
+
+    @F.udf("long")
+    def label_of(v):
+        if v == 7:
+            raise ArithmeticError(f"no label for row {v}")
+        return v % 2
+
+    df = xor_frame(spark, 64).withColumn("id", F.monotonically_increasing_id()).withColumn("y", label_of("id"))
+    store = str(tmp_path / "store")
+    with pytest.raises(Exception) as info:
+        xor_estimator(Store(store, parquet_writer=writer), run_id="udf", verbose=0).fit(df)
+    first = str(info.value).splitlines()[0]
+    assert "writing the training data to" in first and store in first, f"{type(info.value).__name__}: {first}"
+    assert "ArithmeticError: no label for row 7" in first and "label_of" in first, first
+    assert isinstance(info.value, hvd_spark.DataPreparationError)

@@ -156,25 +156,79 @@ def test_a_table_overwritten_between_fits_is_scanned_again(spark, tmp_path, capl
 
 
 class _TouchAfterFirstEpoch(keras.callbacks.Callback):
-    """Rank 0 gives a file of the table a new modification time after epoch 1 (a writer replacing it)."""
+    """Rank 0 gives a file of the table a new modification time at the end of the fit's first epoch (a
+    writer replacing it)."""
 
     def __init__(self, path):
         super().__init__()
         self.path = path
+        self.done = False
 
     def on_epoch_end(self, epoch, logs=None):
         import horovod.tensorflow as hvd
 
-        if epoch == 0 and hvd.rank() == 0:
+        if not self.done and hvd.rank() == 0:
             st = os.stat(self.path)
             os.utime(self.path, ns=(st.st_atime_ns, st.st_mtime_ns + 10_000_000_000))
+        self.done = True
 
 
 def test_a_file_changed_during_a_fit_fails_it(spark, tmp_path):
+    """The fit resumes a run of one epoch; a file changes during its first epoch. Before: its final model
+    stayed in the run, which Store.model_path returned and Store.runs counted."""
     _table(spark, tmp_path / "t", n=128)
     victim = sorted(str(p) for p in (tmp_path / "t").glob("part-*.parquet"))[0]
-    est = xor_estimator(
-        tmp_path / "store", feature_cols=["xv"], epochs=2, callbacks=[_TouchAfterFirstEpoch(victim)], verbose=0
-    )
-    with pytest.raises(DataChangedError, match=r"changed while the fit trained on it"):
+    store = Store(str(tmp_path / "store"))
+    first = xor_estimator(store, feature_cols=["xv"], epochs=1, run_id="changed", verbose=0)
+    kept = first.fit(spark.read.parquet(str(tmp_path / "t")))
+    est = first.copy({first.epochs: 3, first.callbacks: [_TouchAfterFirstEpoch(victim)]})
+    with pytest.raises(
+        DataChangedError, match=r"changed while the fit trained on it.*keeps its checkpoints up to epoch 1"
+    ):
         est.fit(spark.read.parquet(str(tmp_path / "t")))
+    # The rejected fit left no result: the run's newest model is the first fit's, one model, one epoch.
+    assert store._url(store.model_path("changed")) == kept.getModelUrl()
+    assert [(r["models"], r["epochs"]) for r in store.runs()] == [(1, 1)]
+    assert [c.epoch for c in store.checkpoints("changed")] == [1]
+    # The run's epoch was trained on the table before the change: it does not go on on the changed one.
+    with pytest.raises(ValueError, match=r"files of the table changed in size or modification time: part-"):
+        first.copy({first.epochs: 3}).fit(spark.read.parquet(str(tmp_path / "t")))
+
+
+def _store_state(root) -> dict:
+    """Every file in the store, with its size and modification time (a fit's writer lease comes and goes)."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_run_goes_on_only_with_its_own_data(spark, tmp_path):
+    """A run's data is recorded in its run.json: its files with their identity, read in place, split by
+    validation=0.25 and random_seed. The same files resume (on another number of ranks too) and a
+    finished run returns its model; the same table copied (which draws other validation rows) and the
+    table with a file added are refused before any work. Before: both went on without a word (the
+    finished run returned its old model)."""
+    path = tmp_path / "t"
+    _table(spark, path, n=128)
+    store = Store(str(tmp_path / "store"))
+    est = xor_estimator(store, feature_cols=["a", "b"], validation=0.25, epochs=1, run_id="own", verbose=0)
+    est.fit(spark.read.parquet(str(path)))
+    resumed = est.copy({est.epochs: 2, est.num_proc: 1}).fit(spark.read.parquet(str(path)))
+    assert len(resumed.getHistory()["val_loss"]) == 2 and len(resumed.getFitSummary().ranks) == 1
+    finished = est.copy({est.epochs: 2}).fit(spark.read.parquet(str(path)))
+    assert finished.getFitSummary() is None and finished.getModelUrl().endswith("epoch-0002.keras")
+
+    before = _store_state(tmp_path / "store")
+    with pytest.raises(
+        ValueError,
+        match=r"run_id 'own' in .* was trained on other data.*read: the table at \S+ read in place \(\d+ files; "
+        r"validation rows drawn by file and row number\) -> a copy in the store \(validation rows drawn by the rows' "
+        r"values, because its query has a Filter .*set_weights",
+    ):
+        est.copy({est.epochs: 3}).fit(spark.read.parquet(str(path)).where("y >= 0"))  # every row, copied
+    import pyarrow.parquet as pq
+
+    first = sorted(path.glob("part-*.parquet"))[0]
+    pq.write_table(pq.read_table(first), path / "part-added.parquet")
+    for epochs in (2, 3):  # finished, resumed
+        with pytest.raises(ValueError, match=r"What differs \(run -> this fit\): files of the table added: part-added"):
+            est.copy({est.epochs: epochs}).fit(spark.read.parquet(str(path)))
+    assert _store_state(tmp_path / "store") == before  # the refused fits wrote nothing

@@ -76,7 +76,8 @@ def test_fit_logs_into_the_active_run_then_later_fits_get_child_runs(tracking):
 
 def test_on_starts_and_ends_its_own_run_and_a_failure_marks_it(tracking):
     t = _open("on")
-    assert t.owned and mlflow.active_run().info.run_id == t.run_id
+    assert t.owned and tracking.get_run(t.run_id).info.status == "RUNNING"
+    assert mlflow.active_run() is None  # started on the tracker's thread: the caller's active run is as it was
     t.close(error=True)
     assert mlflow.active_run() is None
     run = tracking.get_run(t.run_id)
@@ -164,3 +165,162 @@ def test_a_real_fit_is_tracked_live_with_its_model_and_draws_the_progress_bar(
     bars = [line for line in err.split("\r") if line.startswith("epoch ")]
     assert any(b.startswith("epoch 1/2 [") for b in bars) and any(b.startswith("epoch 2/2 [") for b in bars), err
     assert all(" ETA " in b for b in bars if "/2 [" in b)
+
+
+class _HangingTracker:
+    """An MLflow tracking server (HTTP) that hangs: it accepts every connection and never answers.
+    With ``answer_opening``, it first answers what a fit's opening asks (create the run, read it,
+    log the params and tags), then hangs from the first metrics it is sent: a server that goes
+    unresponsive while the fit trains. ``release()`` lets the held connections go (closed, no answer)."""
+
+    def __init__(self, answer_opening: bool):
+        import http.server
+        import json
+        import threading
+
+        self.answer_opening, self.hanging, self.held = answer_opening, not answer_opening, 0
+        self._released = threading.Event()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _answer(self, body: bytes):
+                if not server.hanging and self.path.split("?")[0].endswith("/log-batch"):
+                    server.hanging = bool(json.loads(body or b"{}").get("metrics"))
+                if server.hanging:
+                    server.held += 1
+                    server._released.wait()  # hold the connection, never answer
+                    self.close_connection = True
+                    return
+                run = {
+                    "info": {"run_id": "f" * 32, "run_uuid": "f" * 32, "experiment_id": "0", "run_name": "hung",
+                             "user_id": "u", "status": "RUNNING", "start_time": 1, "artifact_uri": "file:///nowhere",
+                             "lifecycle_stage": "active"},
+                    "data": {"metrics": [], "params": [], "tags": []},
+                }  # fmt: skip
+                answer = json.dumps({"run": run} if "/runs/create" in self.path or "/runs/get" in self.path else {})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer.encode())
+
+            def do_GET(self):
+                self._answer(b"")
+
+            def do_POST(self):
+                self._answer(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def release(self):
+        self._released.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture()
+def hanging_tracker(monkeypatch):
+    """A hanging tracking server as MLflow's tracking URI; released (and MLflow's URI restored) at the end."""
+    before = mlflow.get_tracking_uri()
+    servers = []
+
+    def start(answer_opening: bool = True) -> _HangingTracker:
+        server = _HangingTracker(answer_opening)
+        servers.append(server)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+        mlflow.set_tracking_uri(server.url)
+        return server
+
+    yield start
+    for server in servers:
+        server.release()
+    _join_tracker_threads(30)  # a tracker still waiting on the server ends once its calls fail
+    while mlflow.active_run():
+        mlflow.end_run()
+    mlflow.set_tracking_uri(before)
+
+
+def _join_tracker_threads(timeout: float) -> None:
+    import threading
+    import time
+
+    deadline = time.monotonic() + timeout
+    for t in threading.enumerate():
+        if t.name.startswith("hvd_spark-mlflow"):
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
+def test_a_tracking_server_that_never_answers_leaves_the_fit_untracked_within_the_timeout(
+    hanging_tracker, monkeypatch, caplog
+):
+    """Opening the run waits HVD_SPARK_MLFLOW_TIMEOUT at most (MLflow's own HTTP timeout is far
+    longer), then the fit goes on untracked with a warning; the caller's active run is untouched."""
+    import logging
+    import time
+
+    hanging_tracker(answer_opening=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # released at the end: fail at once
+    monkeypatch.setenv("HVD_SPARK_MLFLOW_TIMEOUT", "1")
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="hvd_spark"):
+        assert _open("on") is None
+    assert time.monotonic() - t0 < 5
+    assert mlflow.active_run() is None
+    (warning,) = [r.getMessage() for r in caplog.records if r.name.endswith("tracking")]
+    assert "did not answer within 1s (HVD_SPARK_MLFLOW_TIMEOUT)" in warning and "not tracked" in warning
+
+
+@pytest.mark.timeout(400)
+def test_a_tracking_server_that_hangs_mid_fit_does_not_stop_the_fit(
+    spark, tmp_path, hanging_tracker, monkeypatch, caplog
+):
+    """The server answers the fit's opening, then hangs from the first epoch's metrics on (each call
+    would wait MLflow's HTTP timeout, 60 s here). Were the epoch's metrics logged on the thread that
+    reads rank 0's messages, rank 0's progress would stop reaching the driver and the stall watchdog
+    (stall_timeout=5; one rank) would stop the fit. The fit returns its model with the whole history,
+    HVD_SPARK_MLFLOW_TIMEOUT (5 s) after its end at most, with a warning naming what was not logged."""
+    import logging
+    import os
+    import sys
+    import time
+
+    import keras
+
+    import hvd_spark
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    from digits import digits_frames, digits_model
+
+    server = hanging_tracker(answer_opening=True)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")  # a hung call: longer than the stall timeout
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # released at the end: fail at once
+    monkeypatch.setenv("HVD_SPARK_MLFLOW_TIMEOUT", "5")
+    train, _ = digits_frames(spark)
+    keras.utils.set_random_seed(1)
+    epochs = 16
+    est = hvd_spark.HorovodEstimator(
+        num_proc=1, store=str(tmp_path / "store"), model=digits_model(), optimizer=keras.optimizers.Adam(0.01),
+        loss="sparse_categorical_crossentropy", metrics=["accuracy"], feature_cols=["features"],
+        label_cols=["label"], batch_size=8, epochs=epochs, validation=0.2, stall_timeout=5, max_restarts=0,
+        mlflow="on",
+    )  # fmt: skip
+    caplog.set_level(logging.WARNING, logger="hvd_spark")
+    t0 = time.monotonic()
+    model = est.fit(train)
+    seconds = time.monotonic() - t0
+    assert server.hanging and server.held >= 1  # the server did hang while the fit trained
+    assert all(len(v) == epochs for v in model.getHistory().values()), model.getHistory()
+    warnings = [r.getMessage() for r in caplog.records if r.name.endswith("tracking") and r.levelno >= logging.WARNING]
+    assert any("HVD_SPARK_MLFLOW_TIMEOUT" in w and "not logged: the metrics of epoch(s) 1-" in w for w in warnings), (
+        warnings
+    )
+    summary = model.getFitSummary()
+    print(f"fit with a hung tracking server: {seconds:.1f}s (training job {summary.train_job_seconds:.1f}s)")

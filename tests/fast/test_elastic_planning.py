@@ -46,7 +46,9 @@ class ElasticWriter:
                 model_name, meta_name = checkpoint_names(epoch)
                 store._write_bytes(f"{folder}/{model_name}", b"w")
                 history = [{"loss": 1.0 / e} for e in range(1, epoch + 1)]
-                store._write_json(f"{folder}/{meta_name}", {"history": history, "iterations": 10 * epoch})
+                store._write_json(
+                    f"{folder}/{meta_name}", {"history": history, "iterations": 10 * epoch, "model_bytes": 1}
+                )
             if event == "return" and me.rank == 0:
                 del self.events[epoch]
                 self.backend.slots = self.backend.slots + 1
@@ -189,3 +191,34 @@ def test_the_first_attempt_starts_with_num_proc_ranks_at_most(tmp_path):
         initial=2,
     )
     assert writer.sizes == [2]
+
+
+class _MarkerWritesFail(Store):
+    """A store whose first ``failures`` writes of the resize marker fail (the store was down for a
+    few polls), and which works again after."""
+
+    def __init__(self, root: str, failures: int):
+        super().__init__(root)
+        self.failures, self.tries = failures, 0
+
+    def _write_json(self, path, obj):
+        if path.endswith("/_resize.json"):
+            self.tries += 1
+            if self.tries <= self.failures:
+                raise PermissionError(13, "the store refused the write", path)
+        super()._write_json(path, obj)
+
+
+def test_growing_survives_failed_writes_of_the_resize_marker(tmp_path, caplog):
+    """A failed write of the marker is tried again at the next poll (one warning per distinct error,
+    not one per poll): training grows once the store takes it."""
+    store = _MarkerWritesFail(str(tmp_path), failures=3)
+    backend = InProcessBackend(3)
+    backend.slots = 2  # the first attempt has 2 ranks; a slot returns in epoch 2
+    writer = ElasticWriter(backend, {2: "return"})
+    with caplog.at_level("WARNING", logger="hvd_spark"):
+        trained = _run(store, backend, writer, 4, min_num_proc=2, max_num_proc=3)
+    assert writer.sizes == [2, 3] and store.tries == 4  # three failed writes, then the one that worked
+    assert [(r.kind, r.from_size, r.to_size) for r in trained.recoveries] == [("grow", 2, 3)]
+    warned = [r.getMessage() for r in caplog.records if "resize marker" in r.getMessage()]
+    assert len(warned) == 1 and "the store refused the write" in warned[0], warned

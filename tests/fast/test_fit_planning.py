@@ -62,9 +62,17 @@ class EpochWriter:
                 history = history[: epoch - 1] + [logs]
                 model_name, meta_name = checkpoint_names(epoch)
                 folder = store.checkpoints_path(cfg.run_id)
-                store._write_bytes(f"{folder}/{model_name}", f"weights after epoch {epoch}".encode())
+                weights = f"weights after epoch {epoch}".encode()
+                store._write_bytes(f"{folder}/{model_name}", weights)
                 store._write_json(
-                    f"{folder}/{meta_name}", {"epoch": epoch, "logs": logs, "history": history, "time": time.time()}
+                    f"{folder}/{meta_name}",
+                    {
+                        "epoch": epoch,
+                        "logs": logs,
+                        "history": history,
+                        "time": time.time(),
+                        "model_bytes": len(weights),
+                    },
                 )
         if self.fail.get("final") is not None and me.rank == 0:  # trained, then died before the final model
             raise self.fail.pop("final")

@@ -9,6 +9,7 @@ STORE_PUBLIC = {
     "storage_options",
     "parquet_writer",
     "spark_writes",
+    "retry_window",
     "run_path",
     "outputs_path",
     "model_path",
@@ -43,7 +44,7 @@ def test_checkpoints_are_listed_through_the_public_api(tmp_path):
     for epoch in (1, 2, 3):
         (folder / f"epoch-{epoch:04d}.keras").write_bytes(b"m")
     for epoch in (1, 2):  # epoch 3 has no metadata: incomplete, not listed
-        (folder / f"epoch-{epoch:04d}.json").write_text("{}")
+        (folder / f"epoch-{epoch:04d}.json").write_text('{"model_bytes": 1}')
     ckpts = store.checkpoints("r1")
     assert [c.epoch for c in ckpts] == [1, 2]
     assert isinstance(ckpts[0], hvd_spark.Checkpoint)

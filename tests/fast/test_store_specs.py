@@ -59,7 +59,7 @@ def test_checkpoints_are_complete_and_ordered(tmp_path):
         model, meta = checkpoint_names(epoch)
         store._write_bytes(f"{folder}/{model}", b"model")
         if epoch != 3:  # epoch 3's metadata was never written: an incomplete checkpoint
-            store._write_json(f"{folder}/{meta}", {"epoch": epoch})
+            store._write_json(f"{folder}/{meta}", {"epoch": epoch, "model_bytes": 5})
     ckpts = store.checkpoints("run")
     assert [c.epoch for c in ckpts] == [2, 10]
     assert store.latest_checkpoint("run") == Checkpoint(10, f"{folder}/epoch-0010.keras", f"{folder}/epoch-0010.json")

@@ -259,6 +259,13 @@ PROGRESS = _setting(
     "progress", "HVD_SPARK_PROGRESS", None, "bool", None, ("driver",),
     "The fit's live progress bar on / off; unset: on when stderr is a TTY or in a notebook.",
 )  # fmt: skip
+MLFLOW_TIMEOUT = _setting(
+    "mlflow_timeout", "HVD_SPARK_MLFLOW_TIMEOUT", None, "seconds", 30.0, ("driver",),
+    "Seconds a fit waits for MLflow when it starts its tracking (the run, params, tags) and at its end "
+    "(the epochs not logged yet, the summary, the model, ending the run); past them it goes on untracked, "
+    "or returns its model, with a warning naming what was not logged. Epochs never wait: they are queued "
+    "for the tracker's own thread. A large model logged to a slow artifact store may need more.",
+)  # fmt: skip
 MATERIALIZE_WAIT = _setting(
     "materialize_wait", "HVD_SPARK_MATERIALIZE_WAIT", None, "seconds", 3600.0, ("driver",),
     "Seconds a fit waits for another fit that writes the same data to the store, before writing it itself.",
@@ -280,6 +287,13 @@ ROW_GROUP_BYTES = _setting(
     "row_group_bytes", "HVD_SPARK_ROW_GROUP_BYTES", "spark.hvd_spark.rowGroupBytes", "bytes", 64 * 1024 * 1024,
     ("driver",),
     "Bytes of a Parquet row group when the tasks write the data through the store (`parquet_writer='store'`).",
+)  # fmt: skip
+STORE_RETRY_WINDOW = _setting(
+    "store_retry_window", "HVD_SPARK_STORE_RETRY_WINDOW", None, "seconds", 120.0, ("driver", "rank"),
+    "Seconds an operation on the store (checkpoints, listings, leases, the final model, a rank's reads "
+    "of the data) is retried while it fails with transient errors (connection refused or reset, "
+    "timeouts, 5xx, throttling), with backoff; past it the fit fails with `StoreUnavailableError` "
+    "(or restarts, `max_restarts`). The ranks use the driver's value (or the `Store`'s `retry_window`).",
 )  # fmt: skip
 MPI_CONNECT_TIMEOUT = _setting(
     "mpi_connect_timeout", "HVD_SPARK_MPI_CONNECT_TIMEOUT", None, "seconds", 30.0, ("task",),

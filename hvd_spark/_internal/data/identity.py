@@ -17,6 +17,7 @@ from typing import Any
 from hvd_spark._internal.common.specs import (
     ColumnInfo,
 )
+from hvd_spark._internal.data.jobs import spark_job
 from hvd_spark._internal.data.store import FORMAT_VERSION
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,13 @@ class DataIdentity:
     established: bool
     reason: str
     files: int = 0
+    # What the digest was made of, for comparing a run's data across driver processes (ml/plan.py's
+    # check_data): the leaves' kinds ("files", "content", "session"), a digest of the optimized plan's
+    # text without expression ids (``semanticHash`` differs from one JVM to the next for file sources),
+    # and the input files as (path, bytes, modification time in ms).
+    kinds: tuple[str, ...] = ()
+    query: str = ""
+    status: tuple[tuple[str, int, int], ...] = ()
 
 
 def plan_leaves(plan: str) -> list[str]:
@@ -193,13 +201,21 @@ def data_identity(df, reuse: str = "auto") -> DataIdentity:
     if "content" in kinds:
         reasons.append("data held in the query plan")
     n_files = 0
+    status: list[tuple[str, int, int]] = []
     if "files" in kinds:
-        status = _file_status(df.sparkSession, df.inputFiles())
+        with spark_job("listing the DataFrame's input files with their sizes and modification times (its identity)"):
+            status = _file_status(df.sparkSession, df.inputFiles())
         n_files = len(status)
         parts["files"] = hashlib.sha256(json.dumps(status).encode()).hexdigest()
         reasons.append(f"{n_files} input files with their sizes and modification times")
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
-    return DataIdentity(digest, True, ", ".join(reasons) or "the query plan", n_files)
+    query = hashlib.sha256(_EXPR_ID.sub("", optimized).strip().encode()).hexdigest()[:32]
+    return DataIdentity(
+        digest, True, ", ".join(reasons) or "the query plan", n_files, tuple(sorted(kinds)), query, tuple(status)
+    )
+
+
+_EXPR_ID = re.compile(r"#\d+L?\b")  # an attribute's expression id (x#12, y#3L): numbered per session
 
 
 def dataset_key(df, infos: Sequence[ColumnInfo], validation, seed: int, identity: DataIdentity | None = None) -> str:

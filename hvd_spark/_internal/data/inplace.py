@@ -18,8 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from hvd_spark._internal.common import sources
 from hvd_spark._internal.common.specs import ColumnInfo
+from hvd_spark._internal.data.jobs import spark_job
 from hvd_spark._internal.data.store import DATA_META, DATA_USED, FORMAT_VERSION, Store
-from hvd_spark.errors import DataChangedError
+from hvd_spark.errors import DataChangedError, DataPreparationError
 
 logger = logging.getLogger(__name__)
 
@@ -348,9 +349,11 @@ def scan_table(
             return meta
     t0 = time.time()
     try:
-        records = _scan_files(spark, scan.files, source, slots)
+        with spark_job(f"scanning the {len(scan.files)} Parquet files of {scan.table} on the executors"):
+            records = _scan_files(spark, scan.files, source, slots)
     except Exception as e:  # noqa: BLE001 - e.g. a filesystem the executors lack: the copy reads through Spark
-        raise NotReadableInPlace(f"the scan of its files failed on the executors: {type(e).__name__}: {e}") from e
+        cause = e.root_cause if isinstance(e, DataPreparationError) else f"{type(e).__name__}: {e}"
+        raise NotReadableInPlace(f"the scan of its files failed on the executors: {cause}") from e
     errors = [r for r in records if r["error"]]
     if errors:
         first = min(errors, key=lambda r: r["file"])

@@ -15,11 +15,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
 from hvd_spark._internal.common import settings
+from hvd_spark._internal.common.secrets import url_without_credentials
 from hvd_spark._internal.common.sources import stored_dtype
 from hvd_spark._internal.common.specs import (
     ColumnInfo,
     group_name,
 )
+from hvd_spark._internal.data.jobs import spark_job
 from hvd_spark._internal.data.stats import column_stats, stats_aggs, stats_from
 from hvd_spark._internal.data.store import DATA_META, DATA_USED, FORMAT_VERSION, VAL_COL, Store
 
@@ -206,7 +208,7 @@ def _write_through_store(df, store: Store, path: str, row_bytes: int) -> dict[st
     Each task attempt writes its own file names (an object appears whole when its upload closes);
     the driver keeps the files of the attempts Spark returned and removes the others (a task
     attempt that failed or lost a speculative race). Returns ``(url, rows)`` per file and split."""
-    config = store.to_config()
+    config = store._job_config()
     group_rows = max(1, settings.ROW_GROUP_BYTES.get(conf=df.sparkSession.conf) // max(row_bytes, 1))
 
     def write(batches):
@@ -413,18 +415,19 @@ def _observed(observation, infos: Sequence[ColumnInfo], prepared, store: Store, 
     from pyspark.sql import functions as F
 
     spark = prepared.sparkSession
-    if store.spark_writes:
-        parts = [
-            spark.read.parquet(*[u for u, _ in written[split]]).withColumn(VAL_COL, F.lit(split == "val"))
-            for split in ("train", "val")
-            if written[split]
-        ]
-        if parts:
-            logger.info("statistics of the written files (the session could not observe them: %s)", reason)
+    if store.spark_writes and (written["train"] or written["val"]):
+        logger.info("statistics of the written files (the session could not observe them: %s)", reason)
+        with spark_job(f"reading the training data written to {url_without_credentials(store.prefix)} (statistics)"):
+            parts = [
+                spark.read.parquet(*[u for u, _ in written[split]]).withColumn(VAL_COL, F.lit(split == "val"))
+                for split in ("train", "val")
+                if written[split]
+            ]
             frame = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
             return stats_from(frame.agg(*stats_aggs(infos)).collect()[0].asDict(), infos)
     logger.warning("the session could not observe the data's statistics (%s): computing them in a second pass", reason)
-    return column_stats(prepared, infos)
+    with spark_job("computing the statistics of the training data (a second pass over the DataFrame)"):
+        return column_stats(prepared, infos)
 
 
 def _write_attempt(
@@ -451,20 +454,22 @@ def _write_attempt(
         # statistics are observed in the writing stage itself: one evaluation of the input.
         observation = Observation(f"hvd_spark_{attempt.replace('-', '_')}")
         part = prepared.repartition(n_files).observe(observation, *stats_aggs(infos))
-        if store.spark_writes:
-            (
-                part.write.mode("error")
-                .partitionBy(VAL_COL)
-                .option("parquet.block.size", 256 * 1024 * 1024)
-                .option("compression", "snappy")
-                .parquet(store._url(path))
-            )
-            written = {
-                split: _parquet_files(store, posixpath.join(path, f"{VAL_COL}={flag}"))
-                for split, flag in (("train", "false"), ("val", "true"))
-            }
-        else:
-            written = _write_through_store(part, store, path, row_bytes)
+        target = url_without_credentials(store._url(path))
+        with spark_job(f"writing the training data to {target}"):  # the Spark writer, or each task through the store
+            if store.spark_writes:
+                (
+                    part.write.mode("error")
+                    .partitionBy(VAL_COL)
+                    .option("parquet.block.size", 256 * 1024 * 1024)
+                    .option("compression", "snappy")
+                    .parquet(store._url(path))
+                )
+                written = {
+                    split: _parquet_files(store, posixpath.join(path, f"{VAL_COL}={flag}"))
+                    for split, flag in (("train", "false"), ("val", "true"))
+                }
+            else:
+                written = _write_through_store(part, store, path, row_bytes)
         stats = _observed(observation, infos, prepared, store, written)
         rows = {split: sum(r for _, r in files) for split, files in written.items()}
         if rows["train"] + rows["val"] != stats["rows"]:  # a task counted twice (observed metrics of a retry)

@@ -12,14 +12,20 @@ Layout under the prefix::
     data/<dataset-key>/_reading-<fit>.json     the lease of a fit training on it
     data/<dataset-key>/_last_used.json         when a fit last reused it
     runs/<run_id>/run.json             what the run trains (model fingerprint, columns)
-    runs/<run_id>/checkpoints/         epoch-NNNN.keras + epoch-NNNN.json (the JSON marks it complete)
+    runs/<run_id>/checkpoints/         epoch-NNNN.keras + epoch-NNNN.json (the JSON marks it complete and
+                                       holds the model file's size and SHA-256)
+    runs/<run_id>/checkpoints/damaged/ checkpoints found damaged, set aside by the fit that resumed past them
     runs/<run_id>/logs/                TensorBoard event files
     runs/<run_id>/models/<fit_id>.keras the final model of each fit (never rewritten)
     runs/<run_id>/_writer.json         the lease of the fit training the run (one at a time)
     runs/<run_id>/_live/<job>/         a training job's progress for a Spark Connect client, while it runs
+
+Every operation on the store goes through one retry policy (``common/retry.py``): transient errors
+(connection refused or reset, timeouts, 5xx, throttling) are retried for ``retry_window`` seconds.
 """
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -33,6 +39,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from hvd_spark._internal.common import retry
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +119,11 @@ class Store:
             partition through this store's fsspec filesystem and storage options, so Spark needs
             no filesystem or credentials for it) or ``"auto"`` (the default: ``"spark"`` for local
             paths and ``hdfs://``, ``"store"`` for every other URL, such as ``s3://``).
+        retry_window: seconds an operation on the store is retried while it fails with transient
+            errors (connection refused or reset, timeouts, 5xx, throttling), with exponential
+            backoff; past it, :class:`hvd_spark.StoreUnavailableError`. None (the default): the
+            ``HVD_SPARK_STORE_RETRY_WINDOW`` setting, 120 s unless set. The ranks of a fit use the
+            driver's value.
 
     Example:
         >>> store = Store("/tmp/hvd_spark_store")   # doctest: +SKIP
@@ -118,15 +131,28 @@ class Store:
         >>> s3 = Store("s3://bucket/prefix", storage_options={"endpoint_url": "http://minio:9000"})  # doctest: +SKIP
     """
 
-    def __init__(self, prefix: str, *, storage_options: dict[str, Any] | None = None, parquet_writer: str = "auto"):
+    def __init__(
+        self,
+        prefix: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        parquet_writer: str = "auto",
+        retry_window: float | None = None,
+    ):
         if not isinstance(prefix, str) or not prefix.strip():
             raise ValueError(f"store must be a non-empty path or URL. Received: {prefix!r}.")
         if parquet_writer not in _WRITERS:
             raise ValueError(f"parquet_writer must be one of {list(_WRITERS)}. Received: {parquet_writer!r}.")
         if storage_options is not None and not isinstance(storage_options, dict):
             raise TypeError(f"storage_options must be a dict. Received: {type(storage_options).__name__}.")
+        if retry_window is not None:
+            from hvd_spark._internal.common.settings import parse_seconds
+
+            retry_window = parse_seconds("retry_window", retry_window)
         import fsspec
 
+        self._retry_window = retry_window
+        self._verified: set[tuple[str, int, str]] = set()  # checkpoint models whose SHA-256 matched
         self.parquet_writer = parquet_writer
         self.storage_options = dict(storage_options or {})
         if "://" not in prefix:
@@ -135,6 +161,23 @@ class Store:
         self._root = self._root.rstrip("/") or "/"
         self._protocol = self._fs.protocol if isinstance(self._fs.protocol, str) else self._fs.protocol[0]
         self.prefix = prefix
+
+    @property
+    def retry_window(self) -> float:
+        """Seconds a failing operation is retried (see the ``retry_window`` argument)."""
+        return self._retry_window if self._retry_window is not None else retry.window()
+
+    def _retrying(self, operation: str, fn):
+        """``fn()`` under the store's retry policy (``common/retry.py``); ``operation`` says what it
+        does, for the error when the store stays unreachable."""
+        from hvd_spark._internal.common.secrets import url_without_credentials
+
+        return retry.call(url_without_credentials(self.prefix), operation, fn, seconds=self.retry_window)
+
+    def _rel(self, path: str) -> str:
+        """``path`` relative to the store's prefix, for messages."""
+        root = self._root.rstrip("/") + "/"
+        return path[len(root) :] if path.startswith(root) else path
 
     @property
     def spark_writes(self) -> bool:
@@ -165,7 +208,19 @@ class Store:
 
     # --- plain-data form, for workers and persistence ---
     def to_config(self) -> dict[str, Any]:
-        return {"prefix": self.prefix, "storage_options": self.storage_options, "parquet_writer": self.parquet_writer}
+        config: dict[str, Any] = {
+            "prefix": self.prefix,
+            "storage_options": self.storage_options,
+            "parquet_writer": self.parquet_writer,
+        }
+        if self._retry_window is not None:
+            config["retry_window"] = self._retry_window
+        return config
+
+    def _job_config(self) -> dict[str, Any]:
+        """:meth:`to_config` for the processes of a job: the retry window resolved here, so that every
+        rank retries as long as the driver does."""
+        return dict(self.to_config(), retry_window=self.retry_window)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "Store":
@@ -173,6 +228,7 @@ class Store:
             config["prefix"],
             storage_options=config.get("storage_options"),
             parquet_writer=config.get("parquet_writer", "auto"),
+            retry_window=config.get("retry_window"),
         )
 
     # --- paths ---
@@ -232,15 +288,21 @@ class Store:
         self._fs.invalidate_cache(path)
 
     def _exists(self, path: str) -> bool:
-        self._fresh(path)
-        return self._fs.exists(path)
+        def exists() -> bool:
+            self._fresh(path)
+            return self._fs.exists(path)
+
+        return self._retrying(f"checking {self._rel(path)}", exists)
 
     def _makedirs(self, path: str) -> None:
-        self._fs.makedirs(path, exist_ok=True)
+        self._retrying(f"creating {self._rel(path)}", lambda: self._fs.makedirs(path, exist_ok=True))
 
     def _read_bytes(self, path: str) -> bytes:
-        with self._fs.open(path, "rb") as f:
-            return f.read()
+        def read() -> bytes:
+            with self._fs.open(path, "rb") as f:
+                return f.read()
+
+        return self._retrying(f"reading {self._rel(path)}", read)
 
     def _read_json(self, path: str) -> Any:
         return json.loads(self._read_bytes(path).decode())
@@ -248,14 +310,19 @@ class Store:
     def _atomic(self, path: str, write) -> None:
         """Runs ``write(tmp)`` for a temporary name beside ``path``, then renames it into place."""
         parent = posixpath.dirname(path)
-        self._makedirs(parent)
-        tmp = posixpath.join(parent, f".tmp-{uuid.uuid4().hex}-{posixpath.basename(path)}")
-        try:
-            write(tmp)
-            self._fs.mv(tmp, path)
-        except BaseException:
-            self._rm(tmp)
-            raise
+
+        def attempt() -> None:
+            self._makedirs(parent)
+            tmp = posixpath.join(parent, f".tmp-{uuid.uuid4().hex}-{posixpath.basename(path)}")
+            try:
+                write(tmp)
+                self._fs.mv(tmp, path)
+            except BaseException:
+                with contextlib.suppress(Exception):  # the store is down: the write's own error matters
+                    self._fs.rm(tmp)
+                raise
+
+        self._retrying(f"writing {self._rel(path)}", attempt)
 
     def _write_bytes(self, path: str, data: bytes) -> None:
         """Writes ``data`` to ``path`` atomically: to a temporary name beside it, then a rename."""
@@ -431,7 +498,7 @@ class Store:
         self._atomic(path, lambda tmp: self._fs.put_file(local, tmp))
 
     def _download_file(self, path: str, local: str) -> str:
-        self._fs.get_file(path, local)
+        self._retrying(f"downloading {self._rel(path)}", lambda: self._fs.get_file(path, local))
         return local
 
     def _upload_dir(self, local_dir: str, path: str) -> None:
@@ -441,19 +508,39 @@ class Store:
             for name in files:
                 dest = posixpath.normpath(posixpath.join(path, rel.replace(os.sep, "/"), name))
                 self._makedirs(posixpath.dirname(dest))
-                self._fs.put_file(os.path.join(dirpath, name), dest)
+                local = os.path.join(dirpath, name)
+                self._retrying(
+                    f"uploading {self._rel(dest)}", lambda local=local, dest=dest: self._fs.put_file(local, dest)
+                )
 
     def _rm(self, path: str) -> None:
-        with contextlib.suppress(FileNotFoundError):  # removed meanwhile: nothing left to do
-            if self._exists(path):
-                self._fs.rm(path, recursive=True)
+        def rm() -> None:
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile: nothing left to do
+                self._fresh(path)
+                if self._fs.exists(path):
+                    self._fs.rm(path, recursive=True)
+
+        self._retrying(f"removing {self._rel(path)}", rm)
 
     def _listdir(self, path: str) -> list[str]:
-        self._fresh(path)
-        try:
-            return sorted(posixpath.basename(p.rstrip("/")) for p in self._fs.ls(path, detail=False))
-        except FileNotFoundError:
-            return []
+        return sorted(self._sizes(path))
+
+    def _sizes(self, path: str) -> dict[str, int | None]:
+        """The names in the folder ``path`` with their sizes in bytes (None for folders); empty when
+        it does not exist."""
+
+        def ls() -> dict[str, int | None]:
+            self._fresh(path)
+            try:
+                entries = self._fs.ls(path, detail=True)
+            except FileNotFoundError:
+                return {}
+            return {
+                posixpath.basename(e["name"].rstrip("/")): (e.get("size") if e.get("type") != "directory" else None)
+                for e in entries
+            }
+
+        return self._retrying(f"listing {self._rel(path)}", ls)
 
     def _check_writable(self) -> None:
         """Raises ValueError, leaving nothing behind, when the store cannot be written."""
@@ -485,7 +572,8 @@ class Store:
 
     # --- checkpoints ---
     def checkpoints(self, run_id: str) -> list[Checkpoint]:
-        """Complete checkpoints of a run, oldest first."""
+        """The checkpoints of a run whose two files exist, oldest first (their contents are checked by
+        :meth:`latest_checkpoint`)."""
         ckpt_dir = self.checkpoints_path(run_id)
         names = set(self._listdir(ckpt_dir))
         out = []
@@ -502,9 +590,12 @@ class Store:
         """The footer (pyarrow ``FileMetaData``) of the Parquet file at ``path``."""
         import pyarrow.parquet as pq
 
-        self._fresh(path)
-        with self._fs.open(path, "rb") as f:
-            return pq.ParquetFile(f).metadata
+        def footer():
+            self._fresh(path)
+            with self._fs.open(path, "rb") as f:
+                return pq.ParquetFile(f).metadata
+
+        return self._retrying(f"reading the footer of {self._rel(path)}", footer)
 
     def _epoch_checkpoints(self, run_id: str) -> list[Checkpoint]:
         """The checkpoints at epoch ends, oldest first (no commits inside an epoch)."""
@@ -519,9 +610,84 @@ class Store:
                     with contextlib.suppress(FileNotFoundError):
                         self._rm(path)
 
-    def latest_checkpoint(self, run_id: str) -> Checkpoint | None:
-        ckpts = self.checkpoints(run_id)
-        return ckpts[-1] if ckpts else None
+    def latest_checkpoint(self, run_id: str, *, deep: bool = True, set_aside: bool = False) -> Checkpoint | None:
+        """The newest checkpoint of a run that is whole: its JSON reads, and its model file has the
+        size (and, with ``deep``, the SHA-256) the JSON records. Damaged ones (a partial upload, a
+        full disk, a manual copy) are skipped with a warning naming them; with ``set_aside`` (the fit
+        that holds the run's lease and resumes from an older one) they are moved to
+        ``checkpoints/damaged/``, so that the epochs they held are trained and written again."""
+        for ckpt in reversed(self.checkpoints(run_id)):
+            damage = self._checkpoint_damage(ckpt, deep)
+            if damage is None:
+                return ckpt
+            logger.warning(
+                "run '%s': the checkpoint of %s in %s is damaged (%s); %s",
+                run_id,
+                ckpt.position,
+                self._url(posixpath.dirname(ckpt.meta_path)),
+                damage,
+                "moved to checkpoints/damaged/, resuming from an older one" if set_aside else "using an older one",
+            )
+            if set_aside:
+                self._set_aside(ckpt)
+        return None
+
+    def _checkpoint_damage(self, ckpt: Checkpoint, deep: bool) -> str | None:
+        """What is wrong with ``ckpt``'s files, or None. Errors of an unreachable store are raised
+        (StoreUnavailableError), never taken for damage."""
+        try:
+            meta = self._read_json(ckpt.meta_path)
+        except FileNotFoundError:
+            return f"{posixpath.basename(ckpt.meta_path)} is gone"
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            return f"{posixpath.basename(ckpt.meta_path)} does not read as JSON: {retry.one_line(e)}"
+        name = posixpath.basename(ckpt.model_path)
+        if not isinstance(meta, dict) or not isinstance(meta.get("history", []), list):
+            return f"{posixpath.basename(ckpt.meta_path)} is not a checkpoint's metadata"
+        size = self._sizes(posixpath.dirname(ckpt.model_path)).get(name)
+        if size is None:
+            return f"{name} is gone"
+        expected = meta.get("model_bytes")
+        if expected is not None and int(expected) != int(size):
+            return f"{name} holds {size} bytes, {expected} were written"
+        digest = meta.get("model_sha256")
+        if not deep or (digest is None and expected is not None):
+            return None
+        if digest is not None:
+            if (ckpt.model_path, size, digest) in self._verified:
+                return None
+            actual = self._retrying(f"reading {self._rel(ckpt.model_path)}", lambda: self._sha256(ckpt.model_path))
+            if actual != digest:
+                return f"{name}'s SHA-256 is {actual[:12]}..., {digest[:12]}... was written"
+            self._verified.add((ckpt.model_path, size, digest))
+            return None
+        # A checkpoint of an earlier version records neither: a .keras file is a zip archive, whose
+        # directory at its end is missing when the file was cut short.
+        import zipfile
+
+        def readable() -> bool:
+            with self._fs.open(ckpt.model_path, "rb") as f:
+                return zipfile.is_zipfile(f)
+
+        if not self._retrying(f"reading {self._rel(ckpt.model_path)}", readable):
+            return f"{name} is not a whole .keras archive"
+        return None
+
+    def _sha256(self, path: str) -> str:
+        h = hashlib.sha256()
+        with self._fs.open(path, "rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+        return h.hexdigest()
+
+    def _set_aside(self, ckpt: Checkpoint) -> None:
+        """Moves a damaged checkpoint's files to ``checkpoints/damaged/`` (kept, never deleted)."""
+        folder = posixpath.join(posixpath.dirname(ckpt.meta_path), "damaged")
+        self._makedirs(folder)
+        for path in (ckpt.meta_path, ckpt.model_path):  # the JSON first: never a JSON without its model
+            dest = posixpath.join(folder, f"{int(time.time())}-{posixpath.basename(path)}")
+            with contextlib.suppress(FileNotFoundError):
+                self._retrying(f"moving {self._rel(path)} aside", lambda path=path, dest=dest: self._fs.mv(path, dest))
 
     # --- what the store holds, and removing it ---
     def datasets(self) -> list[dict[str, Any]]:
@@ -567,13 +733,13 @@ class Store:
             if not _RUN_ID.match(run_id):
                 continue
             folder = self.run_path(run_id)
-            ckpts = self.checkpoints(run_id)
+            latest = self.latest_checkpoint(run_id, deep=False)
             models = [n for n in self._listdir(self.models_path(run_id)) if n.endswith(".keras")]
             try:
                 created = float(self._read_json(posixpath.join(folder, "run.json")).get("created") or 0.0)
             except (FileNotFoundError, ValueError):
                 created = self._mtime(folder)
-            times = [created] + [self._mtime(c.meta_path) for c in ckpts[-1:]]
+            times = [created] + ([self._mtime(latest.meta_path)] if latest else [])
             times += [self._mtime(posixpath.join(self.models_path(run_id), m)) for m in sorted(models)[-1:]]
             out.append(
                 {
@@ -581,7 +747,7 @@ class Store:
                     "url": self._url(folder),
                     "created": created,
                     "last_active": max(times),
-                    "epochs": ckpts[-1].epoch if ckpts else 0,
+                    "epochs": latest.epoch if latest else 0,
                     "models": len(models),
                     "in_use": self._run_in_use(run_id) is not None,
                 }
@@ -655,7 +821,7 @@ class Store:
 
     def _mtime(self, path: str) -> float:
         try:
-            info = self._fs.info(path)
+            info = self._retrying(f"reading the time of {self._rel(path)}", lambda: self._fs.info(path))
         except FileNotFoundError:
             return 0.0
         for k in ("mtime", "LastModified", "last_modified", "modified", "created"):
@@ -677,6 +843,16 @@ class Store:
         fd, local = tempfile.mkstemp(suffix=posixpath.basename(path))
         os.close(fd)
         return self._download_file(path, local)
+
+
+def file_digest(local: str) -> dict[str, Any]:
+    """What a checkpoint's JSON records of its model file (a local file): ``model_bytes`` and
+    ``model_sha256``."""
+    h = hashlib.sha256()
+    with open(local, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return {"model_bytes": os.path.getsize(local), "model_sha256": h.hexdigest()}
 
 
 def checkpoint_names(epoch: int, step: int = 0) -> tuple[str, str]:

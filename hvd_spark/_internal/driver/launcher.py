@@ -723,7 +723,7 @@ def _launch_connect(spark, payload: bytes, options: LaunchOptions, *, on_event, 
     if channel is not None:
         store, folder = channel
         path = posixpath.join(folder, tag)
-        reader, live = ChannelReader(store, path), (store.to_config(), path)
+        reader, live = ChannelReader(store, path), (store._job_config(), path)
     job_spec = ConnectJob(_task_spec(options, payload, "", ""), options, options.master, live)
 
     def task_fn(batches):

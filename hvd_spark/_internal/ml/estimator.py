@@ -41,10 +41,14 @@ logger = logging.getLogger(__name__)
 class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     """Trains a Keras 3 model on a DataFrame with data-parallel synchronous SGD over Horovod.
 
-    ``fit(df)`` checks the DataFrame against the model, writes the needed columns to Parquet in
-    the store (reused by later fits of the same data), runs ``num_proc`` Horovod ranks as one
-    Spark barrier stage, each training on its own files with gradients averaged by
-    ring-allreduce, checkpoints after every epoch and returns a :class:`TFTransformer`.
+    ``fit(df)`` checks the DataFrame against the model, reads a plain scan of Parquet files in place
+    or writes the needed columns to Parquet in the store (reused by later fits of the same data),
+    runs ``num_proc`` Horovod ranks as one Spark barrier stage, each training on its own share of
+    every epoch's rows (a contiguous part of the epoch's order, drawn from any of the files and
+    moving every epoch; no row twice in an epoch, the ``rows % num_proc`` left over sit it out;
+    ``reader="petastorm"``: each rank its own files) with gradients averaged by ring-allreduce,
+    checkpoints after every epoch and returns a :class:`TFTransformer`. A Spark job of the data's
+    preparation that fails raises :class:`~hvd_spark.DataPreparationError`.
 
     Parameter names and meanings follow ``horovod.spark.keras.KerasEstimator``; differences:
     an existing ``run_id`` resumes at the next epoch (``epochs`` is the total), the learning
@@ -83,7 +87,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         epochs: total epochs (default 1).
         train_steps_per_epoch, validation_steps_per_epoch: default one pass over the data.
         shuffle: default True; shuffle_buffer_size: default 10000; random_seed: default 0.
-        run_id: run folder name; default a new one per fit.
+        run_id: run folder name; default a new one per fit. An existing run resumes, with its own model and
+            data only (docs/estimator.md, "Resume").
         verbose: 0, 1 (default: per-epoch progress in the driver's log) or 2.
         backend: the Horovod controller, "gloo" (default) or "mpi"; or :class:`hvd_spark.SparkBackend`
             (horovod's constructor; the ranks run as with the default); or an object of
@@ -435,12 +440,15 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
     def _fit_run(self, dataset, checked: "_Checked", run_id: str, t_start: float, lease=None):
         plan = self._plan_resume(checked, run_id)
+        checked = _read_as_the_run(checked, plan)
+        data = self._identify_data(dataset, checked)
+        plan_mod.check_data(checked.store, plan, data.record)  # a run goes on with its own data only
         tracker = self._open_tracking(checked, plan)
         try:
             if plan.finished(checked.p.epochs):
                 model = self._finished_run(checked, plan)
             else:
-                written = self._materialize(dataset, checked)
+                written = self._materialize(dataset, checked, plan, data)
                 with _removed_after(checked.store, written):
                     cfg = self._plan_ranks(checked, plan, written, lease)
                     listeners = [tracker.on_event] if tracker else []
@@ -454,8 +462,14 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                         changed = isinstance(e, DataChangedError) or e.exc_type.endswith("DataChangedError")
                         if not changed:
                             raise
-                        _drop_checkpoints_after(checked.store, plan)  # never resumed nor returned as finished
+                        _drop_fit(checked.store, plan)  # never resumed, returned, nor the run's newest model
                         message = e.remote_message if isinstance(e, RankFailedError) else str(e)
+                        if plan.resume is not None:
+                            message += (
+                                f" Run '{plan.run_id}' keeps its checkpoints up to {plan.resume.position}, trained on "
+                                "the table before the change; a fit of it on the changed table is refused: fit it "
+                                "with a new run_id."
+                            )
                         raise DataChangedError(message) from e
                     model = self._verify_and_build(checked, written, cfg, trained, t_start)
         except BaseException:
@@ -657,7 +671,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         store = Store.create(p.store)
         store._check_writable()
         forced = getattr(self, "_forced_scan", None)
-        source = _read_in_place(dataset, p, f_infos, l_infos, w_info, validation, store, forced)
+        source, how = _read_in_place(dataset, p, f_infos, l_infos, w_info, validation, store, forced)
         return _Checked(
             p,
             model,
@@ -672,6 +686,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             store,
             prediction,
             source,
+            "" if source is not None else how,
         )
 
     def _plan_resume(self, c: "_Checked", run_id: str) -> plan_mod.ResumePlan:
@@ -691,6 +706,45 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             legacy_fingerprint=lambda: model_fingerprint(c.model),
         )
 
+    def _identify_data(self, dataset, c: "_Checked") -> "_Identified":
+        """Step 2b: what names the fit's data, for the run's record (``plan.check_data``), found without
+        writing anything: a table read in place by its files as step 1 listed them; a copy by
+        ``data_identity`` (the query and its input files: one listing job, reused by step 3); both with
+        what splits them. Nothing of the layout (ranks, files): an elastic or resized run keeps its data."""
+        p = c.p
+        fraction = bool(c.validation) and not isinstance(c.validation, str)
+        record: dict[str, Any] = {
+            "validation": c.validation,
+            "random_seed": p.random_seed if fraction else None,
+            "sample_weight_col": p.sample_weight_col,
+        }
+        if c.source is not None:
+            from hvd_spark._internal.data import inplace
+
+            scan, status, _, val_files = c.source
+            record.update(
+                read="in place",
+                table=scan.table,
+                root=scan.root or inplace.table_root(scan.files),
+                files=sorted([url, int(st[0]), int(st[1])] for url, st in zip(scan.files, status)),
+                validation_files=sorted(val_files) or None,
+            )
+            return _Identified(record, None)
+        identity = data_identity(dataset, "auto")
+        identified = identity.established and "session" not in identity.kinds
+        record.update(read="copied", why_copied=c.copy_reason, identified=identified)
+        if identified:
+            # the plan's semanticHash names rows held in it (the same in every JVM: no file source in it)
+            in_plan = str(dataset.semanticHash()) if set(identity.kinds) <= {"content"} else None
+            record.update(query=identity.query, rows_in_plan=in_plan, files=[list(st) for st in identity.status])
+        else:
+            record["why"] = (
+                identity.reason
+                if not identity.established
+                else "an RDD or a cache of the Spark application that fitted it, which no other application can name"
+            )
+        return _Identified(record, identity)
+
     def _finished_run(self, c: "_Checked", plan: plan_mod.ResumePlan):
         """A run that already has the requested epochs: its model, without training."""
         assert plan.resume is not None
@@ -704,10 +758,11 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         model_path = plan_mod.model_path_of(c.store, plan, epochs)  # the asked epoch's checkpoint: never rewritten
         return self._transformer(c, model_path, plan.run_id, plan.history[:epochs])
 
-    def _materialize(self, dataset, c: "_Checked") -> "_Written":
+    def _materialize(self, dataset, c: "_Checked", plan: plan_mod.ResumePlan, ident: "_Identified") -> "_Written":
         """Step 3: the data written to Parquet in the store in one pass over the input, its values
         checked (nulls, lengths, class indices) in the same pass; or the same data, written before and
-        provably unchanged, reused (``reuse_data``)."""
+        provably unchanged, reused (``reuse_data``). ``ident``: step 2b's record (a table that turns out
+        not to be readable in place is checked against the run again, as a copy, before it is written)."""
         seed = c.p.random_seed
         num_proc = c.options.num_proc
         named_f, named_l, (w_info,) = with_stored_names(c.f_infos, c.l_infos, [c.w_info])
@@ -735,13 +790,29 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 meta = inplace.scan_table(
                     dataset.sparkSession, c.store, c.source[0], source, reuse=reuse, check=check, slots=c.options.slots
                 )
-                return _Written(data, meta["key"], meta, seed, time.time() - t0, ephemeral=not reuse, source=source)
+                return _Written(
+                    data,
+                    meta["key"],
+                    meta,
+                    seed,
+                    time.time() - t0,
+                    ephemeral=not reuse,
+                    source=source,
+                    record=ident.record,
+                )
             except inplace.NotReadableInPlace as e:
                 if c.p.materialize == "never" or getattr(self, "_forced_scan", None) is not None:
                     raise ValueError(f"The table cannot be read in place: {e}.") from None
                 logger.warning("copying the data to the store: it cannot be read in place because %s", e)
+                c = dataclasses.replace(c, source=None, copy_reason=str(e))
+                ident = self._identify_data(dataset, c)
+                ident = dataclasses.replace(ident, record=dict(ident.record, fell_back=True))  # _read_as_the_run
+                plan_mod.check_data(c.store, plan, ident.record)  # the copy splits its own way
         prepared = data_mod.prepare(dataset, f_infos, l_infos, w_info, c.validation, seed)
-        identity = data_identity(dataset, c.p.reuse_data)
+        if c.p.reuse_data == "auto" and ident.identity is not None:
+            identity = ident.identity
+        else:
+            identity = data_identity(dataset, c.p.reuse_data)
         if not identity.established:
             logger.info("writing the data anew (it will not be reused by later fits): %s", identity.reason)
         else:
@@ -762,7 +833,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             if c.p.partitions_per_process
             else data_mod.num_files(num_proc, c.options.slots),
         )
-        return _Written(data, key, meta, seed, time.time() - t0, ephemeral=not identity.established)
+        return _Written(
+            data, key, meta, seed, time.time() - t0, ephemeral=not identity.established, record=ident.record
+        )
 
     def _plan_ranks(self, c: "_Checked", plan: plan_mod.ResumePlan, w: "_Written", lease=None) -> RunConfig:
         """Step 4: files per rank, steps per epoch, the run's record and the run configuration."""
@@ -791,7 +864,15 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         every = p.checkpoint_every
         batch_size, val_batch = p.batch_size, p.val_batch
         # a new run, or one that failed before its first checkpoint: what it trains
-        plan_mod.record_run(c.store, plan, feature_cols=p.feature_cols, label_cols=p.label_cols, data_key=w.key)
+        split_rows = {"train": meta["train_rows"], "val": meta["val_rows"]}
+        plan_mod.record_run(
+            c.store,
+            plan,
+            feature_cols=p.feature_cols,
+            label_cols=p.label_cols,
+            data_key=w.key,
+            data=dict(w.record, rows=split_rows) if w.record is not None else None,
+        )
         comp = {
             k: (dumps_keras_obj(v) if v is not None else None)
             for k, v in (("optimizer", p.optimizer), ("loss", p.loss), ("metrics", p.metrics))
@@ -800,7 +881,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         comp["learning_rate"] = p.learning_rate
         comp.update(compile_extras(c.model, p.optimizer))
         cfg = RunConfig(
-            store=c.store.to_config(),
+            store=c.store._job_config(),
             run_id=plan.run_id,
             epochs=p.epochs,
             compile=comp,
@@ -994,6 +1075,16 @@ def _removed_after(store: Store, written: "_Written"):
                 logger.warning("could not remove this fit's data %s: %s", written.key, e)
 
 
+def _drop_fit(store: Store, plan: plan_mod.ResumePlan) -> None:
+    """Removes what a fit rejected with DataChangedError wrote that would pass for a result: its final
+    model (``Store.model_path(run_id)`` would return it and ``Store.runs()`` count it) and its checkpoints
+    and commits (resumed from, or returned as a finished run's model). Its callbacks' outputs and logs
+    stay: they say what happened."""
+    with contextlib.suppress(FileNotFoundError):
+        store._rm(store.model_path(plan.run_id, plan.fit_id))
+    _drop_checkpoints_after(store, plan)
+
+
 def _drop_checkpoints_after(store: Store, plan: plan_mod.ResumePlan) -> None:
     """Removes the checkpoints and commits a fit wrote (those after the epoch it resumed from): they hold
     a model trained on a table that changed under it."""
@@ -1027,9 +1118,9 @@ def _check_label_shapes(shapes, labels, outputs) -> None:
 
 def _read_in_place(dataset, p: FitParams, f_infos, l_infos, w_info, validation, store: Store, forced=None):
     """Step 1c: whether the ranks read the DataFrame's own Parquet files (``materialize``): the plain
-    scan (``inplace.read_plan``) and its files' identity, or None (the data is copied). The log says
-    which path and why; ``materialize="never"`` on a DataFrame that cannot be read in place is refused
-    here, before any work."""
+    scan (``inplace.read_plan``) and its files' identity, or None (the data is copied), with the reason.
+    The log says which path and why; ``materialize="never"`` on a DataFrame that cannot be read in place
+    is refused here, before any work."""
     from hvd_spark._internal.data import inplace
 
     if forced is not None:  # fit_on_parquet: the files are given
@@ -1038,7 +1129,7 @@ def _read_in_place(dataset, p: FitParams, f_infos, l_infos, w_info, validation, 
         decision = inplace.Decision(forced[0], f"fit_on_parquet({forced[0].table!r})")
     elif p.materialize == "always":
         logger.info("copying the data to the store (materialize='always')")
-        return None
+        return None, "materialize='always'"
     elif p.reader != "arrow":
         decision = inplace.Decision(None, f"reader={p.reader!r} reads copies only")
     else:
@@ -1069,9 +1160,19 @@ def _read_in_place(dataset, p: FitParams, f_infos, l_infos, w_info, validation, 
                 "between numbers). Use materialize='auto' to copy it to the store."
             )
         logger.info("copying the data to the store: it cannot be read in place because %s", decision.reason)
-        return None
+        return None, decision.reason
     logger.info("reading the data in place, without a copy: %s", decision.reason)
-    return found
+    return found, decision.reason
+
+
+def _read_as_the_run(c: "_Checked", plan: plan_mod.ResumePlan) -> "_Checked":
+    """A run whose table turned out not to be readable in place (step 3's scan fell back to a copy) is
+    copied again when it resumes, without trying the scan: its data is read and split as before."""
+    run = plan.run_data or {}
+    if plan.resume is None or c.source is None or not run.get("fell_back") or c.p.materialize == "never":
+        return c
+    logger.info("copying the data to the store, as run '%s' did: %s", plan.run_id, run.get("why_copied"))
+    return dataclasses.replace(c, source=None, copy_reason=str(run.get("why_copied") or ""))
 
 
 def _table_source(found, f_infos, l_infos, w_info, validation, seed: int):
@@ -1111,7 +1212,12 @@ def _build_from_columns(model, dataset, feature_cols) -> None:
         if all(i.element_type != "string" for i in infos.values()):
             entries = [list(entries)]  # several plain numbers: one input, stacked
     wide = [c for c, i in infos.items() if i.kind != "scalar"]
-    rows = dataset.select(*wide).limit(1).collect() if wide else []
+    rows: list = []
+    if wide:
+        from hvd_spark._internal.data.jobs import spark_job
+
+        with spark_job(f"reading the first row of the DataFrame (the lengths of {wide}, to build the model)"):
+            rows = dataset.select(*wide).limit(1).collect()
     if wide and not rows:
         raise ValueError(
             "The DataFrame passed to fit() is empty: 0 rows (the model's input shapes come from its rows)."
@@ -1188,6 +1294,7 @@ class _Checked:
     store: Store
     prediction: tuple[str, bool]  # model_info.prediction_task: (kind, from_logits)
     source: Any = None  # (inplace.Scan, unnamed columns) when the ranks read the table in place
+    copy_reason: str = ""  # why the data is copied (when source is None), for the run's data record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1201,6 +1308,15 @@ class _Written:
     seconds: float
     ephemeral: bool = False  # written for this fit only (its input has no identity): removed at its end
     source: Any = None  # sources.TableSource: the table is read in place (meta: inplace.scan_table's)
+    record: dict | None = None  # step 2b's data record, for run.json
+
+
+@dataclasses.dataclass(frozen=True)
+class _Identified:
+    """Step 2b: what names the fit's data (``plan.check_data``'s record) and, for a copy, its identity."""
+
+    record: dict
+    identity: Any = None  # identity.DataIdentity under reuse_data="auto" (a copy), reused by step 3
 
 
 # Spark ML's saved metadata names the class by its module: the public name stays stable.

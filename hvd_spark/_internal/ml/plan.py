@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,7 @@ class ResumePlan:
     history: list
     architecture: dict | None = None
     fit_id: str = ""  # this fit's own name: its final model is runs/<run_id>/models/<fit_id>.keras
+    run_data: dict | None = None  # a resumed run's data record (run.json's "data"; None: recorded before them)
 
     def finished(self, epochs: int) -> bool:
         """Whether the run already has ``epochs`` epochs: the fit returns its model without training."""
@@ -73,7 +75,7 @@ def plan_resume(
             differs and how to warm-start a new run from this one's weights.
     """
     run_json = f"{store.run_path(run_id)}/run.json"
-    latest = store.latest_checkpoint(run_id)
+    latest = store.latest_checkpoint(run_id, set_aside=True)  # the fit holds the run lease here
     resume = None
     history: list[dict] = []
     if latest is not None and store._exists(run_json):
@@ -106,7 +108,12 @@ def plan_resume(
             )
         resume = latest
         history = store._read_json(resume.meta_path)["history"]
-    return ResumePlan(run_id, fingerprint, run_json, resume, history, architecture, fit_id or new_fit_id())
+        run_data = info.get("data")
+    else:
+        run_data = None
+    return ResumePlan(
+        run_id, fingerprint, run_json, resume, history, architecture, fit_id or new_fit_id(), run_data=run_data
+    )
 
 
 def model_path_of(store: Store, plan: ResumePlan, epochs: int) -> str:
@@ -114,15 +121,24 @@ def model_path_of(store: Store, plan: ResumePlan, epochs: int) -> str:
     asked epoch (never rewritten; the latest one when that epoch's is gone)."""
     if plan.finished(epochs):
         assert plan.resume is not None
-        at_epoch = {ck.epoch: ck.model_path for ck in store._epoch_checkpoints(plan.run_id)}
-        return at_epoch.get(epochs, plan.resume.model_path)
+        at_epoch = {ck.epoch: ck for ck in store._epoch_checkpoints(plan.run_id)}
+        asked = at_epoch.get(epochs)
+        if asked is not None and store._checkpoint_damage(asked, deep=True) is None:
+            return asked.model_path
+        return plan.resume.model_path
     return store.model_path(plan.run_id, plan.fit_id)
 
 
-def record_run(store: Store, plan: ResumePlan, *, feature_cols: Any, label_cols: Any, data_key: str) -> None:
-    """Writes ``run.json`` (what the run trains) for a new run, or one that failed before its first
-    checkpoint; a resumed run keeps its own."""
+def record_run(
+    store: Store, plan: ResumePlan, *, feature_cols: Any, label_cols: Any, data_key: str, data: dict | None = None
+) -> None:
+    """Writes ``run.json`` (what the run trains: the model, the columns, the data record ``data`` of
+    :func:`check_data`) for a new run, or one that failed before its first checkpoint; a resumed run
+    keeps its own (one recorded before data records gets this fit's, which it continues on)."""
     if plan.resume is not None:
+        if plan.run_data is None and data is not None:
+            info = store._read_json(plan.run_json) if store._exists(plan.run_json) else {}
+            store._write_json(plan.run_json, dict(info, data=data))
         return
     store._write_json(
         plan.run_json,
@@ -134,8 +150,155 @@ def record_run(store: Store, plan: ResumePlan, *, feature_cols: Any, label_cols:
             "label_cols": label_cols,
             "created": time.time(),
             "data_key": data_key,
+            "data": data,
         },
     )
+
+
+# --- a run's data ---------------------------------------------------------------------------------
+# A run trains on one data set, split one way. Its run.json records what names that data (the
+# estimator builds the record; nothing here needs Spark):
+#   read: "in place" (the table's own files) or "copied" (written to the store)
+#   in place: table, root (the split hashes file paths below it), files [[url, bytes, mtime ms], ...]
+#   copied: identified (False: an RDD, a cache or a source without identity: "why"), query (a digest
+#       of the optimized plan without expression ids), rows_in_plan (semanticHash of a plan that holds
+#       its rows), files [[path, bytes, mtime ms], ...] (the input files), why_copied
+#   both: validation, random_seed (for a fraction), validation_files (fit_on_parquet),
+#       sample_weight_col, rows {"train": n, "val": n} (once written).
+# Never the layout (ranks, files per rank, partitions): an elastic or resized run keeps its data.
+
+_SPLIT_KEYS = (
+    ("validation", "validation"),
+    ("random_seed", "random_seed (the validation split's seed)"),
+    ("validation_files", "validation_path's files"),
+    ("sample_weight_col", "sample_weight_col"),
+)
+
+
+def _read_how(record: dict) -> str:
+    if record.get("read") == "in place":
+        return (
+            f"the table at {record.get('root') or record.get('table')} read in place ({len(record.get('files') or ())} "
+            "files; validation rows drawn by file and row number)"
+        )
+    why = f", because {record['why_copied']}" if record.get("why_copied") else ""
+    return f"a copy in the store (validation rows drawn by the rows' values{why})"
+
+
+def _below(root: str, url: str) -> str:
+    """A file's name for a message: its path below the table's folder, as the split names it."""
+    from hvd_spark._internal.common.sources import split_key
+
+    return split_key(root, url) if root else url
+
+
+def _path(url: str) -> str:
+    """A URL without its scheme (``file:/x`` and ``file:///x``, ``s3a://b/k`` and ``s3://b/k`` are one
+    file), as the split names files (``sources.split_key``)."""
+    u = urllib.parse.urlparse(url or "")
+    return (u.netloc + u.path if u.scheme else url or "").rstrip("/")
+
+
+def _files_diff(before: list, now: list, root: str, what: str) -> list[str]:
+    """What changed among files given as [url, bytes, mtime ms]: added, removed, changed (size or time)."""
+    old = {_path(f[0]): (int(f[1]), int(f[2])) for f in before}
+    new = {_path(f[0]): (int(f[1]), int(f[2])) for f in now}
+
+    def names(urls: list[str]) -> str:
+        shown = ", ".join(_below(root, u) for u in sorted(urls)[:3])
+        return shown + (f" and {len(urls) - 3} more" if len(urls) > 3 else "")
+
+    out = []
+    for verb, urls in (
+        ("added", [u for u in new if u not in old]),
+        ("removed", [u for u in old if u not in new]),
+        ("changed in size or modification time", [u for u in new if u in old and new[u] != old[u]]),
+    ):
+        if urls:
+            out.append(f"{what} {verb}: {names(urls)}")
+    return out
+
+
+def _given(value: Any) -> Any:
+    return None if value is None or value == "" or value == [] else value  # unset, however recorded
+
+
+def comparable(record: dict) -> bool:
+    """Whether the record names its rows (files with their identity, or rows held in the plan)."""
+    return record.get("read") == "in place" or bool(record.get("identified"))
+
+
+def data_differences(run: dict, fit: dict) -> list[str]:
+    """What differs between a run's data record and a fit's (run -> fit), in words; [] when nothing
+    that could be compared does. The rows are compared only when both records name them."""
+    if run.get("read") != fit.get("read"):
+        return [f"read: {_read_how(run)} -> {_read_how(fit)}"]
+    out = [
+        f"{label}: {run.get(key)!r} -> {fit.get(key)!r}"
+        for key, label in _SPLIT_KEYS
+        if _given(run.get(key)) != _given(fit.get(key))
+    ]
+    if not (comparable(run) and comparable(fit)):
+        return out
+    if run["read"] == "in place":
+        if _path(run.get("root") or "") != _path(fit.get("root") or ""):
+            out.append(
+                f"the table's folder (the split hashes file paths below it): {run.get('root')} -> {fit.get('root')}"
+            )
+        out += _files_diff(run.get("files") or [], fit.get("files") or [], run.get("root") or "", "files of the table")
+        return out
+    if run.get("query") != fit.get("query"):
+        out.append("the DataFrame's query (its sources, filters, columns or computations)")
+    elif run.get("rows_in_plan") != fit.get("rows_in_plan"):
+        out.append("the DataFrame's query or the rows held in it (createDataFrame of other rows)")
+    out += _files_diff(run.get("files") or [], fit.get("files") or [], "", "input files")
+    return out
+
+
+def check_data(store: Store, plan: ResumePlan, record: dict) -> None:
+    """A resumed or finished run continues only on its own data, split the same way: ``record`` (this
+    fit's data) against the run's. Where the rows cannot be compared (data without an identity: an RDD,
+    a cache, a source hvd_spark cannot list; a run recorded before data records), a warning says so and
+    the fit goes on. Reads nothing, writes nothing.
+
+    Raises:
+        ValueError: the data differs; the message names the run, what differs, and how to go on (a new
+            run, warm-started from this run's weights, or this run on its own data).
+    """
+    if plan.resume is None:
+        return
+    run = plan.run_data
+    if run is None:
+        logger.warning(
+            "run '%s' was recorded before runs recorded their data: this fit's data (%s) cannot be compared with "
+            "the run's; it continues on it",
+            plan.run_id,
+            _read_how(record),
+        )
+        return
+    diff = data_differences(run, record)
+    if diff:
+        rows = run.get("rows") or {}
+        trained = f"{rows.get('train')} training and {rows.get('val')} validation rows of " if rows else ""
+        raise ValueError(
+            f"run_id '{plan.run_id}' in {store.prefix} was trained on other data; a run continues only on the data it "
+            "started with, split the same way (else its validation rows become training rows, and its epochs and "
+            f"history mix two data sets). What differs (run -> this fit): {'; '.join(diff)}. The run trained on "
+            f"{trained}{_read_how(run)}. To train on this data, start a new run (another run_id, or none), "
+            "warm-started from this run's weights: "
+            f"old = keras.models.load_model('{store._url(plan.resume.model_path)}'); "
+            "model.set_weights(old.get_weights()), then fit with a new run_id. To continue this run, fit it on its "
+            "own data, read and split as before."
+        )
+    if not (comparable(run) and comparable(record)):
+        why = record.get("why") if not comparable(record) else run.get("why")
+        logger.warning(
+            "run '%s': the rows of %s data cannot be compared (%s); how they are read and split is the same. "
+            "Make sure this is the run's data: a run continues only on the data it started with",
+            plan.run_id,
+            "this fit's" if not comparable(record) else "the run's",
+            why or "no identity",
+        )
 
 
 def sized(cfg: RunConfig, num_proc: int) -> RunConfig:
@@ -284,6 +447,7 @@ class _GrowWatch:
         return False
 
     def _run(self) -> None:
+        failed: set[str] = set()  # the store's errors already logged: one warning each, not one per poll
         while not self._stop.wait(self.elastic.poll):
             try:
                 target = self.elastic.size_for(_slots_of(self.backend))
@@ -291,8 +455,22 @@ class _GrowWatch:
                 logger.debug("counting task slots failed: %s", e)
                 continue
             if target > self.size:
+                try:
+                    self.store._write_json(self.marker, {"size": target, "time": time.time()})
+                except Exception as e:  # the store failed this time: try again at the next poll
+                    error = f"{type(e).__name__}: {e}"
+                    if error not in failed:
+                        failed.add(error)
+                        logger.warning(
+                            "%d task slots available, but writing the resize marker %s failed (%s); training "
+                            "grows once a write succeeds (tried again every %gs)",
+                            target,
+                            self.marker,
+                            error,
+                            self.elastic.poll,
+                        )
+                    continue
                 self.asked = target
-                self.store._write_json(self.marker, {"size": target, "time": time.time()})
                 logger.info(
                     "%d task slots available: training grows from %d to %d ranks at the next epoch end",
                     target,
@@ -388,7 +566,7 @@ def train_with_restarts(
         pending = None
 
     while True:
-        resume = store.latest_checkpoint(run_id)
+        resume = store.latest_checkpoint(run_id, set_aside=True)  # this fit holds the run: damaged ones aside
         if resume is not None:
             logger.info("resuming run '%s' from %s of %d epochs", run_id, resume.position, cfg.epochs)
         elif cached_model is None:

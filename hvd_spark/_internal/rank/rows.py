@@ -137,7 +137,24 @@ class ParquetSet:
         with self._lock:
             lock = self._file_locks.setdefault(unit.file, threading.Lock())
         with lock:  # one file object is not read from two threads at once
-            return self._read_unit(unit, names)
+            from hvd_spark._internal.common import retry
+            from hvd_spark._internal.common.secrets import url_without_credentials
+
+            # An object store that fails for a moment: the file is opened again and the row group read
+            # again, within the store's retry window (common/retry.py), before the rank gives up.
+            return retry.call(
+                url_without_credentials(self.files[unit.file]),
+                f"reading row group {unit.group}",
+                lambda: self._read_unit(unit, names),
+                on_retry=lambda _: self._forget(unit.file),
+            )
+
+    def _forget(self, i: int) -> None:
+        """Closes file ``i``, so that the next read opens it again."""
+        with self._lock:
+            pf = self._open.pop(i, None)
+        if pf is not None:
+            _close(pf[0] if isinstance(pf, tuple) else pf)
 
     def _read_unit(self, unit, names: Sequence[str]) -> dict[str, np.ndarray]:
         if self.source is None:

@@ -58,8 +58,12 @@ def _build_model(cfg: RunConfig, custom_objects):
     if cfg.resume_ckpt:
         store = Store.from_config(cfg.store)
         # Weights, optimizer state (its step counter included) and compile config, as saved.
-        model = load_model_file(
-            store._url(cfg.resume_ckpt), custom_objects, compile=True, storage_options=store.storage_options
+        resume_ckpt = cfg.resume_ckpt
+        model = store._retrying(
+            f"loading the checkpoint {store._rel(resume_ckpt)}",
+            lambda: load_model_file(
+                store._url(resume_ckpt), custom_objects, compile=True, storage_options=store.storage_options
+            ),
         )
     elif cfg.model_bytes is None:
         raise ValueError("The run configuration has neither a checkpoint to resume nor the model to start from.")
@@ -128,6 +132,7 @@ def train(cfg: RunConfig) -> dict:
     startup.mark("horovod_init")
     set_threads(cfg.num_threads, environment_wins=True)  # backend_env's TF_NUM_*_THREADS win
 
+    from hvd_spark._internal.common import retry
     from hvd_spark._internal.common.events import send_event
     from hvd_spark._internal.data.store import Store
     from hvd_spark._internal.rank.batchnorm import synchronize_batch_norm
@@ -147,6 +152,7 @@ def train(cfg: RunConfig) -> dict:
     from hvd_spark._internal.rank.state import BroadcastStateCallback, StateAgreementCallback
 
     rank, size = hvd.rank(), hvd.size()
+    retry.set_window(Store.from_config(cfg.store).retry_window)  # the driver's, for the reads of the data too
     keras.utils.set_random_seed(cfg.seed)
     custom_objects = cloudpickle.loads(cfg.custom_objects) if cfg.custom_objects else None
     model = _build_model(cfg, custom_objects)
@@ -606,7 +612,7 @@ class _CheckpointCallback(keras.callbacks.Callback):
     def _write(self, epoch: int, step: int, meta: dict) -> None:
         """The checkpoint after ``epoch`` epochs and ``step`` steps of the next one."""
         from hvd_spark._internal.common.serde import save_model_file
-        from hvd_spark._internal.data.store import checkpoint_names
+        from hvd_spark._internal.data.store import checkpoint_names, file_digest
 
         what = f"epoch {epoch} step {step}" if step else f"epoch {epoch}"
         with busy(f"saving the checkpoint of {what}"):  # a large model to an object store: slow, not stalled
@@ -615,8 +621,11 @@ class _CheckpointCallback(keras.callbacks.Callback):
             self._check_still_ours(epoch if step == 0 else epoch + 1, f"{ckpt_dir}/{meta_name}", what)
             local = os.path.join(self.tmp, model_name)
             save_model_file(self.model, local)
+            written = file_digest(local)  # the JSON records them: a damaged upload is never resumed from
             self.store._upload_file(local, f"{ckpt_dir}/{model_name}")
-            meta = dict(meta, epoch=epoch, step=step, iterations=int(self.model.optimizer.iterations.numpy()))
+            meta = dict(
+                meta, epoch=epoch, step=step, iterations=int(self.model.optimizer.iterations.numpy()), **written
+            )
             self.store._write_json(f"{ckpt_dir}/{meta_name}", dict(meta, time=time.time()))
             os.remove(local)
             self.store._remove_commits_before(self.run_id, epoch, step)
