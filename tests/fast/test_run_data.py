@@ -146,18 +146,23 @@ def test_one_file_in_two_url_forms_is_one_file():
 def test_a_run_whose_table_fell_back_to_a_copy_is_copied_again(store):
     """The scan found a file the ranks cannot read in place, so the run's data was copied: a resume copies
     it again (its split), instead of reading in place and being refused for reading another way."""
-    import types
-
-    from hvd_spark._internal.ml.estimator import _Checked, _read_as_the_run
-
-    def checked(materialize="auto"):
-        p = types.SimpleNamespace(materialize=materialize)
-        return _Checked(p, *([None] * 9), store, ("regression", False), source=("scan", (), None, ()))
-
     fell_back = dict(COPIED, why_copied="column 'a' of the Parquet file f has type string", fell_back=True)
-    again = _read_as_the_run(checked(), _resumed(store, fell_back))
-    assert again.source is None and again.copy_reason == fell_back["why_copied"]
+    assert plan.copy_again(_resumed(store, fell_back), "auto") == fell_back["why_copied"]
     for run_data, materialize in [(COPIED, "auto"), (fell_back, "never"), (None, "auto")]:
-        assert _read_as_the_run(checked(materialize), _resumed(store, run_data)).source is not None
+        assert plan.copy_again(_resumed(store, run_data), materialize) is None
     fresh = plan.ResumePlan("r1", "fp", "run.json", None, [], run_data=fell_back)
-    assert _read_as_the_run(checked(), fresh).source is not None  # a new run tries the table in place
+    assert plan.copy_again(fresh, "auto") is None  # a new run tries the table in place
+
+
+def test_without_a_random_split_in_place_and_copied_are_the_same_data():
+    """No validation fraction: the rows and the split do not depend on how the files are read, so only
+    the files count; with a fraction, reading the other way draws another split and is refused."""
+    no_split = dict(IN_PLACE, validation=None, random_seed=None)
+    copied = dict(
+        COPIED, validation=None, random_seed=None, identified=True, files=[list(f) for f in IN_PLACE["files"]]
+    )
+    assert plan.data_differences(no_split, copied) == []
+    grown = dict(copied, files=copied["files"] + [[ROOT + "part-9.parquet", 1, 1]])
+    assert plan.data_differences(no_split, grown) == ["input files added: /data/t/part-9.parquet"]
+    with_split = dict(IN_PLACE, validation=0.2, random_seed=0)
+    assert plan.data_differences(with_split, dict(copied, validation=0.2, random_seed=0))[0].startswith("read: ")

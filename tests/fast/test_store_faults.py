@@ -243,3 +243,27 @@ def test_a_checkpoint_of_an_earlier_version_is_checked_as_a_zip_archive(tmp_path
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) // 2)
     assert store.latest_checkpoint("r1").epoch == 1
+
+
+def test_an_error_raised_while_handling_a_transient_one_is_not_transient():
+    try:
+        try:
+            raise ConnectionResetError(errno.ECONNRESET, "reset")
+        except ConnectionResetError:
+            raise ValueError("a bug in the handler")  # noqa: B904 - the implicit context is the point
+    except ValueError as e:
+        assert e.__context__ is not None and not retry.is_transient(e)
+
+
+def test_at_most_caps_the_window_of_the_operations_inside():
+    clock = _Clock()
+
+    def op():
+        raise _refused()
+
+    with retry.at_most(2), pytest.raises(StoreUnavailableError) as info:
+        retry.call("s3://b", "a heartbeat", op, seconds=120, sleep=clock.sleep, clock=clock)
+    assert clock.now <= 2 and info.value.window == 2
+    with pytest.raises(StoreUnavailableError):  # the cap ends with the block
+        retry.call("s3://b", "after", op, seconds=5, sleep=clock.sleep, clock=clock)
+    assert clock.now > 4

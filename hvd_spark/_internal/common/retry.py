@@ -76,23 +76,30 @@ _TRANSIENT_CODES = {
     "RequestLimitExceeded",
     "TooManyRequests",
     "RequestTimeout",
-    "RequestTimeTooSkewed",
     "ServiceUnavailable",
     "InternalError",
     "OperationAborted",
 }
 
-_nesting = threading.local()
+_nesting = threading.local()  # depth: calls in progress in this thread; cap: at_most's limit
 _window: float | None = None  # this process's window when set by set_window (a rank: the driver's)
 
 
 def _chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and the errors it was raised from (``raise ... from``); an error raised while another
+    was handled only when it is a bare wrapper (an ``OSError`` without an errno: fsspec's, pyarrow's),
+    so that a real error raised in an ``except`` block is not taken for the one it handled."""
     seen: set[int] = set()
     e: BaseException | None = error
     while e is not None and id(e) not in seen and len(seen) < 10:
         seen.add(id(e))
         yield e
-        e = e.__cause__ or e.__context__
+        if e.__cause__ is not None:
+            e = e.__cause__
+        elif type(e) is OSError and e.errno is None and not e.__suppress_context__:
+            e = e.__context__
+        else:
+            e = None
 
 
 def _server_says_later(e: BaseException) -> bool:
@@ -142,6 +149,19 @@ def set_window(seconds: float | None) -> None:
     _window = None if seconds is None else float(seconds)
 
 
+@contextlib.contextmanager
+def at_most(seconds: float) -> Iterator[None]:
+    """Store operations of this thread inside the block are retried for ``seconds`` at most (a lease's
+    heartbeat, retried by the next one anyway; a clean-up at the end of a failed fit, which must not
+    keep the user's error waiting for a whole window)."""
+    previous = getattr(_nesting, "cap", None)
+    _nesting.cap = seconds if previous is None else min(previous, seconds)
+    try:
+        yield
+    finally:
+        _nesting.cap = previous
+
+
 def one_line(error: BaseException) -> str:
     text = " ".join(str(error).split())
     return f"{type(error).__name__}: {text[:500]}" if text else type(error).__name__
@@ -171,6 +191,9 @@ def call(
     if getattr(_nesting, "depth", 0):
         return fn()  # the outermost call retries the whole operation
     limit = window() if seconds is None else seconds
+    cap = getattr(_nesting, "cap", None)
+    if cap is not None:
+        limit = min(limit, cap)
     started, delay, tries = clock(), FIRST_DELAY, 0
     with contextlib.ExitStack() as waiting:
         while True:

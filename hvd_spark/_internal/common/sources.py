@@ -104,10 +104,18 @@ def file_system(url: str, storage_options: dict | None):
 
 
 def file_status(url: str, storage_options: dict | None) -> tuple[int, int]:
-    """(bytes, modification time in ms) of the file at ``url`` (0 for a time the filesystem lacks)."""
+    """(bytes, modification time in ms) of the file at ``url`` (0 for a time the filesystem lacks);
+    retried on transient errors (``common/retry.py``)."""
+    from hvd_spark._internal.common import retry
+    from hvd_spark._internal.common.secrets import url_without_credentials
+
     fs, path = file_system(url, storage_options)
-    fs.invalidate_cache(path)  # object stores' listings are cached: a changed file must be seen
-    info = fs.info(path)
+
+    def info_now() -> Any:
+        fs.invalidate_cache(path)  # object stores' listings are cached: a changed file must be seen
+        return fs.info(path)
+
+    info = retry.call(url_without_credentials(url), "reading the file's size and time", info_now)
     when = info.get("mtime", info.get("LastModified", info.get("last_modified", info.get("updated"))))
     if hasattr(when, "timestamp"):
         ms = int(when.timestamp() * 1000)

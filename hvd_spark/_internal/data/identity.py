@@ -53,6 +53,7 @@ class DataIdentity:
     kinds: tuple[str, ...] = ()
     query: str = ""
     status: tuple[tuple[str, int, int], ...] = ()
+    local_rows: bool = False  # rows of createDataFrame in the plan (LocalRelation): its semanticHash names them
 
 
 def plan_leaves(plan: str) -> list[str]:
@@ -209,13 +210,22 @@ def data_identity(df, reuse: str = "auto") -> DataIdentity:
         parts["files"] = hashlib.sha256(json.dumps(status).encode()).hexdigest()
         reasons.append(f"{n_files} input files with their sizes and modification times")
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
-    query = hashlib.sha256(_EXPR_ID.sub("", optimized).strip().encode()).hexdigest()[:32]
+    query = hashlib.sha256(_RANGE_SPLITS.sub("", _EXPR_ID.sub("", optimized)).strip().encode()).hexdigest()[:32]
     return DataIdentity(
-        digest, True, ", ".join(reasons) or "the query plan", n_files, tuple(sorted(kinds)), query, tuple(status)
+        digest,
+        True,
+        ", ".join(reasons) or "the query plan",
+        n_files,
+        tuple(sorted(kinds)),
+        query,
+        tuple(status),
+        local_rows="LocalRelation" in optimized or "LocalTableScan" in optimized,
     )
 
 
 _EXPR_ID = re.compile(r"#\d+L?\b")  # an attribute's expression id (x#12, y#3L): numbered per session
+# A Range's partitions (spark.range's default: the application's parallelism): its rows do not depend on them.
+_RANGE_SPLITS = re.compile(r",\s*splits=Some\(\d+\)")
 
 
 def dataset_key(df, infos: Sequence[ColumnInfo], validation, seed: int, identity: DataIdentity | None = None) -> str:

@@ -11,7 +11,7 @@ Layout under the prefix::
     data/<dataset-key>/_writing-<attempt>.json  the lease of a write in progress
     data/<dataset-key>/_reading-<fit>.json     the lease of a fit training on it
     data/<dataset-key>/_last_used.json         when a fit last reused it
-    runs/<run_id>/run.json             what the run trains (model fingerprint, columns)
+    runs/<run_id>/run.json             what the run trains (model fingerprint, columns, its data record)
     runs/<run_id>/checkpoints/         epoch-NNNN.keras + epoch-NNNN.json (the JSON marks it complete and
                                        holds the model file's size and SHA-256)
     runs/<run_id>/checkpoints/damaged/ checkpoints found damaged, set aside by the fit that resumed past them
@@ -20,7 +20,7 @@ Layout under the prefix::
     runs/<run_id>/_writer.json         the lease of the fit training the run (one at a time)
     runs/<run_id>/_live/<job>/         a training job's progress for a Spark Connect client, while it runs
 
-Every operation on the store goes through one retry policy (``common/retry.py``): transient errors
+Every file operation of the store goes through one retry policy (``common/retry.py``): transient errors
 (connection refused or reset, timeouts, 5xx, throttling) are retried for ``retry_window`` seconds.
 """
 
@@ -305,7 +305,11 @@ class Store:
         return self._retrying(f"reading {self._rel(path)}", read)
 
     def _read_json(self, path: str) -> Any:
-        return json.loads(self._read_bytes(path).decode())
+        data = self._read_bytes(path)
+        try:
+            return json.loads(data.decode())
+        except ValueError as e:  # cut short, or not ours: say which file
+            raise ValueError(f"{self._url(path)} does not read as JSON: {retry.one_line(e)}") from e
 
     def _atomic(self, path: str, write) -> None:
         """Runs ``write(tmp)`` for a temporary name beside ``path``, then renames it into place."""
@@ -379,7 +383,7 @@ class Store:
         doc = dict(info, host=socket.gethostname(), pid=os.getpid(), started=time.time())
 
         def beat() -> bool:
-            with contextlib.suppress(Exception):  # a missed heartbeat is retried at the next one
+            with contextlib.suppress(Exception), retry.at_most(heartbeat):  # a missed one: the next retries
                 self._write_json(path, dict(doc, heartbeat=time.time()))
             return True
 
@@ -389,7 +393,8 @@ class Store:
                 yield
         finally:
             try:
-                self._rm(path)
+                with retry.at_most(heartbeat):
+                    self._rm(path)
             except Exception as e:  # the store is unreachable: the block's own outcome matters more
                 _left_lease(path, e)
 
@@ -457,14 +462,15 @@ class Store:
 
         def beat() -> bool:
             try:
-                held = current()
+                with retry.at_most(heartbeat):
+                    held = current()
             except Exception:  # the store is unreachable for now: try again at the next heartbeat
                 return True
             if held is None or held.get("token") != token:
                 handle.lost.set()  # taken over (this holder stalled for longer than ``stale``) or removed
                 logger.error("the lease %s was lost (now %s)", path, held and f"held by pid {held.get('pid')}")
                 return False
-            with contextlib.suppress(Exception):  # a missed heartbeat is retried at the next one
+            with contextlib.suppress(Exception), retry.at_most(heartbeat):  # a missed one: the next retries
                 self._write_json(path, dict(doc, heartbeat=time.time()))
             return True
 
@@ -475,9 +481,10 @@ class Store:
         finally:
             _HELD_TOKENS.discard(token)
             try:
-                held = current()
-                if held is not None and held.get("token") == token:
-                    self._rm(path)
+                with retry.at_most(heartbeat):
+                    held = current()
+                    if held is not None and held.get("token") == token:
+                        self._rm(path)
             except Exception as e:  # the store is unreachable: the block's own outcome matters more
                 _left_lease(path, e)
 
@@ -674,11 +681,8 @@ class Store:
         return None
 
     def _sha256(self, path: str) -> str:
-        h = hashlib.sha256()
         with self._fs.open(path, "rb") as f:
-            while chunk := f.read(8 << 20):
-                h.update(chunk)
-        return h.hexdigest()
+            return _sha256_of(f)
 
     def _set_aside(self, ckpt: Checkpoint) -> None:
         """Moves a damaged checkpoint's files to ``checkpoints/damaged/`` (kept, never deleted)."""
@@ -848,11 +852,15 @@ class Store:
 def file_digest(local: str) -> dict[str, Any]:
     """What a checkpoint's JSON records of its model file (a local file): ``model_bytes`` and
     ``model_sha256``."""
-    h = hashlib.sha256()
     with open(local, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return {"model_bytes": os.path.getsize(local), "model_sha256": h.hexdigest()}
+        return {"model_bytes": os.path.getsize(local), "model_sha256": _sha256_of(f)}
+
+
+def _sha256_of(f) -> str:
+    h = hashlib.sha256()
+    while chunk := f.read(8 << 20):
+        h.update(chunk)
+    return h.hexdigest()
 
 
 def checkpoint_names(epoch: int, step: int = 0) -> tuple[str, str]:

@@ -13,7 +13,7 @@ from pyspark import keyword_only
 from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 
-from hvd_spark._internal.common import dataplan, settings
+from hvd_spark._internal.common import dataplan, retry, settings
 from hvd_spark._internal.common.contracts import DataSpec, FitSummary, RankSummary, RunConfig
 from hvd_spark._internal.common.specs import (
     check_string_input,
@@ -415,7 +415,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             if not store._exists(folder):
 
                 def remove_if_empty() -> None:  # after the lease is gone: no empty folder left by a failed fit
-                    with contextlib.suppress(Exception):  # the store is unreachable: an empty folder is harmless
+                    # the store is unreachable: an empty folder is harmless, and the fit's outcome comes first
+                    with contextlib.suppress(Exception), retry.at_most(settings.LEASE_HEARTBEAT):
                         if not store._listdir(folder):
                             store._rm(folder)
 
@@ -462,7 +463,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                         changed = isinstance(e, DataChangedError) or e.exc_type.endswith("DataChangedError")
                         if not changed:
                             raise
-                        _drop_fit(checked.store, plan)  # never resumed, returned, nor the run's newest model
+                        try:
+                            _drop_fit(checked.store, plan)  # never resumed, returned, nor the run's newest model
+                        except Exception as drop:  # the store is unreachable: the user's error comes first
+                            logger.warning("could not remove what the rejected fit wrote: %s", drop)
                         message = e.remote_message if isinstance(e, RankFailedError) else str(e)
                         if plan.resume is not None:
                             message += (
@@ -734,8 +738,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         identified = identity.established and "session" not in identity.kinds
         record.update(read="copied", why_copied=c.copy_reason, identified=identified)
         if identified:
-            # the plan's semanticHash names rows held in it (the same in every JVM: no file source in it)
-            in_plan = str(dataset.semanticHash()) if set(identity.kinds) <= {"content"} else None
+            # the plan's semanticHash names rows held in it (the same in every JVM: no file source in it); a
+            # Range's rows are named by the query's text, and its hash changes with its partitions
+            local_rows = set(identity.kinds) <= {"content"} and identity.local_rows
+            in_plan = str(dataset.semanticHash()) if local_rows else None
             record.update(query=identity.query, rows_in_plan=in_plan, files=[list(st) for st in identity.status])
         else:
             record["why"] = (
@@ -1070,7 +1076,8 @@ def _removed_after(store: Store, written: "_Written"):
     finally:
         if written.ephemeral:
             try:
-                store._rm(store._data_path(written.key))
+                with retry.at_most(settings.LEASE_HEARTBEAT):  # a clean-up: the fit's outcome first
+                    store._rm(store._data_path(written.key))
             except Exception as e:  # the store is unreachable: the fit's own outcome matters more
                 logger.warning("could not remove this fit's data %s: %s", written.key, e)
 
@@ -1166,13 +1173,12 @@ def _read_in_place(dataset, p: FitParams, f_infos, l_infos, w_info, validation, 
 
 
 def _read_as_the_run(c: "_Checked", plan: plan_mod.ResumePlan) -> "_Checked":
-    """A run whose table turned out not to be readable in place (step 3's scan fell back to a copy) is
-    copied again when it resumes, without trying the scan: its data is read and split as before."""
-    run = plan.run_data or {}
-    if plan.resume is None or c.source is None or not run.get("fell_back") or c.p.materialize == "never":
+    """``c`` copying the data when the run's table fell back to a copy (``plan.copy_again``)."""
+    reason = plan_mod.copy_again(plan, c.p.materialize) if c.source is not None else None
+    if reason is None:
         return c
-    logger.info("copying the data to the store, as run '%s' did: %s", plan.run_id, run.get("why_copied"))
-    return dataclasses.replace(c, source=None, copy_reason=str(run.get("why_copied") or ""))
+    logger.info("copying the data to the store, as run '%s' did: %s", plan.run_id, reason)
+    return dataclasses.replace(c, source=None, copy_reason=reason)
 
 
 def _table_source(found, f_infos, l_infos, w_info, validation, seed: int):

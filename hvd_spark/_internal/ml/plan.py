@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from hvd_spark._internal.common import retry
 from hvd_spark._internal.common.contracts import Recovery, RunConfig
 from hvd_spark._internal.common.restarts import LOST_HOST_TYPES, RESTARTABLE, should_restart
 from hvd_spark._internal.data.store import Checkpoint, Lease, Store
@@ -123,8 +124,16 @@ def model_path_of(store: Store, plan: ResumePlan, epochs: int) -> str:
         assert plan.resume is not None
         at_epoch = {ck.epoch: ck for ck in store._epoch_checkpoints(plan.run_id)}
         asked = at_epoch.get(epochs)
-        if asked is not None and store._checkpoint_damage(asked, deep=True) is None:
+        damage = store._checkpoint_damage(asked, deep=True) if asked is not None else "it is gone"
+        if damage is None and asked is not None:
             return asked.model_path
+        logger.warning(
+            "run '%s': the checkpoint of epoch %d cannot be returned (%s); returning the newest, of %s",
+            plan.run_id,
+            epochs,
+            damage,
+            plan.resume.position,
+        )
         return plan.resume.model_path
     return store.model_path(plan.run_id, plan.fit_id)
 
@@ -223,6 +232,24 @@ def _given(value: Any) -> Any:
     return None if value is None or value == "" or value == [] else value  # unset, however recorded
 
 
+def copy_again(plan: ResumePlan, materialize: str) -> str | None:
+    """Why a resumed run copies its data instead of reading its table in place, or None: a run whose
+    table turned out not to be readable in place (step 3's scan fell back to a copy) is copied again,
+    without trying the scan, so that its data is read and split as before (``materialize="never"``
+    still reads in place, and is refused by :func:`check_data` when the split differs)."""
+    run = plan.run_data or {}
+    if plan.resume is None or not run.get("fell_back") or materialize == "never":
+        return None
+    return str(run.get("why_copied") or "the run's data was copied")
+
+
+def _fraction(record: dict) -> bool:
+    """Whether the record's validation split is a random fraction (which depends on how rows are read:
+    by file and row number in place, by the rows' values in a copy)."""
+    v = record.get("validation")
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
 def comparable(record: dict) -> bool:
     """Whether the record names its rows (files with their identity, or rows held in the plan)."""
     return record.get("read") == "in place" or bool(record.get("identified"))
@@ -231,8 +258,8 @@ def comparable(record: dict) -> bool:
 def data_differences(run: dict, fit: dict) -> list[str]:
     """What differs between a run's data record and a fit's (run -> fit), in words; [] when nothing
     that could be compared does. The rows are compared only when both records name them."""
-    if run.get("read") != fit.get("read"):
-        return [f"read: {_read_how(run)} -> {_read_how(fit)}"]
+    if run.get("read") != fit.get("read") and (_fraction(run) or _fraction(fit)):
+        return [f"read: {_read_how(run)} -> {_read_how(fit)} (materialize='always' or 'never' reads as the run did)"]
     out = [
         f"{label}: {run.get(key)!r} -> {fit.get(key)!r}"
         for key, label in _SPLIT_KEYS
@@ -240,6 +267,8 @@ def data_differences(run: dict, fit: dict) -> list[str]:
     ]
     if not (comparable(run) and comparable(fit)):
         return out
+    if run.get("read") != fit.get("read"):  # no random split: the same files give the same rows either way
+        return out + _files_diff(run.get("files") or [], fit.get("files") or [], "", "input files")
     if run["read"] == "in place":
         if _path(run.get("root") or "") != _path(fit.get("root") or ""):
             out.append(
@@ -455,10 +484,13 @@ class _GrowWatch:
                 logger.debug("counting task slots failed: %s", e)
                 continue
             if target > self.size:
+                if self._stop.is_set():
+                    return  # the attempt ended meanwhile: no marker for the next one
                 try:
-                    self.store._write_json(self.marker, {"size": target, "time": time.time()})
+                    with retry.at_most(self.elastic.poll):  # the next poll tries again
+                        self.store._write_json(self.marker, {"size": target, "time": time.time()})
                 except Exception as e:  # the store failed this time: try again at the next poll
-                    error = f"{type(e).__name__}: {e}"
+                    error = f"{type(e).__name__}: {getattr(e, 'cause', e)}"  # one warning per cause
                     if error not in failed:
                         failed.add(error)
                         logger.warning(
