@@ -29,6 +29,7 @@ ORDER = [
     "elastic",
     "inplace",
     "overhead",
+    "vs_keras",
 ]
 ROOT_ONLY = ["multihost"]  # needs root (network namespaces): run with --only multihost
 MODULES = {
@@ -46,6 +47,7 @@ MODULES = {
     "elastic": "bench_elastic",
     "inplace": "bench_inplace",
     "overhead": "bench_overhead",
+    "vs_keras": "bench_vs_keras",
 }
 FILES = {
     "multihost": "multihost",
@@ -62,6 +64,7 @@ FILES = {
     "elastic": "elastic",
     "inplace": "inplace",
     "overhead": "overhead",
+    "vs_keras": "vs_keras",
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -297,6 +300,9 @@ def report() -> str:
     memory = _load("memory")
     if memory:
         _memory_section(lines, memory)
+    vs_keras = _load("vs_keras")
+    if vs_keras:
+        _vs_keras_section(lines, vs_keras)
     multihost = _load("multihost")
     if multihost:
         _multihost_section(lines, multihost)
@@ -488,6 +494,76 @@ def _overhead_section(lines, d) -> None:
         "`TorchDistributor.run`); training = rank 0's first step to its last; plain Keras: `model.fit` in a "
         "fresh process. Process: the script's wall time from outside (interpreter start, imports, session, "
         "both fits for the Spark estimators)."
+    )
+    lines.append("")
+
+
+def _vs_keras_section(lines, d) -> None:
+    """hvd_spark against plain Keras on the same cores, rows and steps (bench_vs_keras, issue 38)."""
+    header = [
+        "N",
+        "B",
+        "system",
+        "whole job s",
+        "fit s",
+        "training rows/s",
+        "step ms",
+        "final loss",
+        "tail s",
+        "whole / plain",
+        "rows/s / plain",
+    ]
+    title = "### hvd_spark against plain Keras (same cores, rows and steps)"
+    if d.get("quick"):
+        title += " (--quick: a smoke test, not the protocol's sizes)"
+    _table(lines, title, header, d)
+    names = {
+        "plain": "plain Keras, batch 2B",
+        "hvd_2ranks": "hvd_spark, 2 ranks x B",
+        "hvd_default": "hvd_spark, default",
+    }
+    for e in d["grid"]:
+        for system, med in e["medians"].items():
+            ranks = {r.get("ranks") for r in e["runs"][system] if r.get("ranks")}
+            name = names.get(system, system) + (f" ({'/'.join(map(str, sorted(ranks)))} rank(s))" if ranks else "")
+            ratio = e["ratios"].get(system, {})
+            cells = [_med(med, k) for k in ("whole_s", "fit_s", "train_rows_per_s", "step_ms", "final_loss", "tail_s")]
+            specs = (".1f", ".1f", ",.0f", ".2f", ".4f", ".2f")
+            row = [_fmt(v, spec) for v, spec in zip(cells, specs)]
+            row += [_fmt(ratio.get(k), ".2f") for k in ("whole_over_plain", "train_rows_per_s_over_plain")]
+            lines.append(f"| {e['rows']:,} | {e['batch_per_rank']} | {name} | " + " | ".join(row) + " |")
+    lines.append("")
+    mem = (d.get("memory") or {}).get("sizes") or {}
+    if mem:
+        lines.append(
+            "| memory run: N | path | outcome | fit s | driver JVM MiB | driver Python MiB | ranks MiB (peak) |"
+        )
+        lines.append("| --- | --- | --- | --- | --- | --- | --- |")
+        for n, entry in sorted(mem.items(), key=lambda kv: int(kv[0])):
+            if "skipped" in entry:
+                lines.append(f"| {int(n):,} | - | skipped: {entry['skipped']} | | | | |")
+                continue
+            for path, r in entry.items():
+                peak = r.get("peak_rss") or {}
+                rank_mib = ", ".join(
+                    f"{(v or 0) / (1 << 20):.0f}" for _, v in sorted((peak.get("ranks") or {}).items())
+                )
+                jvm, py = peak.get("driver_jvm"), peak.get("driver_python")
+                lines.append(
+                    f"| {int(n):,} | {path.replace('_', ' ')} | {r.get('outcome')} | {_fmt(r.get('fit_s'))} | "
+                    f"{_fmt(jvm and jvm / (1 << 20), '.0f')} | {_fmt(py and py / (1 << 20), '.0f')} | "
+                    f"{rank_mib or '-'} |"
+                )
+        lines.append("")
+    for t in d.get("targets", []):
+        value = "n/a" if t["value"] is None else f"{t['value']:.2f}"
+        state = "not measured" if t["met"] is None else _ok(t["met"])
+        note = f" ({t['note']})" if t.get("note") else ""
+        lines.append(f"- Target {t['target']} {'<=' if t['at_most'] else '>='} {t['limit']:g}: {value}, {state}{note}.")
+    lines.append(
+        f"- {d.get('what', '')}; medians of {d.get('repeats')} run(s); tail = rank 0's last `on_epoch_end` to `fit` "
+        "returning in the driver. Per-run figures (the driver's 'ranks finished' line, each rank's exit from "
+        "training, peak RSS per process, start-up phases) in results/vs_keras.json."
     )
     lines.append("")
 

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.connect
+pytestmark = [pytest.mark.connect, pytest.mark.slow]  # 95 s: builds .venv-client (pyspark-client only)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONSTRAINTS = os.path.join(ROOT, "constraints", "spark-4.3.txt")

@@ -227,6 +227,7 @@ SPLIT_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # 50 s; the local[2] split tests stay in CI
 def test_split_after_a_shuffle_on_local_cluster_evaluates_the_input_once(tmp_path):
     """On two executor JVMs, after a shuffle, the validation split neither shares nor loses rows, the
     upstream (a Python UDF counted by an accumulator) runs once per row, and the metadata counts the rows
@@ -356,3 +357,42 @@ def test_a_transform_on_local_cluster_predicts_in_the_executors_warm_children(tm
     for run in ("first", "second"):
         assert data[run]["rows"] == data[run]["ids"] == 3000, data[run]
         assert data[run]["max_diff"] < 1e-5, data[run]
+
+
+LAYOUT_SCRIPT = textwrap.dedent("""
+    import json, os, urllib.request
+    os.environ["HVD_SPARK_RANK_LAYOUT"] = "host"  # run's own default is one rank per slot
+    import hvd_spark
+
+    def job():
+        import horovod.tensorflow as hvd
+        hvd.init()
+        return {"rank": hvd.rank(), "size": hvd.size(), "threads": os.environ.get("HVD_SPARK_NUM_THREADS")}
+
+    conf = {"spark.executor.memory": "1g", "spark.ui.enabled": "true", "spark.ui.port": "0"}
+    spark = hvd_spark.local_session("local-cluster[1,2,1024]", conf=conf)
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        host = hvd_spark.run(job, verbose=0)
+        split = hvd_spark.run(job, num_proc=2, verbose=0)
+        sc = spark.sparkContext
+        url = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/stages"
+        stages = json.load(urllib.request.urlopen(url, timeout=30))
+        ranks = [s for s in stages if "Horovod ranks" in s.get("description", "")]
+        profiles = sorted({(s["numTasks"], s["resourceProfileId"]) for s in ranks})
+        print("RESULT " + json.dumps({"host": host, "split": split, "profiles": profiles}))
+    finally:
+        spark.stop()
+""")
+
+
+def test_the_host_layout_gives_a_rank_all_of_its_executors_cores(tmp_path):
+    """One executor of 2 cores, spark.task.cpus=1: the host layout runs one rank with 2 threads whose
+    barrier task asked for 2 CPUs (a TaskResourceProfile, not the default profile 0); num_proc=2 runs
+    two ranks of one core each in the default profile."""
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    data = run_result_script(LAYOUT_SCRIPT, cwd=tmp_path, env=env)
+    assert data["host"] == [{"rank": 0, "size": 1, "threads": "2"}]
+    assert [(r["size"], r["threads"]) for r in data["split"]] == [(2, "1"), (2, "1")]
+    (one, custom), (two, default) = data["profiles"]
+    assert (one, two, default) == (1, 2, 0) and custom != 0, data["profiles"]

@@ -83,6 +83,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # 70 s: two executor JVMs with mocked GPUs; the unit tests of GPU assignment stay in CI
 def test_each_rank_gets_exactly_its_tasks_gpu_on_local_cluster(tmp_path):
     script = tmp_path / "discover.sh"
     script.write_text(DISCOVERY)

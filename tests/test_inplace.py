@@ -232,3 +232,157 @@ def test_a_run_goes_on_only_with_its_own_data(spark, tmp_path):
         with pytest.raises(ValueError, match=r"What differs \(run -> this fit\): files of the table added: part-added"):
             est.copy({est.epochs: epochs}).fit(spark.read.parquet(str(path)))
     assert _store_state(tmp_path / "store") == before  # the refused fits wrote nothing
+
+
+# --- the scan: from footers where they suffice, kept in the store for later driver processes -----------
+
+
+def _probe_table(spark, path, n=3000, seed=0):
+    """``n`` rows in 3 files: ``x`` an array of 4 floats (only its values give its statistics), ``y`` an
+    integer label."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    pdf = pd.DataFrame({"x": list(rng.normal(size=(n, 4)).astype("float32")), "y": rng.integers(0, 3, n)})
+    spark.createDataFrame(pdf, "x array<float>, y int").repartition(3).write.mode("overwrite").parquet(str(path))
+
+
+def _values_stats(source, files):
+    """Every row group's statistics computed from its values on the driver (the scan without footers),
+    merged, and (file, group, rows) of each."""
+    import pyarrow.parquet as pq
+
+    from hvd_spark._internal.common import sources
+
+    parts, groups = [], []
+    for i, url in enumerate(files):
+        pf = pq.ParquetFile(url.removeprefix("file:"))
+        offsets = sources.group_offsets(pf.metadata)
+        for g in range(pf.num_row_groups):
+            if pf.metadata.row_group(g).num_rows:
+                parts.append(sources.row_group_stats(source, url, pf.read_row_group(g), offsets[g]))
+                groups.append([i, g, parts[-1]["rows"] - parts[-1]["val_rows"], parts[-1]["val_rows"]])
+    return sources.merge_stats(parts), groups
+
+
+def test_a_table_of_integers_is_scanned_from_its_footers_alone(spark, tmp_path):
+    """Spark's own Parquet writer (parquet-mr's statistics): integer, long, boolean and nullable columns
+    summarized from the footers give the statistics the values give, and no Spark job runs."""
+    import pandas as pd
+
+    from hvd_spark._internal.common import sources
+
+    n = 4000
+    rng = np.random.default_rng(1)
+    pdf = pd.DataFrame(
+        {
+            "a": rng.integers(-300, 300, n).astype("int32"),
+            "b": rng.integers(-(2**35), 2**35, n),
+            "flag": rng.integers(0, 2, n).astype(bool),
+            "n": [None if k % 9 == 0 else int(k % 50) for k in range(n)],
+            "y": rng.integers(0, 4, n).astype("int32"),
+        }
+    )
+    schema = "a int, b bigint, flag boolean, n int, y int"
+    spark.createDataFrame(pdf, schema).repartition(4).write.parquet(str(tmp_path / "t"))
+    df = spark.read.parquet(str(tmp_path / "t"))
+    scan = inplace.read_plan(df, ["a", "b", "flag", "n", "y"]).scan
+    columns = (
+        sources.SourceColumn("g", "group", ("a", "b"), "int64", "[a, b]"),
+        sources.SourceColumn("flag", "scalar", ("flag",), "int32", "flag"),
+        sources.SourceColumn("n", "scalar", ("n",), "int32", "n"),
+        sources.SourceColumn("y", "scalar", ("y",), "int32", "y"),
+    )
+    status = tuple(inplace.list_status(scan.files, None))
+    source = sources.TableSource(columns, ("fraction", 0.2, 5), status, None, scan.root)
+    sc = spark.sparkContext
+    sc.setJobGroup("footers-only", "the footer scan")
+    try:
+        meta = inplace.scan_table(
+            spark, Store(str(tmp_path / "store")), scan, source, reuse=False, check=lambda s: None
+        )
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert sc.statusTracker().getJobIdsForGroup("footers-only") == []  # no pass over the rows
+    want, groups = _values_stats(source, scan.files)
+    assert meta["stats"] == want and meta["units"] == groups
+    ref = inplace.scan_table(
+        spark, Store(str(tmp_path / "store")), scan, source, reuse=False, check=lambda s: None, use_footers=False
+    )
+    assert (ref["stats"], ref["units"]) == (meta["stats"], meta["units"])  # the Spark job over the values agrees
+    cols = meta["stats"]["columns"]
+    assert cols["n"]["bad"] == len(range(0, n, 9)) and (cols["flag"]["min"], cols["flag"]["max"]) == (0, 1)
+    assert cols["[a, b]"]["min"] == min(pdf.a.min(), pdf.b.min()) and cols["[a, b]"]["max"] == pdf.b.max()
+    assert meta["train_rows"] + meta["val_rows"] == n and 600 < meta["val_rows"] < 1000
+
+
+def test_the_scan_and_the_copy_key_are_kept_across_driver_processes(spark, tmp_path, caplog):
+    """A second driver process (its own Spark JVM) finds the first one's scan in the store and runs no
+    Spark job; the copy's dataset key is the same in both JVMs; a file touched since is scanned again
+    under another key; a damaged kept scan is ignored (logged) and the table scanned again."""
+    import json
+    import subprocess
+
+    from _scan_probe import probe
+
+    table, store = str(tmp_path / "t"), str(tmp_path / "store")
+    _probe_table(spark, table)
+    cold = probe(spark, table, store)
+    assert cold["jobs"] >= 1 and cold["portable"], cold  # the array's values are read: a Spark job
+    assert probe(spark, table, store)["jobs"] == 0
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(
+        [sys.executable, os.path.join(os.path.dirname(__file__), "_scan_probe.py"), table, store, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    warm = json.loads(done.stdout.strip().splitlines()[-1])
+    assert warm["jobs"] == 0, warm
+    assert (warm["stats"], warm["units"]) == (cold["stats"], cold["units"])
+    assert (warm["key"], warm["digest"]) == (cold["key"], cold["digest"])  # the copy is found again too
+
+    victim = sorted((tmp_path / "t").glob("part-*.parquet"))[0]
+    st = os.stat(victim)
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    touched = probe(spark, table, store)
+    assert touched["jobs"] >= 1 and touched["key"] != cold["key"] and touched["digest"] != cold["digest"]
+    assert (touched["stats"], touched["units"]) == (cold["stats"], cold["units"])  # same rows, scanned anew
+
+    metas = [p for p in (tmp_path / "store" / "data").rglob("_hvd_spark_meta.json")]
+    assert len(metas) == 2
+    for meta in metas:
+        meta.write_text('{"format": 4, "key": "cut sho')
+    with caplog.at_level(logging.WARNING, logger="hvd_spark"):
+        again = probe(spark, table, store)
+    assert again["jobs"] >= 1 and again["stats"] == cold["stats"]
+    assert "ignoring the kept scan" in caplog.text and "scanning it again" in caplog.text
+
+
+def test_the_portable_query_names_the_whole_computation(spark, tmp_path):
+    """The copy's identity is portable across JVMs only where the plan's text names all of the
+    computation, and then it tells computations apart, beyond the 25 columns a plan prints by default."""
+    from pyspark.sql import functions as F
+
+    from hvd_spark._internal.data.identity import data_identity
+
+    wide = spark.range(50).select(*[(F.col("id") + k).alias(f"c{k}") for k in range(30)])
+    wide.write.parquet(str(tmp_path / "w"))
+    wide.write.csv(str(tmp_path / "csv"), header=True)
+    src = spark.read.parquet(str(tmp_path / "w"))
+    last = [F.col(f"c{k}") for k in range(29)]
+    times2 = data_identity(src.select(*last, (F.col("c29") * 2).alias("z")))
+    times3 = data_identity(src.select(*last, (F.col("c29") * 3).alias("z")))
+    assert times2.portable and times3.portable and times2.digest != times3.digest
+    again = data_identity(spark.read.parquet(str(tmp_path / "w")).select(*last, (F.col("c29") * 2).alias("z")))
+    assert again.digest == times2.digest  # another DataFrame over the same files: the same identity
+
+    @F.udf("long")
+    def plus(x):
+        return x + 1
+
+    assert not data_identity(src.select(plus("c0"))).portable  # a UDF prints its name only
+    assert not data_identity(spark.read.csv(str(tmp_path / "csv"), header=True)).portable  # options unprinted
+    assert not data_identity(spark.createDataFrame([(1,)], "a int")).portable

@@ -220,6 +220,7 @@ def test_an_outage_within_the_retry_window_is_bridged_without_a_restart(spark, s
     assert summary.ranks[0].iterations == 4 * summary.steps_per_epoch  # no epoch trained twice
 
 
+@pytest.mark.slow  # over a minute each (a dead endpoint costs botocore ~10 s a try)
 def test_an_outage_past_the_ranks_window_restarts_from_the_previous_checkpoint(spark, s3, caplog):
     """The server stays down until rank 0 gave up on epoch 3's checkpoint (a 20 s window): the fit
     restarts (max_restarts=2) once the driver's listing of the checkpoints gets through (its own
@@ -245,6 +246,7 @@ def test_an_outage_past_the_ranks_window_restarts_from_the_previous_checkpoint(s
     assert [c.epoch for c in store.checkpoints("restarted")] == [1, 2, 3, 4]
 
 
+@pytest.mark.slow  # over a minute each (a dead endpoint costs botocore ~10 s a try)
 def test_an_outage_longer_than_the_window_fails_naming_the_store_then_resumes(spark, s3, caplog):
     """No restarts allowed and the server gone for longer than the window: the fit fails with the
     store, the operation and the cause in its first line; the checkpoint being written is not taken

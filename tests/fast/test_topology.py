@@ -421,3 +421,65 @@ def test_missing_yarn_executors_bound_the_ranks_after_the_wait(monkeypatch, capl
     # start_timeout bounds the wait too.
     monkeypatch.setenv("HVD_SPARK_EXECUTOR_WAIT", "600")
     assert launcher._registered_slots(sc(), yarn, 6, 0.3) == 8
+
+
+# -- rank layout ---------------------------------------------------------------------------------
+
+
+def test_host_layout_trains_one_rank_on_all_of_a_local_masters_cores():
+    from hvd_spark._internal.common.topology import plan_layout
+
+    one = plan_layout("host", master="local[8]", num_proc=None, slots=8, executors=None, task_cpus=1, profiles=False)
+    assert (one.num_proc, one.threads, one.task_cpus) == (1, 8, None)
+    two = plan_layout("host", master="local[8]", num_proc=2, slots=8, executors=None, task_cpus=1, profiles=False)
+    assert (two.num_proc, two.threads) == (2, 4)  # the cores shared among the ranks asked for
+    many = plan_layout("host", master="local[4]", num_proc=4, slots=2, executors=None, task_cpus=2, profiles=False)
+    assert (many.num_proc, many.threads) == (4, 2)  # never fewer threads than spark.task.cpus
+    slot = plan_layout("slot", master="local[8]", num_proc=None, slots=8, executors=None, task_cpus=1, profiles=False)
+    assert (slot.num_proc, slot.threads, slot.task_cpus) == (8, 1, None)
+
+
+def test_host_layout_on_a_cluster_asks_each_barrier_task_for_its_executors_cores():
+    from hvd_spark._internal.common.topology import plan_layout
+
+    # 3 executors of 4 cores (spark.task.cpus=1: 12 slots)
+    a = plan_layout("host", master="spark://m:7077", num_proc=None, slots=12, executors=3, task_cpus=1, profiles=True)
+    assert (a.num_proc, a.threads, a.task_cpus) == (3, 4, 4)
+    b = plan_layout("host", master="spark://m:7077", num_proc=6, slots=12, executors=3, task_cpus=1, profiles=True)
+    assert (b.num_proc, b.threads, b.task_cpus) == (6, 2, 2)  # two ranks per executor, half its cores each
+    c = plan_layout("host", master="spark://m:7077", num_proc=12, slots=12, executors=3, task_cpus=1, profiles=True)
+    assert (c.num_proc, c.threads, c.task_cpus) == (12, 1, None)  # a core each: the default profile
+    # no stage-level scheduling: one rank per slot, and the log line says how to give a rank more cores
+    d = plan_layout("host", master="yarn", num_proc=None, slots=12, executors=3, task_cpus=1, profiles=False)
+    assert (d.num_proc, d.threads, d.task_cpus) == (12, 1, None) and "spark.task.cpus" in d.why
+    # executors of 1 core (local-cluster[3,1,...]): nothing to gain, nothing asked
+    e = plan_layout(
+        "host", master="local-cluster[3,1,1024]", num_proc=None, slots=3, executors=3, task_cpus=1, profiles=True
+    )
+    assert (e.num_proc, e.threads, e.task_cpus) == (3, 1, None)
+    # GPUs: a rank per GPU task, whatever the layout
+    g = plan_layout(
+        "host", master="local[4]", num_proc=None, slots=4, executors=None, task_cpus=1, profiles=False, use_gpu=True
+    )
+    assert (g.num_proc, g.threads) == (4, 1)
+
+
+def test_stage_profiles_follow_sparks_support():
+    from hvd_spark._internal.common.topology import stage_profiles_supported
+
+    off = {"spark.dynamicAllocation.enabled": "true"}
+    assert stage_profiles_supported("spark://m:7077", "3.4.1", {})
+    assert stage_profiles_supported("local-cluster[2,2,1024]", "4.3.0", {})
+    assert not stage_profiles_supported("spark://m:7077", "3.3.2", {})
+    assert stage_profiles_supported("yarn", "3.5.0", {}) and not stage_profiles_supported("yarn", "3.4.1", {})
+    assert not stage_profiles_supported("k8s://https://h", "4.0.0", off)
+    assert not stage_profiles_supported("local[4]", "4.3.0", {})
+
+
+def test_the_rank_layout_setting_names_its_values():
+    from hvd_spark._internal.common import settings
+
+    assert settings.RANK_LAYOUT.get(None, env={}, conf={}) == "host"
+    assert settings.RANK_LAYOUT.get(None, env={"HVD_SPARK_RANK_LAYOUT": " Slot "}, conf={}) == "slot"
+    with pytest.raises(ValueError, match=r"HVD_SPARK_RANK_LAYOUT must be one of \['host', 'slot'\]. Received: 'core'"):
+        settings.RANK_LAYOUT.get(None, env={"HVD_SPARK_RANK_LAYOUT": "core"}, conf={})

@@ -84,6 +84,17 @@ def parse_stall_timeout(name: str, value) -> float | None:
     return seconds or None
 
 
+LAYOUTS = ("host", "slot")
+
+
+def parse_layout(name: str, value) -> str:
+    """Parses a rank layout: ``host`` (a host's cores train one rank) or ``slot`` (one rank per task slot)."""
+    v = str(value).strip().lower() if isinstance(value, str) else value
+    if v not in LAYOUTS:
+        raise ValueError(f"{name} must be one of {list(LAYOUTS)}. Received: {value!r}.")
+    return v
+
+
 # type name (in the docs) -> parser(name, value)
 PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "bool": parse_bool,
@@ -92,6 +103,7 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "bytes": parse_count,
     "seconds (0: off)": parse_stall_timeout,
     "path": lambda name, value: str(value),
+    "host or slot": parse_layout,
 }
 
 _NO: Any = object()  # no default given
@@ -251,6 +263,17 @@ WARM = _setting(
     "its CPU workers predict in children of a warm server of the application when one can serve them.",
     argument="warm",
 )  # fmt: skip
+RANK_LAYOUT = _setting(
+    "rank_layout", "HVD_SPARK_RANK_LAYOUT", "spark.hvd_spark.rankLayout", "host or slot", "host", ("driver",),
+    "How a fit's ranks use a host's cores when `num_proc` is not given. `host`: one rank per executor "
+    "(per machine on a `local` master) with TensorFlow's threads on all its cores: a barrier task "
+    "that asks for the executor's cores through stage-level scheduling where Spark has it (a "
+    "`TaskResourceProfile`: standalone and `local-cluster` on Spark >= 3.4, YARN and Kubernetes on >= "
+    "3.5, dynamic allocation off); elsewhere one rank per task slot, with `spark.task.cpus` threads. "
+    "`slot`: one rank per task slot (horovod.spark's layout; `hvd_spark.run`'s default). With `num_proc` "
+    "given, a rank's threads are the cores of its host divided among the ranks there (`host`) or "
+    "`spark.task.cpus` (`slot`). See docs/cluster.md, \"Laying ranks out\".",
+)  # fmt: skip
 WARM_IDLE = _setting(
     "warm_idle", "HVD_SPARK_WARM_IDLE", None, "seconds", 600.0, ("task",),
     "Seconds an idle warm server lives (the task's environment, with the job's `env`).",
@@ -286,7 +309,8 @@ MAX_FILES = _setting(
 ROW_GROUP_BYTES = _setting(
     "row_group_bytes", "HVD_SPARK_ROW_GROUP_BYTES", "spark.hvd_spark.rowGroupBytes", "bytes", 64 * 1024 * 1024,
     ("driver",),
-    "Bytes of a Parquet row group when the tasks write the data through the store (`parquet_writer='store'`).",
+    "Bytes of a Parquet row group of the materialized data, by either writer: a writer holds one in "
+    "memory, and a rank reads one whole.",
 )  # fmt: skip
 STORE_RETRY_WINDOW = _setting(
     "store_retry_window", "HVD_SPARK_STORE_RETRY_WINDOW", None, "seconds", 120.0, ("driver", "rank"),

@@ -411,3 +411,91 @@ def gpu_operations(nccl_built: bool, env: dict[str, str]) -> dict[str, str]:
     if any(env.get(name) for name in chosen):
         return {}
     return {"HOROVOD_GPU_OPERATIONS": "NCCL"}
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """How many ranks a launch runs and the cores each one computes on (:func:`plan_layout`)."""
+
+    num_proc: int
+    threads: int  # TensorFlow intra-/inter-op (and OpenMP) threads of each rank
+    task_cpus: int | None  # CPUs each barrier task asks for through a TaskResourceProfile; None: spark.task.cpus
+    why: str  # one line for the log: how the layout was chosen
+
+
+def stage_profiles_supported(master: str, spark_version: str, conf) -> bool:
+    """Whether Spark gives a barrier stage its own task CPUs (a ``TaskResourceProfile``): standalone
+    and ``local-cluster`` from Spark 3.4, YARN and Kubernetes from 3.5, dynamic allocation off
+    (Spark's ``ResourceProfileManager.isSupported``). Not on ``local`` masters, where a task's CPUs
+    are not counted at all (one JVM: a rank simply uses more threads)."""
+    m = master.strip()
+    try:
+        major, minor = (int(x) for x in spark_version.split(".")[:2])
+    except ValueError:
+        return False
+    if str(conf.get("spark.dynamicAllocation.enabled", "false") or "false").strip().lower() == "true":
+        return False
+    if m.startswith("spark://") or m.startswith("local-cluster"):
+        return (major, minor) >= (3, 4)
+    if m == "yarn" or m.startswith("k8s://"):
+        return (major, minor) >= (3, 5)
+    return False
+
+
+def plan_layout(
+    layout: str,
+    *,
+    master: str,
+    num_proc: int | None,
+    slots: int,
+    executors: int | None,
+    task_cpus: int,
+    profiles: bool,
+    use_gpu: bool = False,
+) -> RankLayout:
+    """The ranks of a launch and their threads.
+
+    ``slot``: one rank per task slot unless ``num_proc`` says otherwise, ``spark.task.cpus`` threads
+    each (horovod.spark's layout). ``host``: a host's cores train one rank (or the few ``num_proc``
+    puts there), with threads on all of them, so that ranks only allreduce between hosts:
+
+    * a ``local`` master: one rank by default; ``num_proc`` ranks share its cores;
+    * a cluster master whose executors are known and where Spark has stage-level scheduling
+      (``profiles``): one rank per executor by default, and each barrier task asks for its share of
+      the executor's cores (``task_cpus``) without changing the application's ``spark.task.cpus``;
+    * anywhere else (Spark Connect on a cluster, a Spark without stage-level scheduling, GPUs, whose
+      ranks follow the GPUs Spark gives each task): one rank per slot, as ``slot``.
+
+    ``slots`` are the application's task slots (its cores / ``spark.task.cpus``)."""
+    cpus = max(1, int(task_cpus))
+    if layout == "slot" or use_gpu:
+        n = num_proc or slots
+        why = "one rank per task slot" + (" (GPUs: a rank per task)" if use_gpu and layout != "slot" else "")
+        return RankLayout(n, cpus, None, f"{why}, {cpus} thread(s) each")
+    if is_local_master(master):
+        cores = slots * cpus
+        n = num_proc or 1
+        threads = max(cpus, cores // n)
+        return RankLayout(n, threads, None, f"{n} rank(s) on the {cores} cores of {master}, {threads} thread(s) each")
+    if executors and profiles and slots >= executors:
+        cores_each = (
+            slots // executors
+        ) * cpus  # executors of one size assumed (Spark's own barrier count is per executor)
+        n = num_proc or executors
+        per_executor = -(-n // executors)
+        share = cores_each // per_executor
+        if share > cpus:
+            return RankLayout(
+                n,
+                share,
+                share,
+                f"{n} rank(s) on {executors} executor(s) of {cores_each} cores, {share} cores each "
+                "(a TaskResourceProfile for the barrier stage)",
+            )
+    n = num_proc or slots
+    hint = f"one rank per task slot ({n}), {cpus} thread(s) each" + (
+        ""
+        if profiles
+        else "; to give a rank all of an executor's cores here, set spark.task.cpus to spark.executor.cores"
+    )
+    return RankLayout(n, cpus, None, hint)

@@ -54,6 +54,10 @@ class DataIdentity:
     query: str = ""
     status: tuple[tuple[str, int, int], ...] = ()
     local_rows: bool = False  # rows of createDataFrame in the plan (LocalRelation): its semanticHash names them
+    # Whether ``digest`` is the same in every JVM (Spark application, driver process): a query over Parquet or
+    # ORC files whose optimized plan's text names all of its computation (``stable_query``); else it holds
+    # ``semanticHash``, which differs from one JVM to the next for file sources.
+    portable: bool = False
 
 
 def plan_leaves(plan: str) -> list[str]:
@@ -96,6 +100,78 @@ def _explain_text(df) -> str:
     with _EXPLAIN_LOCK, contextlib.redirect_stdout(buf):
         df.explain(extended=True)
     return buf.getvalue()
+
+
+_MAX_FIELDS = "spark.sql.debug.maxToStringFields"  # columns a plan prints before "... N more fields"
+_EXPLAIN_CONF_LOCK = threading.Lock()
+
+
+def explained_in_full(df) -> tuple[str, str]:
+    """:func:`_explained` with every column printed: the session's ``spark.sql.debug.maxToStringFields``
+    is raised while the plans are asked for, under a lock (wide tables would otherwise print
+    ``... N more fields`` in place of columns and expressions), and put back after."""
+    conf = df.sparkSession.conf
+    with _EXPLAIN_CONF_LOCK:
+        try:
+            old = conf.get(_MAX_FIELDS, None)
+            conf.set(_MAX_FIELDS, "100000")
+        except Exception:  # noqa: BLE001 - a session that refuses the conf: the plan as it prints
+            old = False
+        try:
+            return _explained(df)
+        finally:
+            _restore_conf(conf, _MAX_FIELDS, old)
+
+
+def _restore_conf(conf, key: str, old) -> None:
+    """Puts the session's conf ``key`` back (``old``: its value, None: unset, False: not changed)."""
+    if old is False:
+        return
+    try:
+        if old is None:
+            conf.unset(key)
+        else:
+            conf.set(key, old)
+    except Exception:  # noqa: BLE001 - the plan is read; the conf is cosmetic
+        pass
+
+
+# What a plan's text names without saying what it computes: Python and pandas UDFs and functions over
+# rows (by name only), typed Scala lambdas and objects, Scala UDFs, scripts; and text cut short.
+_OPAQUE = re.compile(
+    r"Python|InPandas|InArrow|pythonUDF|\bUDF\b|ScalaUDF|MapPartitions|MapElements|AppendColumns|"
+    r"DeserializeToObject|SerializeFromObject|MapGroups|CoGroup|ScriptTransformation|TypedFilter|"
+    r"more fields|more characters",
+    re.IGNORECASE,
+)
+_PORTABLE_FORMATS = {"parquet", "orc"}  # whose values no reader option changes (CSV's, JSON's do: not printed)
+
+
+def stable_query(df, optimized: str, kinds: set[str], leaves: Sequence[str]) -> str | None:
+    """A digest of ``df``'s query that is the same in every JVM and names its whole computation: its
+    optimized plan's text in full (:func:`explained_in_full`) without expression ids, and its schema
+    (a plan's leaves print column names, not types). None when the text does not name all of it: a
+    source other than Parquet or ORC files (CSV's options, rows held in the plan, RDDs are not
+    printed), a UDF or a function over rows (printed by name). The input files' identity is apart."""
+    if kinds != {"files"}:
+        return None
+    for leaf in leaves:
+        if not leaf.startswith("Relation") or leaf.rsplit(" ", 1)[-1].strip().lower() not in _PORTABLE_FORMATS:
+            return None
+    if "more fields" in optimized:
+        try:
+            _, optimized = explained_in_full(df)
+        except Exception as e:  # noqa: BLE001 - no full text: the JVM's own hash, as before
+            logger.debug("the full plan could not be read (%s)", e)
+            return None
+    if _OPAQUE.search(optimized):
+        return None
+    text = _RANGE_SPLITS.sub("", _EXPR_ID.sub("", optimized)).strip()
+    try:  # ANSI mode decides what a cast out of range gives (an error or a null); the plan does not print it
+        ansi = str(df.sparkSession.conf.get("spark.sql.ansi.enabled", None))
+    except Exception:  # noqa: BLE001 - a session that does not say
+        ansi = "?"
+    return hashlib.sha256("\n".join([text, df.schema.json(), ansi]).encode()).hexdigest()[:32]
 
 
 def _explained(df) -> tuple[str, str]:
@@ -193,7 +269,10 @@ def data_identity(df, reuse: str = "auto") -> DataIdentity:
             False,
             f"its query calls {nondet.group(1)}(), whose values differ from one evaluation to the next",
         )
-    parts: dict[str, Any] = {"plan": plan}
+    leaves = plan_leaves(optimized)
+    portable = stable_query(df, optimized, kinds, leaves)
+    # The JVM's semanticHash names the computation within one application; a portable digest in any.
+    parts: dict[str, Any] = {"plan": plan} if portable is None else {"query": portable}
     reasons = []
     if "session" in kinds:
         spark = df.sparkSession
@@ -220,6 +299,7 @@ def data_identity(df, reuse: str = "auto") -> DataIdentity:
         query,
         tuple(status),
         local_rows="LocalRelation" in optimized or "LocalTableScan" in optimized,
+        portable=portable is not None,
     )
 
 
@@ -229,9 +309,15 @@ _RANGE_SPLITS = re.compile(r",\s*splits=Some\(\d+\)")
 
 
 def dataset_key(df, infos: Sequence[ColumnInfo], validation, seed: int, identity: DataIdentity | None = None) -> str:
-    """Identifies a materialization: the data's identity (``data_identity``), the columns and the split."""
+    """Identifies a materialization: the data's identity (``data_identity``), the columns and the split.
+
+    ``df`` (the prepared DataFrame: the input's columns as stored, the split flag) follows from the
+    input, the columns, the split and this version's code: when the input's identity is the same in
+    every JVM (``identity.portable``: files and a query whose text names it all) so is the key, and a
+    later application reuses the data; else ``df``'s ``semanticHash`` is part of it (one JVM's)."""
+    portable = identity is not None and identity.established and identity.portable
     spec = {
-        "plan": df.semanticHash(),
+        "plan": "portable" if portable else df.semanticHash(),
         "identity": identity.digest if identity is not None else None,
         "columns": [i.to_dict() for i in infos],
         "validation": validation,

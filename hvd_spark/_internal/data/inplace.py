@@ -4,13 +4,13 @@ job that reads the needed columns of every row group once for the statistics and
 counts (no copy is written). What the ranks then read is ``common/sources.py``'s.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import posixpath
 import re
-import threading
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -30,7 +30,6 @@ _NUMERIC = r"(tinyint|smallint|int|bigint|float|double)"
 _CAST = re.compile(r"^cast\((?P<src>.+?)#\d+L? as (?P<type>" + _NUMERIC + r"|array<" + _NUMERIC + r">)\)$")
 # Spark's own file indexes: anything else (Delta's, with deletion vectors applied at planning) is copied.
 _OWN_INDEXES = ("InMemoryFileIndex", "CatalogFileIndex", "PrunedInMemoryFileIndex")
-_EXPLAIN_CONF_LOCK = threading.Lock()
 
 
 class NotReadableInPlace(ValueError):
@@ -87,38 +86,13 @@ def _nodes(plan: str) -> list[tuple[int, str]]:
 
 
 def _plans(df) -> tuple[str, str]:
-    """The optimized logical plan's text and the physical plan's, every column printed
-    (``spark.sql.maxToStringFields`` is raised while they are asked for, under a lock: wide tables would
-    otherwise print ``... N more fields``)."""
-    from hvd_spark._internal.data.identity import _explained
+    """The optimized logical plan's text and the physical plan's, every column printed (see
+    ``identity.explained_in_full``: wide tables would otherwise print ``... N more fields``)."""
+    from hvd_spark._internal.data.identity import explained_in_full
 
-    conf = df.sparkSession.conf
-    key = "spark.sql.maxToStringFields"
-    with _EXPLAIN_CONF_LOCK:
-        try:
-            old = conf.get(key, None)
-            conf.set(key, "100000")
-        except Exception:  # noqa: BLE001 - a session that refuses the conf: the plan as it prints
-            old = False
-        try:
-            whole, optimized = _explained(df)
-            physical = whole[whole.find("== Physical Plan ==") :] if "== Physical Plan ==" in whole else ""
-            return optimized, physical
-        finally:
-            _restore(conf, key, old)
-
-
-def _restore(conf, key: str, old) -> None:
-    """Puts the session's conf ``key`` back (``old``: its value, None: unset, False: not changed)."""
-    if old is False:
-        return
-    try:
-        if old is None:
-            conf.unset(key)
-        else:
-            conf.set(key, old)
-    except Exception:  # noqa: BLE001 - the plan is read; the conf is cosmetic
-        pass
+    whole, optimized = explained_in_full(df)
+    physical = whole[whole.find("== Physical Plan ==") :] if "== Physical Plan ==" in whole else ""
+    return optimized, physical
 
 
 def read_plan(df, needed: Sequence[str]) -> Decision:
@@ -279,18 +253,27 @@ def table_key(files: Sequence[str], source: sources.TableSource) -> str:
     return "t" + hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:23]
 
 
-def _scan_files(spark, files: Sequence[str], source: sources.TableSource, slots: int) -> list[dict]:
-    """One Spark job: every row group of every file read once (the needed columns only), its statistics
-    and rows per split. Returns one record per row group; a file that cannot be read in place gives an
-    ``error`` record instead."""
+def _scan_files(
+    spark,
+    files: Sequence[str],
+    source: sources.TableSource,
+    slots: int,
+    only: Sequence[int] | None = None,
+    use_footers: bool = True,
+) -> list[dict]:
+    """One Spark job: the statistics and rows per split of every row group of the files (``only``: of
+    the files at these indexes), from the footer where it gives them exactly (``data/footers.py``),
+    else from the row group's values (the columns the footer lacks only). Returns one record per row
+    group; a file that cannot be read in place gives an ``error`` record instead."""
     config = dataclasses.replace(source)
-    rows = [(i, f) for i, f in enumerate(files)]
+    rows = [(i, files[i]) for i in (range(len(files)) if only is None else only)]
     parts = max(1, min(len(rows), 4 * max(1, slots)))
 
     def scan(batches):
         import pyarrow as pa
 
         from hvd_spark._internal.common import sources as src
+        from hvd_spark._internal.data import footers as ft
 
         for batch in batches:
             for i, url in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
@@ -299,14 +282,20 @@ def _scan_files(spark, files: Sequence[str], source: sources.TableSource, slots:
                     status = config.status[i] if config.status else None
                     pf = src.open_checked(url, config.storage_options, status)
                     src.check_file_schema(config, url, pf.schema_arrow)
-                    columns = [src.resolve(pf.schema_arrow, n) for n in config.file_columns()]
-                    offsets = src.group_offsets(pf.metadata)
-                    for g in range(pf.num_row_groups):
-                        if pf.metadata.row_group(g).num_rows == 0:
-                            continue
-                        table = pf.read_row_group(g, columns=columns, use_threads=False)
-                        stats = src.row_group_stats(config, url, table, offsets[g])
-                        records.append((i, g, table.num_rows, stats["val_rows"], json.dumps(stats), ""))
+                    groups = None
+                    if use_footers:
+                        try:
+                            groups = ft.file_stats(config, url, pf.metadata, pf.schema_arrow)
+                        except Exception:  # noqa: BLE001 - a footer of a form not foreseen: the values tell
+                            groups = None
+                    if groups is None:
+                        offsets = src.group_offsets(pf.metadata)
+                        groups = [
+                            (g, offsets[g], None) for g in range(pf.num_row_groups) if pf.metadata.row_group(g).num_rows
+                        ]
+                    for g, first, footer in groups:
+                        stats = _group_stats(pf, config, url, g, first, footer)
+                        records.append((i, g, stats["rows"], stats["val_rows"], json.dumps(stats), ""))
                 except Exception as e:  # noqa: BLE001 - reported by the driver, naming the file
                     records = [(i, -1, 0, 0, "", f"{type(e).__name__}: {e}")]
                 if records:
@@ -323,21 +312,139 @@ def _scan_files(spark, files: Sequence[str], source: sources.TableSource, slots:
     return [r.asDict() for r in out]
 
 
+def _group_stats(pf, source: sources.TableSource, url: str, g: int, first: int, footer: dict | None) -> dict:
+    """The statistics of row group ``g`` of ``pf`` (a ``pyarrow.parquet.ParquetFile``): ``footer``'s
+    (``footers.file_stats``), with the columns it lacks read from the row group (every needed column
+    when ``footer`` is None)."""
+    from hvd_spark._internal.data import footers
+
+    if footer is not None and not footer["missing"]:
+        return footers.completed(source, footer, None)
+    sub = (
+        source
+        if footer is None
+        else dataclasses.replace(source, columns=footers.missing_columns(source, footer["missing"]))
+    )
+    columns = [sources.resolve(pf.schema_arrow, n) for n in sub.file_columns()]
+    table = pf.read_row_group(g, columns=columns, use_threads=False)
+    scanned = sources.row_group_stats(sub, url, table, first)
+    return scanned if footer is None else footers.completed(source, footer, scanned)
+
+
+def _footers_on_driver(files: Sequence[str], source: sources.TableSource) -> dict[int, list[dict]]:
+    """The records of the files whose footers give every statistic (``data/footers.py``), read by the
+    driver (16 files at a time, each checked against its listed size and time, through the retry
+    policy): {file index: its row groups' records}. Files left out (a footer without statistics, a
+    column summarized from values only, a file that does not open) go to the scan's Spark job, which
+    reports their errors as it would. Raises DataChangedError for a file changed since it was listed."""
+    from hvd_spark._internal.common import retry
+    from hvd_spark._internal.common.secrets import url_without_credentials
+    from hvd_spark._internal.data import footers
+
+    def one(i: int) -> list[dict] | None:
+        url = files[i]
+        status = source.status[i] if source.status else None
+        try:
+            pf = retry.call(
+                url_without_credentials(url),
+                "reading the Parquet footer",
+                lambda: sources.open_checked(url, source.storage_options, status),
+            )
+            try:
+                sources.check_file_schema(source, url, pf.schema_arrow)
+                if footers.needs_values(source, pf.schema_arrow):
+                    return None
+                found = footers.file_stats(source, url, pf.metadata, pf.schema_arrow)
+            finally:
+                with contextlib.suppress(Exception):  # its mapping or remote handle: the footer is read
+                    pf.close()
+        except DataChangedError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the Spark job reads it and reports what fails
+            logger.debug("the footer of %s is left to the scan's Spark job: %s", url, e)
+            return None
+        complete = [(g, st) for g, _, st in found if st is not None and not st["missing"]]
+        if len(complete) < len(found):
+            return None
+        return [
+            {
+                "file": i,
+                "group": g,
+                "rows": st["rows"],
+                "val": st["val_rows"],
+                "error": "",
+                "stats": json.dumps(footers.completed(source, st, None)),
+            }
+            for g, st in complete
+        ]
+
+    first = one(0) if files else None
+    if first is None:  # the first file needs its values: so do the others, most likely (one schema)
+        return {}
+    out = {0: first}
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        for i, records in zip(range(1, len(files)), pool.map(one, range(1, len(files)))):
+            if records is not None:
+                out[i] = records
+    return out
+
+
+_META_KEYS = ("key", "files", "units", "train_rows", "val_rows", "train_files", "val_files", "stats")
+
+
+def _cached_scan(store: Store, meta_path: str, scan: Scan) -> dict | None:
+    """The scan kept at ``meta_path`` by an earlier fit, or None (none, or one that does not read:
+    damaged, cut short, of another version; logged, and the table is scanned again)."""
+    try:
+        meta = store._read_json(meta_path)
+    except FileNotFoundError:
+        return None
+    except Exception as e:  # noqa: BLE001 - a cache: whatever fails, scanning again is correct
+        logger.warning("ignoring the kept scan of %s (%s); scanning it again", scan.table, e)
+        return None
+    problem = None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+        problem = f"format {meta.get('format') if isinstance(meta, dict) else None!r}, not {FORMAT_VERSION}"
+    elif any(k not in meta for k in _META_KEYS) or not isinstance(meta["stats"], dict):
+        problem = "fields missing"
+    elif meta["files"] != list(scan.files):
+        problem = "other files"
+    elif (
+        sum(int(u[2]) for u in meta["units"]) != meta["train_rows"]
+        or sum(int(u[3]) for u in meta["units"]) != meta["val_rows"]
+    ):
+        problem = "its row counts do not add up"
+    if problem is not None:
+        logger.warning(
+            "ignoring the kept scan of %s at %s (%s); scanning it again", scan.table, store._url(meta_path), problem
+        )
+        return None
+    return meta
+
+
 def scan_table(
-    spark, store: Store, scan: Scan, source: sources.TableSource, *, reuse: bool, check, slots: int = 2
+    spark,
+    store: Store,
+    scan: Scan,
+    source: sources.TableSource,
+    *,
+    reuse: bool,
+    check,
+    slots: int = 2,
+    use_footers: bool = True,
 ) -> dict:
     """The table's row groups, rows per split and statistics (``check(stats)`` raises for data that
-    cannot be trained on), from the store when an earlier fit scanned the same files (same sizes and
-    modification times) with the same columns and split, else from one Spark job, kept in the store
-    (``data/<key>/_hvd_spark_meta.json``; ``reuse=False``: neither looked up nor kept)."""
+    cannot be trained on), from the store when an earlier fit (in any application) scanned the same
+    files (same paths, sizes and modification times) with the same columns and split, else from the
+    files' footers where they hold the statistics (``data/footers.py``) and one Spark job for the rest,
+    kept in the store (``data/<key>/_hvd_spark_meta.json``; ``reuse=False``: neither looked up nor
+    kept). A kept scan that does not read is ignored (logged) and the table scanned again.
+    ``use_footers=False``: every statistic from the values (the reference the footers are held to)."""
     key = table_key(scan.files, source)
     meta_path = posixpath.join(store._data_path(key), DATA_META)
     if reuse:
-        try:
-            meta = store._read_json(meta_path)
-        except (FileNotFoundError, ValueError):
-            meta = None
-        if meta is not None and meta.get("format") == FORMAT_VERSION:
+        meta = _cached_scan(store, meta_path, scan)
+        if meta is not None:
             check(meta["stats"])
             try:
                 store._write_json(posixpath.join(store._data_path(key), DATA_USED), {"time": time.time()})
@@ -348,12 +455,18 @@ def scan_table(
             )
             return meta
     t0 = time.time()
-    try:
-        with spark_job(f"scanning the {len(scan.files)} Parquet files of {scan.table} on the executors"):
-            records = _scan_files(spark, scan.files, source, slots)
-    except Exception as e:  # noqa: BLE001 - e.g. a filesystem the executors lack: the copy reads through Spark
-        cause = e.root_cause if isinstance(e, DataPreparationError) else f"{type(e).__name__}: {e}"
-        raise NotReadableInPlace(f"the scan of its files failed on the executors: {cause}") from e
+    by_footer = _footers_on_driver(scan.files, source) if use_footers else {}
+    records = [r for f in sorted(by_footer) for r in by_footer[f]]
+    rest = [i for i in range(len(scan.files)) if i not in by_footer]
+    if rest:
+        try:
+            with spark_job(
+                f"scanning {len(rest)} of the {len(scan.files)} Parquet files of {scan.table} on the executors"
+            ):
+                records += _scan_files(spark, scan.files, source, slots, rest, use_footers)
+        except Exception as e:  # noqa: BLE001 - e.g. a filesystem the executors lack: the copy reads through Spark
+            cause = e.root_cause if isinstance(e, DataPreparationError) else f"{type(e).__name__}: {e}"
+            raise NotReadableInPlace(f"the scan of its files failed on the executors: {cause}") from e
     errors = [r for r in records if r["error"]]
     if errors:
         first = min(errors, key=lambda r: r["file"])
@@ -384,10 +497,12 @@ def scan_table(
         "created": time.time(),
     }
     logger.info(
-        "scanned %s in place in %.1fs: %d files, %d row groups, %d train / %d val rows (nothing copied)",
+        "scanned %s in place in %.1fs: %d files (%d from their footers alone), %d row groups, %d train / %d val "
+        "rows (nothing copied)",
         scan.table,
         time.time() - t0,
         len(scan.files),
+        len(by_footer),
         len(units),
         meta["train_rows"],
         meta["val_rows"],

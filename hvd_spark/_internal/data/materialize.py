@@ -199,7 +199,9 @@ def num_files(num_proc: int, slots: int) -> int:
     return num_proc * max(1, min(slots, settings.MAX_FILES.get()) // max(1, num_proc))
 
 
-def _write_through_store(df, store: Store, path: str, row_bytes: int) -> dict[str, list[tuple[str, int]]]:
+def _write_through_store(
+    df, store: Store, path: str, row_bytes: int, group_bytes: int
+) -> dict[str, list[tuple[str, int]]]:
     """Writes each partition of ``df`` as Parquet under ``path/train`` and ``path/val`` (by its split
     flag) from its Spark task, through the store's own filesystem (fsspec, with its storage options):
     for stores that Spark's Hadoop filesystems cannot reach (``s3://`` without the Hadoop AWS jars or
@@ -209,7 +211,7 @@ def _write_through_store(df, store: Store, path: str, row_bytes: int) -> dict[st
     the driver keeps the files of the attempts Spark returned and removes the others (a task
     attempt that failed or lost a speculative race). Returns ``(url, rows)`` per file and split."""
     config = store._job_config()
-    group_rows = max(1, settings.ROW_GROUP_BYTES.get(conf=df.sparkSession.conf) // max(row_bytes, 1))
+    group_rows = max(1, group_bytes // max(row_bytes, 1))
 
     def write(batches):
         import pyarrow as pa
@@ -454,13 +456,18 @@ def _write_attempt(
         # statistics are observed in the writing stage itself: one evaluation of the input.
         observation = Observation(f"hvd_spark_{attempt.replace('-', '_')}")
         part = prepared.repartition(n_files).observe(observation, *stats_aggs(infos))
+        # A Parquet writer holds its row group in memory until it is full, outside Spark's memory
+        # manager: row groups of a bounded size (64 MB by default) keep each task's writers, and the
+        # ranks that read a row group whole, at a memory independent of the data's size (256 MB row
+        # groups ran the 1 GiB heap of a local session out of memory at 20M rows).
+        group_bytes = settings.ROW_GROUP_BYTES.get(conf=prepared.sparkSession.conf)
         target = url_without_credentials(store._url(path))
         with spark_job(f"writing the training data to {target}"):  # the Spark writer, or each task through the store
             if store.spark_writes:
                 (
                     part.write.mode("error")
                     .partitionBy(VAL_COL)
-                    .option("parquet.block.size", 256 * 1024 * 1024)
+                    .option("parquet.block.size", group_bytes)
                     .option("compression", "snappy")
                     .parquet(store._url(path))
                 )
@@ -469,7 +476,7 @@ def _write_attempt(
                     for split, flag in (("train", "false"), ("val", "true"))
                 }
             else:
-                written = _write_through_store(part, store, path, row_bytes)
+                written = _write_through_store(part, store, path, row_bytes, group_bytes)
         stats = _observed(observation, infos, prepared, store, written)
         rows = {split: sum(r for _, r in files) for split, files in written.items()}
         if rows["train"] + rows["val"] != stats["rows"]:  # a task counted twice (observed metrics of a retry)

@@ -35,7 +35,9 @@ from hvd_spark._internal.common.topology import (
     executor_target,
     executors_settled,
     judge_slots,
+    plan_layout,
     slots_from_master_url,
+    stage_profiles_supported,
     task_cpus,
     task_gpu_amount,
     task_slots,
@@ -98,6 +100,8 @@ class Cluster:
     master: str  # the master URL
     slots: int | None  # barrier task slots; None where a Connect session cannot tell
     conf: Any  # the application's settings: anything with get(key, default)
+    executors: int | None = None  # executors registered (a classic session on a cluster master; local-cluster's URL)
+    profiles: bool = False  # Spark gives a barrier stage its own task CPUs here (stage-level scheduling)
 
 
 def cluster_of(spark, *, num_proc: int | None = None, start_timeout: float | None = None) -> Cluster:
@@ -115,11 +119,19 @@ def cluster_of(spark, *, num_proc: int | None = None, start_timeout: float | Non
         refusal = barrier_refusal(sc.master, conf)
         if refusal:
             raise ValueError(refusal)
+        executors: int | None = None
         if slots_from_master_url(sc.master):
             slots = task_slots(sc.master, default_parallelism=sc.defaultParallelism, task_cpus=task_cpus(conf))
+            workers = _LOCAL_CLUSTER_WORKERS.match(sc.master.strip())
+            executors = int(workers.group(1)) if workers else None
         else:
             slots = _registered_slots(sc, conf, num_proc, start_timeout)
-        return Cluster(sc.applicationId, sc.master, slots, conf)
+            try:
+                executors = _executor_count(sc)[0] or None
+            except Exception as e:  # no JVM access to the scheduler: executors unknown (one rank per slot)
+                logger.debug("counting the registered executors failed: %s", e)
+        profiles = stage_profiles_supported(sc.master, sc.version, conf)
+        return Cluster(sc.applicationId, sc.master, slots, conf, executors, profiles)
     conf = spark.conf
     master = conf.get("spark.master", None) or "?"
     refusal = barrier_refusal(master, _ConnectConf(conf))
@@ -138,6 +150,7 @@ def cluster_of(spark, *, num_proc: int | None = None, start_timeout: float | Non
 
 
 _LOCAL_N = re.compile(r"^local(\[\d+(,\s*\d+)?\])?$")
+_LOCAL_CLUSTER_WORKERS = re.compile(r"^local-cluster\[\s*(\d+)\s*,")
 
 
 class _ConnectConf:
@@ -336,6 +349,10 @@ class LaunchOptions:
     warm_set: bool = False  # warm came from the argument, the driver's environment or conf (not the default)
     stall_timeout: float | None = None  # seconds a rank may go without progress (None: no watchdog)
     use_gpu: bool = False  # each rank gets its task's Spark-assigned GPUs (CUDA_VISIBLE_DEVICES)
+    task_cpus: int | None = None  # CPUs each barrier task asks for (a TaskResourceProfile); None: spark.task.cpus
+    layout: str = "slot"  # the rank layout it was planned with (settings.RANK_LAYOUT), and why, for the log
+    layout_why: str = ""
+    slots_each: int = 1  # task slots one rank holds (its profile's CPUs / spark.task.cpus)
 
     @property
     def forks_warm(self) -> bool:
@@ -360,31 +377,19 @@ def resolve_launch_options(
     stall_timeout: float | None = None,
     stall_default: float | None = None,
     use_gpu: bool | None = None,
+    layout: str | None = None,
+    layout_default: str | None = None,
 ) -> LaunchOptions:
     """Checks a launch's options against the application behind ``spark`` (classic or Connect):
     the one place for the slot check. ``stall_default`` is the stall watchdog's timeout when neither
-    ``stall_timeout`` nor ``HVD_SPARK_STALL_TIMEOUT`` sets one (the estimator's 300 s; None for run)."""
+    ``stall_timeout`` nor ``HVD_SPARK_STALL_TIMEOUT`` sets one (the estimator's 300 s; None for run).
+    ``layout`` (``host`` or ``slot``; else ``HVD_SPARK_RANK_LAYOUT``, else ``layout_default``, else
+    the setting's default) decides how many ranks run where ``num_proc`` is None and their threads
+    (:func:`~hvd_spark._internal.common.topology.plan_layout`); ``num_threads`` overrides the threads."""
     if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1):
         raise ValueError(f"num_proc must be a positive integer. Received: num_proc={num_proc!r}.")
     cluster = cluster_of(spark, num_proc=num_proc, start_timeout=start_timeout)
     conf, slots = cluster.conf, cluster.slots
-    if num_proc is None:
-        if slots is None:
-            raise ValueError(
-                "num_proc is required on this Spark Connect session: hvd_spark could not tell how many task "
-                f"slots the application has (master={cluster.master}; spark.default.parallelism or "
-                "spark.sql.leafNodeDefaultParallelism is set, or the server refused the query that counts them). "
-                "Pass num_proc (at most the cores of the executors divided by spark.task.cpus)."
-            )
-        num_proc = slots
-    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
-        raise ValueError(f"num_proc must be a positive integer. Received: num_proc={num_proc!r}.")
-    if slots is not None and num_proc > slots:
-        raise ValueError(
-            f"num_proc must be at most the number of task slots ({slots}) for a barrier stage. Received: "
-            f"num_proc={num_proc}. Lower num_proc or add executors / cores (master={cluster.master}, "
-            f"spark.task.cpus={task_cpus(conf)})."
-        )
     if env is not None and (
         not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
     ):
@@ -404,6 +409,33 @@ def resolve_launch_options(
             f"{conf.get('spark.task.resource.gpu.amount', None)!r} (master={cluster.master}). Set "
             f"{GPU_CONF_HELP}."
         )
+    layout_choice = settings.RANK_LAYOUT.get(
+        layout, env=settings.environ(env), conf=conf, default=layout_default or settings.RANK_LAYOUT.default
+    )
+    if num_proc is None and slots is None:
+        raise ValueError(
+            "num_proc is required on this Spark Connect session: hvd_spark could not tell how many task "
+            f"slots the application has (master={cluster.master}; spark.default.parallelism or "
+            "spark.sql.leafNodeDefaultParallelism is set, or the server refused the query that counts them). "
+            "Pass num_proc (at most the cores of the executors divided by spark.task.cpus)."
+        )
+    if slots is not None and num_proc is not None and num_proc > slots:
+        raise ValueError(
+            f"num_proc must be at most the number of task slots ({slots}) for a barrier stage. Received: "
+            f"num_proc={num_proc}. Lower num_proc or add executors / cores (master={cluster.master}, "
+            f"spark.task.cpus={task_cpus(conf)})."
+        )
+    plan = plan_layout(
+        layout_choice,
+        master=cluster.master,
+        num_proc=num_proc,
+        slots=slots if slots is not None else int(num_proc or 1),
+        executors=cluster.executors,
+        task_cpus=task_cpus(conf),
+        profiles=cluster.profiles,
+        use_gpu=use_gpu,
+    )
+    num_proc = plan.num_proc
     chosen_backend = resolve_backend(backend, use_gloo, use_mpi)
     if use_gpu and chosen_backend == "mpi":
         raise NotImplementedError(
@@ -418,7 +450,7 @@ def resolve_launch_options(
         master=cluster.master,
         app=cluster.app,
         backend=chosen_backend,
-        num_threads=num_threads if num_threads is not None else task_cpus(conf),
+        num_threads=num_threads if num_threads is not None else plan.threads,
         start_timeout=settings.START_TIMEOUT.get(start_timeout, conf=conf),
         timeout=settings.parse_seconds("timeout", timeout) if timeout is not None else None,
         abort_grace=settings.ABORT_GRACE.get(conf=conf),
@@ -434,6 +466,10 @@ def resolve_launch_options(
         warm_set=warm_choice is not None,
         stall_timeout=settings.stall_timeout_setting(stall_timeout, stall_default, conf=conf),
         use_gpu=use_gpu,
+        task_cpus=plan.task_cpus,
+        layout=layout_choice,
+        layout_why=plan.why,
+        slots_each=max(1, (plan.task_cpus or 0) // task_cpus(conf)),
     )
 
 
@@ -469,6 +505,7 @@ def launch(
     stall_timeout: float | None = None,
     use_gpu: bool | None = None,
     on_log: Callable[[int, str], None] | None = None,
+    layout: str | None = None,
 ) -> list[Any]:
     """Runs ``fn`` on Horovod ranks; see :func:`hvd_spark.run` for the arguments.
 
@@ -496,9 +533,13 @@ def launch(
             warm=warm,
             stall_timeout=stall_timeout,
             use_gpu=use_gpu,
+            layout=layout,
+            layout_default="slot",  # horovod.spark.run's: one process per task slot
         )
-    with _SLOTS.claim(options.app, options.num_proc, options.slots, description):
-        logger.info("starting %d ranks (%s) on %s", options.num_proc, options.backend, options.master)
+    with _SLOTS.claim(options.app, options.num_proc * options.slots_each, options.slots, description):
+        logger.info(
+            "starting %d ranks (%s) on %s: %s", options.num_proc, options.backend, options.master, options.layout_why
+        )
         if is_connect(spark):
             return _launch_connect(
                 spark, payload, options, on_event=on_event, description=description, channel=channel, on_log=on_log
@@ -605,6 +646,14 @@ class _Stage:
         return not self._done.is_set()
 
 
+def task_cpus_profile(cpus: int):
+    """A ``ResourceProfile`` whose tasks each ask for ``cpus`` CPUs (a TaskResourceProfile: the executors
+    stay as they are; Spark schedules fewer of these tasks on each)."""
+    from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+    return ResourceProfileBuilder().require(TaskResourceRequests().cpus(int(cpus))).build
+
+
 def _launch_classic(
     sc, payload: bytes, options: LaunchOptions, *, on_event, description: str, on_log=None
 ) -> list[Any]:
@@ -624,7 +673,10 @@ def _launch_classic(
 
     def stage():
         sc.setJobGroup(group, f"{description}: {num_proc} Horovod ranks", interruptOnCancel=True)
-        return sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(task_fn).collect()
+        rdd = sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(task_fn)
+        if options.task_cpus:  # each barrier task asks for its rank's cores (stage-level scheduling)
+            rdd = rdd.withResources(task_cpus_profile(options.task_cpus))
+        return rdd.collect()
 
     t0 = time.monotonic()
     supervisor = Supervisor(service, options, where=sc.master)

@@ -4,7 +4,9 @@ No Spark here (the fast tests can drive it): rows with null features or null ele
 or kept as null predictions, each batch is cut into ``batch_size`` model calls, and outputs are
 built as Arrow arrays without per-row Python."""
 
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -33,10 +35,11 @@ def predict_columns(
 
     if n == 0:  # e.g. a batch whose rows all had a null feature (handleInvalid="keep")
         return [np.zeros((0, spec.elements or 1)) for spec in outputs]
+    predict = predictor(model)
     preds: list[list[np.ndarray]] = [[] for _ in outputs]
     for start in range(0, n, batch_size):
         x = to_model_inputs([c[start : start + batch_size] for c in cols], inputs, names)
-        y = model.predict_on_batch(x)
+        y = predict(x)
         ys = unpack(y, outputs)
         for i, out in enumerate(ys):
             preds[i].append(np.asarray(out))
@@ -44,6 +47,49 @@ def predict_columns(
         (np.concatenate(parts) if parts else np.zeros((0, spec.elements or 0))).reshape(n, -1).astype(np.float64)
         for spec, parts in zip(outputs, preds)
     ]
+
+
+_PREDICTORS: "weakref.WeakKeyDictionary[Any, Callable]" = weakref.WeakKeyDictionary()
+
+
+def predictor(model) -> Callable:
+    """The function that predicts one batch with ``model``: inputs (numpy arrays or tensors, as
+    ``to_model_inputs`` packs them) in, numpy arrays out, in the model's output structure.
+
+    For a Keras model: the model's own ``predict_step`` (what ``predict_on_batch`` runs) in a
+    ``tf.function`` made once per model, called directly, without ``predict_on_batch``'s work per
+    call (its distribution wrapper, its structure conversions). Traced once per input structure; the
+    batch axis is left open after a second batch size (``reduce_retracing``), so the last, shorter
+    batch of a partition does not trace again and again. Anything else: its ``predict_on_batch``."""
+    fn = _PREDICTORS.get(model)
+    if fn is not None:
+        return fn
+    step = getattr(model, "predict_step", None)
+    if step is None or getattr(model, "run_eagerly", False):
+        fn = model.predict_on_batch
+    else:
+        import tensorflow as tf
+
+        owner = weakref.ref(model)  # the cache's value holds no reference to its key
+
+        def one_step(x):
+            owned = owner()
+            if owned is None:  # the model is gone: nothing calls this any more
+                raise RuntimeError("the model of this predict function was released")
+            return owned.predict_step((x,))
+
+        compiled = tf.function(tf.autograph.experimental.do_not_convert(one_step), reduce_retracing=True)
+
+        def fn(x):
+            return tf.nest.map_structure(np.asarray, compiled(x))
+
+        fn.compiled = compiled  # type: ignore[attr-defined]  # its traces are visible (tests)
+
+    try:
+        _PREDICTORS[model] = fn
+    except TypeError:  # a model that takes no weak reference: made again for each batch of rows
+        pass
+    return fn
 
 
 def _null_error(col: str, nulls: int, n: int) -> ValueError:

@@ -61,7 +61,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     naming the parameter and what it expects. ``fit`` reads them once, as a typed record.
 
     Args:
-        num_proc: ranks; default the application's task slots.
+        num_proc: ranks; default one per host (executor, or the machine of a local master) with
+            TensorFlow's threads on all its cores (``HVD_SPARK_RANK_LAYOUT=slot``: one per task slot).
         store: path / URL / :class:`hvd_spark.Store` reachable from every executor (required).
         model: a built Keras 3 model (required).
         learning_rate: replaces the optimizer's learning rate for this fit (a number to search in a
@@ -555,6 +556,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         launch_args = dict(
             warm=False if p.mp_start_method == "spawn" else None,  # horovod.spark's start method: a fresh process
             num_proc=None if p.elastic else p.num_proc,
+            layout="slot" if p.elastic else None,  # elastic attempts are sized by task slots
             backend=p.backend,
             start_timeout=p.start_timeout,
             stall_timeout=p.stall_timeout,

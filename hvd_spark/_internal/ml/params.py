@@ -99,7 +99,11 @@ class ColumnParams(Params):
 
 @with_accessors
 class EstimatorParams(ColumnParams):
-    num_proc = _checked("num_proc", "Number of Horovod processes (ranks). Default: the number of task slots.")
+    num_proc = _checked(
+        "num_proc",
+        "Number of Horovod processes (ranks). Default: one per host (executor, or the machine of a local "
+        "master) with threads on all its cores; one per task slot with HVD_SPARK_RANK_LAYOUT=slot.",
+    )
     store = _checked(
         "store",
         "Where data, checkpoints, logs and models go: a path, a URL or a hvd_spark.Store. "

@@ -237,7 +237,24 @@ def rank_dataset(
             # Petastorm yields row groups whole: a buffer of batches mixes them (it spans passes). The
             # arrow reader mixes rows across row groups itself, within each pass (shuffle_buffer_size rows).
             ds = ds.shuffle(max(1, shuffle_buffer_size // batch_size), seed=seed, reshuffle_each_iteration=True)
-        yield ds.prefetch(prefetch or tf.data.AUTOTUNE)
+        yield without_autotune_model(ds.prefetch(prefetch or tf.data.AUTOTUNE))
+
+
+def without_autotune_model(ds: "tf.data.Dataset") -> "tf.data.Dataset":
+    """``ds`` without tf.data's autotuning model: every dataset a rank trains or validates on.
+
+    The model runs a thread per iterator that sleeps between optimizations, its period doubling from
+    10 ms to 60 s. Keras destroys the iterator as ``model.fit`` returns, and the destructor joins
+    that thread; in a rank's process the join does not cut the sleep short but waits it out, so a
+    rank that trained 40-80 s stayed in ``model.fit`` up to 40 s after its last epoch, every thread
+    idle, and the fit with it (issue 38's idle tail; the stack: ``~RootDataset::Iterator`` ->
+    ``~LogicalThreadWrapper`` while the thread sleeps in ``Model::OptimizeLoop``). Without the
+    model there is no such thread. The reader sizes its own work (row groups read ahead by its
+    threads, blocks of whole batches); prefetch buffers still grow with TF's per-buffer autotuner,
+    and parallel maps run at TF's default parallelism."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.with_options(options)
 
 
 def _column_names(features, labels, weight) -> list[str]:
@@ -339,7 +356,7 @@ def planned_dataset(
         return tf.data.Dataset.from_tensor_slices(block if len(block) > 1 else block[0]).batch(batch_size)
 
     ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE).flat_map(_not_converted(batches))
-    return ds.prefetch(prefetch or tf.data.AUTOTUNE)
+    return without_autotune_model(ds.prefetch(prefetch or tf.data.AUTOTUNE))
 
 
 def _source_signature(source, names: Sequence[str]) -> dict:

@@ -30,13 +30,13 @@ def column_values(column) -> np.ndarray:
 
 
 def open_parquet(url: str, storage_options: dict | None):
+    """The ``pyarrow.parquet.ParquetFile`` at ``url`` (``sources.parquet_file``: local files are read,
+    not memory-mapped, so a rank's resident memory does not grow with the files it has read)."""
     import fsspec
-    import pyarrow.parquet as pq
 
-    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
-        return pq.ParquetFile(path, memory_map=True)
-    return pq.ParquetFile(fs.open(path, "rb"), pre_buffer=True)
+    from hvd_spark._internal.common.sources import parquet_file
+
+    return parquet_file(*fsspec.core.url_to_fs(url, **(storage_options or {})))
 
 
 class ParquetSet:

@@ -30,6 +30,10 @@ def _mpi_env(spec: TaskSpec, workdir: str, host: str) -> dict[str, str]:
     """The environment of mpirun on rank 0's host and of ``orted`` on the others (their ranks inherit it)."""
     env = dict(os.environ)
     env.update(threads_env(spec.num_threads))
+    # A rank waiting for its peer yields its core instead of spinning on it: where ranks share a host's
+    # cores, the spin took a core from the other rank's compute (a step 0.57x-0.74x as long measured with
+    # it, benchmarks/results/comm.json "shared_host"). The job's env can set it back.
+    env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     env.update(spec.env)
     env.update(
         {
