@@ -516,10 +516,10 @@ def targets(out: dict) -> list[dict]:
     return res
 
 
-def main(quick: bool, part: str = "all") -> dict:
+def main(quick: bool, part: str = "all", only_sizes: list[int] | None = None) -> dict:
     """``part``: ``all``; ``grid`` (the protocol) or ``memory`` (the memory run) alone, the other part
     kept from the results file of an earlier run (both are then said in ``parts``)."""
-    sizes = [200_000] if quick else [1_000_000, 5_000_000]
+    sizes = only_sizes or ([200_000] if quick else [1_000_000, 5_000_000])
     batches = [512, 64]
     repeats = 1 if quick else 2
     mem_sizes = [200_000, 1_000_000] if quick else [1_000_000, 20_000_000, 40_000_000]
@@ -533,6 +533,7 @@ def main(quick: bool, part: str = "all") -> dict:
             "local[2], timed from outside (whole job) and inside"
         ),
         "quick": quick,
+        "sizes": sizes,  # the protocol's are 1M and 5M (--sizes runs fewer: said here)
         "repeats": repeats,
         "cpus": os.cpu_count(),
         "grid": [],
@@ -605,5 +606,6 @@ if __name__ == "__main__":
         p = argparse.ArgumentParser()
         p.add_argument("--quick", action="store_true", help="200k rows, 1 repeat, a small memory run")
         p.add_argument("--part", choices=("all", "grid", "memory"), default="all", help="run one part alone")
+        p.add_argument("--sizes", type=int, nargs="+", default=None, help="the grid's row counts (default 1M 5M)")
         args = p.parse_args()
-        main(args.quick, args.part)
+        main(args.quick, args.part, args.sizes)

@@ -153,12 +153,15 @@ def parquet_file(fs, path: str):
     (RSS) for as long as the file stays open, so a rank reading a table in place (up to
     ``ParquetSet.MAX_OPEN`` files open) grew with the table, 690 MiB at 1M rows to 1.9 GiB at 20M, and
     YARN's and container monitors' memory checks count RSS. Read, the pages stay in the kernel's page
-    cache, which is no process's RSS. Other filesystems: through fsspec, a row group's column chunks
-    fetched together (``pre_buffer``)."""
+    cache, which is no process's RSS. And without ``pre_buffer`` (on by default in pyarrow): its cache keeps
+    the last row group read of each open file, so the rank's memory grew with its open files instead
+    (16 MiB each on a table of 17 MiB row groups). Other filesystems: through fsspec, a row group's
+    column chunks fetched together (``pre_buffer``: fewer, coalesced requests; the last row group's
+    chunks stay cached while the file is open, at most ``ParquetSet.MAX_OPEN`` files)."""
     import pyarrow.parquet as pq
 
     if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
-        return pq.ParquetFile(path, memory_map=False)
+        return pq.ParquetFile(path, memory_map=False, pre_buffer=False)
     return pq.ParquetFile(fs.open(path, "rb"), pre_buffer=True)
 
 
