@@ -388,11 +388,13 @@ def _ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
-def grid(table: str, rows: int, b: int, repeats: int, default_ranks: list[int]) -> dict:
-    """Plain Keras and both hvd_spark layouts at B per rank (2B global), alternated, ``repeats`` times."""
-    runs: dict[str, list[dict]] = {s: [] for s in SYSTEMS}
+def grid(table: str, rows: int, b: int, repeats: int, default_ranks: list[int], systems=SYSTEMS) -> dict:
+    """Plain Keras and the hvd_spark layouts of ``systems`` at B per rank (2B global), alternated,
+    ``repeats`` times."""
+    systems = ("plain", *[s for s in systems if s != "plain"])
+    runs: dict[str, list[dict]] = {s: [] for s in systems}
     for rep in range(repeats):
-        for system in SYSTEMS:
+        for system in systems:
             if system == "plain":
                 r = run_job("plain", table, rows, 2 * b)
             elif system == "hvd_2ranks":
@@ -410,10 +412,10 @@ def grid(table: str, rows: int, b: int, repeats: int, default_ranks: list[int]) 
             if r.get("outcome") != "ok":
                 print(f"     error: {r.get('error')}", flush=True)
     entry: dict = {"rows": rows, "batch_per_rank": b, "global_batch": 2 * b, "runs": runs}
-    entry["medians"] = {s: _summary(runs[s]) for s in SYSTEMS}
-    entry["peak_rss_mib"] = {s: _peaks(runs[s]) for s in SYSTEMS}
+    entry["medians"] = {s: _summary(runs[s]) for s in systems}
+    entry["peak_rss_mib"] = {s: _peaks(runs[s]) for s in systems}
     entry["ratios"] = {}
-    for s in SYSTEMS[1:]:
+    for s in systems[1:]:
         entry["ratios"][s] = {
             "whole_over_plain": _ratio(_median(runs[s], "whole_s"), _median(runs["plain"], "whole_s")),
             "fit_over_plain": _ratio(_median(runs[s], "fit_s"), _median(runs["plain"], "fit_s")),
@@ -470,8 +472,7 @@ def targets(out: dict) -> list[dict]:
     res = []
     big = max((e["rows"] for e in out.get("grid") or []), default=0)
     for e in out["grid"]:
-        for s in SYSTEMS[1:]:
-            r = e["ratios"][s]
+        for s, r in e["ratios"].items():
             where = f"{s}, N={e['rows']:,}, B={e['batch_per_rank']}"
             if e["rows"] == big:
                 limit = 1.3 if e["batch_per_rank"] >= 512 else 1.6
@@ -480,7 +481,7 @@ def targets(out: dict) -> list[dict]:
     tails = [
         r["tail_s"]
         for e in out["grid"]
-        for s in SYSTEMS[1:]
+        for s in e["ratios"]
         for r in e["runs"][s]
         if r.get("outcome") == "ok" and r.get("tail_s") is not None
     ]
@@ -516,12 +517,15 @@ def targets(out: dict) -> list[dict]:
     return res
 
 
-def main(quick: bool, part: str = "all", only_sizes: list[int] | None = None) -> dict:
+def main(
+    quick: bool, part: str = "all", only_sizes: list[int] | None = None, systems=SYSTEMS, repeats: int | None = None
+) -> dict:
     """``part``: ``all``; ``grid`` (the protocol) or ``memory`` (the memory run) alone, the other part
-    kept from the results file of an earlier run (both are then said in ``parts``)."""
+    kept from the results file of an earlier run (both are then said in ``parts``). ``systems``: the
+    hvd_spark layouts run beside plain Keras (said in the results)."""
     sizes = only_sizes or ([200_000] if quick else [1_000_000, 5_000_000])
     batches = [512, 64]
-    repeats = 1 if quick else 2
+    repeats = repeats or (1 if quick else 2)
     mem_sizes = [200_000, 1_000_000] if quick else [1_000_000, 20_000_000, 40_000_000]
     t_all = time.time()
     out: dict = {
@@ -535,6 +539,7 @@ def main(quick: bool, part: str = "all", only_sizes: list[int] | None = None) ->
         "quick": quick,
         "sizes": sizes,  # the protocol's are 1M and 5M (--sizes runs fewer: said here)
         "repeats": repeats,
+        "systems": list(systems),
         "cpus": os.cpu_count(),
         "grid": [],
     }
@@ -546,7 +551,7 @@ def main(quick: bool, part: str = "all", only_sizes: list[int] | None = None) ->
             table = tables.get(n) or _table(tmp, n, tables)
             for b in batches:
                 print(f"== N={n:,} B={b} (global {2 * b})", flush=True)
-                out["grid"].append(grid(table, n, b, repeats, default_ranks))
+                out["grid"].append(grid(table, n, b, repeats, default_ranks, systems))
         if part in ("all", "memory"):
             print("== memory run", flush=True)
             for n in [n for n in list(tables) if n not in mem_sizes]:
@@ -607,5 +612,7 @@ if __name__ == "__main__":
         p.add_argument("--quick", action="store_true", help="200k rows, 1 repeat, a small memory run")
         p.add_argument("--part", choices=("all", "grid", "memory"), default="all", help="run one part alone")
         p.add_argument("--sizes", type=int, nargs="+", default=None, help="the grid's row counts (default 1M 5M)")
+        p.add_argument("--systems", nargs="+", choices=SYSTEMS[1:], default=list(SYSTEMS[1:]), help="hvd_spark layouts")
+        p.add_argument("--repeats", type=int, default=None, help="runs of each job (default 2; 1 with --quick)")
         args = p.parse_args()
-        main(args.quick, args.part, args.sizes)
+        main(args.quick, args.part, args.sizes, tuple(args.systems), args.repeats)

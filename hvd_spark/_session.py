@@ -16,6 +16,10 @@ def local_session(master: str = "local[*]", *, app_name: str = "hvd_spark", conf
         master: Spark master URL, e.g. ``local[2]`` or ``local-cluster[2,1,1024]``.
         app_name: the application name.
         conf: extra Spark conf entries.
+
+    The new session's executors start the warm server that a fit's ranks fork from (TensorFlow's
+    import, a few seconds, overlaps with what the caller does before ``fit``), as the first ``fit``
+    would; ``HVD_SPARK_WARM=0`` turns warm servers off, this one too.
     """
     from hvd_spark._internal.common.requirements import require
 
@@ -39,4 +43,20 @@ def local_session(master: str = "local[*]", *, app_name: str = "hvd_spark", conf
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    existing = SparkSession.getActiveSession()
+    spark = builder.getOrCreate()
+    if existing is None:
+        _prewarm(spark)
+    return spark
+
+
+def _prewarm(spark) -> None:
+    """Starts, in the background, the warm server a default fit's ranks would fork from. Best effort."""
+    import logging
+
+    from hvd_spark._internal.driver.launcher import prewarm, resolve_launch_options
+
+    try:
+        prewarm(spark, resolve_launch_options(spark, num_proc=None), background=True)
+    except Exception as e:  # noqa: BLE001 - the first fit starts its warm server itself
+        logging.getLogger(__name__).debug("no warm server started with the session: %s", e)

@@ -253,6 +253,38 @@ def table_key(files: Sequence[str], source: sources.TableSource) -> str:
     return "t" + hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:23]
 
 
+def scan_file(config: sources.TableSource, i: int, url: str, use_footers: bool = True) -> list[tuple]:
+    """The records of file ``i`` (``url``): ``(file, group, rows, val_rows, stats JSON, "")`` per row
+    group with rows, from the footer where it gives the statistics exactly (``data/footers.py``), else
+    from the row group's values (the columns the footer lacks only); one ``(i, -1, 0, 0, "", error)``
+    record for a file that cannot be read in place. Runs in the scan's Spark tasks or on the driver."""
+    from hvd_spark._internal.data import footers as ft
+
+    records = []
+    try:
+        status = config.status[i] if config.status else None
+        pf = sources.open_checked(url, config.storage_options, status)
+        sources.check_file_schema(config, url, pf.schema_arrow)
+        groups = None
+        if use_footers:
+            try:
+                groups = ft.file_stats(config, url, pf.metadata, pf.schema_arrow)
+            except Exception:  # noqa: BLE001 - a footer of a form not foreseen: the values tell
+                groups = None
+        if groups is None:
+            offsets = sources.group_offsets(pf.metadata)
+            groups = [(g, offsets[g], None) for g in range(pf.num_row_groups) if pf.metadata.row_group(g).num_rows]
+        for g, first, footer in groups:
+            stats = _group_stats(pf, config, url, g, first, footer)
+            records.append((i, g, stats["rows"], stats["val_rows"], json.dumps(stats), ""))
+    except Exception as e:  # noqa: BLE001 - reported by the driver, naming the file
+        records = [(i, -1, 0, 0, "", f"{type(e).__name__}: {e}")]
+    return records
+
+
+_RECORD = ("file", "group", "rows", "val", "stats", "error")
+
+
 def _scan_files(
     spark,
     files: Sequence[str],
@@ -261,10 +293,8 @@ def _scan_files(
     only: Sequence[int] | None = None,
     use_footers: bool = True,
 ) -> list[dict]:
-    """One Spark job: the statistics and rows per split of every row group of the files (``only``: of
-    the files at these indexes), from the footer where it gives them exactly (``data/footers.py``),
-    else from the row group's values (the columns the footer lacks only). Returns one record per row
-    group; a file that cannot be read in place gives an ``error`` record instead."""
+    """One Spark job: :func:`scan_file` of every file (``only``: of the files at these indexes), spread
+    over the executors. Returns one record per row group (or per file that cannot be read in place)."""
     config = dataclasses.replace(source)
     rows = [(i, files[i]) for i in (range(len(files)) if only is None else only)]
     parts = max(1, min(len(rows), 4 * max(1, slots)))
@@ -272,44 +302,28 @@ def _scan_files(
     def scan(batches):
         import pyarrow as pa
 
-        from hvd_spark._internal.common import sources as src
-        from hvd_spark._internal.data import footers as ft
+        from hvd_spark._internal.data.inplace import scan_file
 
         for batch in batches:
             for i, url in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
-                records = []
-                try:
-                    status = config.status[i] if config.status else None
-                    pf = src.open_checked(url, config.storage_options, status)
-                    src.check_file_schema(config, url, pf.schema_arrow)
-                    groups = None
-                    if use_footers:
-                        try:
-                            groups = ft.file_stats(config, url, pf.metadata, pf.schema_arrow)
-                        except Exception:  # noqa: BLE001 - a footer of a form not foreseen: the values tell
-                            groups = None
-                    if groups is None:
-                        offsets = src.group_offsets(pf.metadata)
-                        groups = [
-                            (g, offsets[g], None) for g in range(pf.num_row_groups) if pf.metadata.row_group(g).num_rows
-                        ]
-                    for g, first, footer in groups:
-                        stats = _group_stats(pf, config, url, g, first, footer)
-                        records.append((i, g, stats["rows"], stats["val_rows"], json.dumps(stats), ""))
-                except Exception as e:  # noqa: BLE001 - reported by the driver, naming the file
-                    records = [(i, -1, 0, 0, "", f"{type(e).__name__}: {e}")]
+                records = scan_file(config, i, url, use_footers)
                 if records:
-                    yield pa.RecordBatch.from_pydict(
-                        {
-                            k: [r[j] for r in records]
-                            for j, k in enumerate(["file", "group", "rows", "val", "stats", "error"])
-                        }
-                    )
+                    yield pa.RecordBatch.from_pydict({k: [r[j] for r in records] for j, k in enumerate(_RECORD)})
 
     schema = "file long, group long, rows long, val long, stats string, error string"
     frame = spark.createDataFrame(rows, "file long, url string").repartition(parts)
     out = frame.mapInArrow(scan, schema).collect()
     return [r.asDict() for r in out]
+
+
+def _scan_on_driver(
+    files: Sequence[str], source: sources.TableSource, threads: int, only: Sequence[int], use_footers: bool = True
+) -> list[dict]:
+    """:func:`scan_file` of the files at ``only`` in this process, ``threads`` at a time (a local
+    master: its executors are this machine's cores, and a Spark job would only add its start)."""
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        found = pool.map(lambda i: scan_file(source, i, files[i], use_footers), only)
+        return [dict(zip(_RECORD, r)) for records in found for r in records]
 
 
 def _group_stats(pf, source: sources.TableSource, url: str, g: int, first: int, footer: dict | None) -> dict:
@@ -432,6 +446,7 @@ def scan_table(
     check,
     slots: int = 2,
     use_footers: bool = True,
+    on_driver: bool = False,
 ) -> dict:
     """The table's row groups, rows per split and statistics (``check(stats)`` raises for data that
     cannot be trained on), from the store when an earlier fit (in any application) scanned the same
@@ -439,7 +454,9 @@ def scan_table(
     files' footers where they hold the statistics (``data/footers.py``) and one Spark job for the rest,
     kept in the store (``data/<key>/_hvd_spark_meta.json``; ``reuse=False``: neither looked up nor
     kept). A kept scan that does not read is ignored (logged) and the table scanned again.
-    ``use_footers=False``: every statistic from the values (the reference the footers are held to)."""
+    ``use_footers=False``: every statistic from the values (the reference the footers are held to).
+    ``on_driver``: the files are read by this process, ``slots`` threads (a local master), not by a
+    Spark job."""
     key = table_key(scan.files, source)
     meta_path = posixpath.join(store._data_path(key), DATA_META)
     if reuse:
@@ -458,7 +475,9 @@ def scan_table(
     by_footer = _footers_on_driver(scan.files, source) if use_footers else {}
     records = [r for f in sorted(by_footer) for r in by_footer[f]]
     rest = [i for i in range(len(scan.files)) if i not in by_footer]
-    if rest:
+    if rest and on_driver:
+        records += _scan_on_driver(scan.files, source, slots, rest, use_footers)
+    elif rest:
         try:
             with spark_job(
                 f"scanning {len(rest)} of the {len(scan.files)} Parquet files of {scan.table} on the executors"
@@ -497,10 +516,11 @@ def scan_table(
         "created": time.time(),
     }
     logger.info(
-        "scanned %s in place in %.1fs: %d files (%d from their footers alone), %d row groups, %d train / %d val "
+        "scanned %s in place in %.1fs%s: %d files (%d from their footers alone), %d row groups, %d train / %d val "
         "rows (nothing copied)",
         scan.table,
         time.time() - t0,
+        " on the driver" if on_driver and rest else "",
         len(scan.files),
         len(by_footer),
         len(units),

@@ -795,8 +795,19 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             source = _table_source(c.source, f_infos, l_infos, w_info, c.validation, seed)
             reuse = c.p.reuse_data != "never"
             try:
+                from hvd_spark._internal.common.topology import is_local_master
+                from hvd_spark._internal.driver.sessions import is_connect
+
+                spark = dataset.sparkSession
                 meta = inplace.scan_table(
-                    dataset.sparkSession, c.store, c.source[0], source, reuse=reuse, check=check, slots=c.options.slots
+                    spark,
+                    c.store,
+                    c.source[0],
+                    source,
+                    reuse=reuse,
+                    check=check,
+                    slots=c.options.slots,
+                    on_driver=is_local_master(c.options.master) and not is_connect(spark),
                 )
                 return _Written(
                     data,
