@@ -33,7 +33,9 @@ or missed in ``results/vs_keras.json``.
     python -m benchmarks.bench_vs_keras [--quick]
 
 ``--quick``: 200k rows, B in (512, 64), 1 repeat; the memory run at 200k and 1M rows (a smoke
-test of a few minutes, not the protocol's figures).
+test of a few minutes, not the protocol's figures). ``--part grid|memory`` runs one part (the
+other kept from the results file), ``--sizes`` other row counts, ``--systems`` some of the hvd_spark
+layouts (``hvd_default``, ``hvd_2ranks``), ``--repeats`` another count; the results file says which.
 """
 
 import argparse

@@ -4,7 +4,9 @@ import os
 import sys
 
 
-def local_session(master: str = "local[*]", *, app_name: str = "hvd_spark", conf: dict[str, str] | None = None):
+def local_session(
+    master: str = "local[*]", *, app_name: str = "hvd_spark", conf: dict[str, str] | None = None, prewarm: bool = True
+):
     """Returns a SparkSession on this machine (or the active one, if any).
 
     It binds the driver to the loopback address (``SPARK_LOCAL_IP`` defaults to 127.0.0.1),
@@ -16,10 +18,10 @@ def local_session(master: str = "local[*]", *, app_name: str = "hvd_spark", conf
         master: Spark master URL, e.g. ``local[2]`` or ``local-cluster[2,1,1024]``.
         app_name: the application name.
         conf: extra Spark conf entries.
-
-    The new session's executors start the warm server that a fit's ranks fork from (TensorFlow's
-    import, a few seconds, overlaps with what the caller does before ``fit``), as the first ``fit``
-    would; ``HVD_SPARK_WARM=0`` turns warm servers off, this one too.
+        prewarm: a new session's executors start the warm server that a default ``fit``'s ranks
+            fork from, in the background, as that ``fit`` would: TensorFlow's import (a few seconds)
+            overlaps with what the caller does before ``fit``. ``HVD_SPARK_WARM=0`` turns warm
+            servers off, this one too.
     """
     from hvd_spark._internal.common.requirements import require
 
@@ -45,7 +47,7 @@ def local_session(master: str = "local[*]", *, app_name: str = "hvd_spark", conf
         builder = builder.config(key, value)
     existing = SparkSession.getActiveSession()
     spark = builder.getOrCreate()
-    if existing is None:
+    if prewarm and existing is None:
         _prewarm(spark)
     return spark
 

@@ -98,6 +98,7 @@ def spark(tmp_path_factory):
             "spark.sql.warehouse.dir": str(local_dir / "warehouse"),
             "spark.driver.memory": "2g",
         },
+        prewarm=False,  # tests that count processes take a baseline; test_warm.py tests the prewarm
     )
     session.sparkContext.setLogLevel("ERROR")
     yield session

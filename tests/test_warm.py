@@ -194,8 +194,8 @@ def test_a_transform_after_a_fit_predicts_in_the_warm_servers_children(spark, tm
 
 
 def test_servers_end_when_idle_and_with_the_application(tmp_path):
-    """A separate application (its own driver process): an idle server ends after
-    HVD_SPARK_WARM_IDLE seconds; a busy one ends when the application stops."""
+    """A separate application (its own driver process): local_session starts the server of a default
+    fit; an idle server ends after HVD_SPARK_WARM_IDLE seconds; busy ones end when the application stops."""
     script = tmp_path / "app.py"
     script.write_text(
         textwrap.dedent(
@@ -206,7 +206,7 @@ def test_servers_end_when_idle_and_with_the_application(tmp_path):
             from test_warm import probe, _servers
             import cloudpickle, test_warm
             cloudpickle.register_pickle_by_value(test_warm)
-            spark = hvd_spark.local_session("local[2]")
+            spark = hvd_spark.local_session("local[2]")  # starts the warm server of a default fit
             import psutil
 
             def app_of(p):  # a server or starter may exit between the listing and this read
@@ -215,20 +215,36 @@ def test_servers_end_when_idle_and_with_the_application(tmp_path):
                 except psutil.Error:
                     return None
 
+            def idle_of(p):
+                try:
+                    return p.environ().get("HVD_SPARK_WARM_IDLE")
+                except psutil.Error:
+                    return None
+
             mine = lambda: [p.pid for p in _servers() if app_of(p) == "{tmp_path.name}"]
+            # The session's server: one that stays (its starter process, of the same command line, exits).
+            deadline, prewarmed, seen = time.time() + 120, [], []
+            while time.time() < deadline:
+                now = mine()
+                prewarmed = [p for p in now if p in seen]
+                if prewarmed:
+                    break
+                seen = now
+                time.sleep(1.0)
             hvd_spark.run(probe, args=("a",), num_proc=2, verbose=0, env={{"HVD_SPARK_WARM_IDLE": "2"}})
-            assert len(mine()) == 1, mine()
+            idle = [p.pid for p in _servers() if app_of(p) == "{tmp_path.name}" and idle_of(p) == "2"]
+            assert len(idle) == 1, (prewarmed, mine())
             deadline = time.time() + 30
-            while mine() and time.time() < deadline:
+            while set(idle) & set(mine()) and time.time() < deadline:
                 time.sleep(0.5)
-            idle_gone = not mine()
+            idle_gone = not set(idle) & set(mine())
             hvd_spark.run(probe, args=("b",), num_proc=2, verbose=0)
-            busy = mine()
+            busy = [p for p in mine() if p not in prewarmed]
             spark.stop()
             deadline = time.time() + 30
             while mine() and time.time() < deadline:
                 time.sleep(0.5)
-            print(json.dumps({{"idle_gone": idle_gone, "busy": busy, "left": mine()}}))
+            print(json.dumps({{"prewarmed": prewarmed, "idle_gone": idle_gone, "busy": busy, "left": mine()}}))
             """
         )
     )
@@ -238,6 +254,7 @@ def test_servers_end_when_idle_and_with_the_application(tmp_path):
     import json
 
     result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(result["prewarmed"]) == 1, "local_session started no warm server (or several)"
     assert result["idle_gone"], "an idle warm server outlived HVD_SPARK_WARM_IDLE"
     assert len(result["busy"]) == 1
     assert result["left"] == [], "a warm server outlived its application"
