@@ -159,9 +159,9 @@ def _run_with_restarts(
 
     from hvd_spark._internal.common import settings
     from hvd_spark._internal.common.commits import CommitKeeper, Restoring
-    from hvd_spark._internal.common.restarts import RESTARTABLE, should_restart
+    from hvd_spark._internal.common.restarts import RESTARTABLE
     from hvd_spark._internal.ml.backend import SparkBackend
-    from hvd_spark._internal.ml.plan import Elastic, wait_for_slots
+    from hvd_spark._internal.ml.policies import Elastic, ElasticScaling, FailureDecision, FailurePolicy, wait_for_slots
 
     logger = logging.getLogger(__name__)
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
@@ -189,16 +189,17 @@ def _run_with_restarts(
     else:
         size = num_proc
     restarts = 0
+    failure = FailurePolicy(max_restarts)
     while True:
         attempt = spark_backend.with_num_proc(size) if size is not None else spark_backend
         try:
             return attempt.run(Restoring(fn, keeper.state), args, kwargs)
         except RESTARTABLE as e:
-            if not should_restart(e, restarts, max_restarts):
+            if failure.decide(e, restarts) is not FailureDecision.RESTART:
                 raise
             restarts += 1
             if elastic is not None:
-                size = wait_for_slots(spark_backend, elastic, f"after the failure of attempt {restarts}")
+                size = ElasticScaling(elastic).after_failure(spark_backend, size or 0, None, restarts)
             logger.warning(
                 "attempt %d failed (%s); restarting (%d of max_restarts=%d) on %s ranks from %s",
                 restarts,

@@ -1,7 +1,8 @@
-"""Elastic training's decisions without Spark (ml/plan.py): each attempt sized by the task slots there
-are, a smaller attempt after a lost executor, growing back at an epoch end once slots return, the
-error after too long with too few slots, and the recoveries a fit reports. Ranks are played in
-process by ``InProcessBackend``, whose ``slots`` a test changes as Spark's would change."""
+"""Elastic training's decisions without Spark (ml/controller.py, ml/policies.py): each attempt sized
+by the task slots there are, a smaller attempt after a lost executor, growing back at an epoch end
+once slots return, the error after too long with too few slots, and the recoveries a fit reports.
+Ranks are played in process by ``InProcessBackend``, whose ``slots`` a test changes as Spark's
+would change."""
 
 import dataclasses
 import time
@@ -10,7 +11,7 @@ import pytest
 
 from hvd_spark._internal.common.outcomes import TASK_LOST
 from hvd_spark._internal.data.store import Store, checkpoint_names
-from hvd_spark._internal.ml import plan
+from hvd_spark._internal.ml import controller, policies
 from hvd_spark._internal.ml.backend import InProcessBackend, in_process_rank
 from hvd_spark.errors import NotEnoughSlotsError, RankFailedError
 from tests.fast.test_fit_planning import _config, _ModelBytes
@@ -74,14 +75,14 @@ def _elastic_cfg(store, run_id, epochs):
 
 
 def _run(store, backend, writer, epochs, *, max_restarts=1, cfg=None, **elastic):
-    return plan.train_with_restarts(
+    return controller.train_with_restarts(
         backend,
         writer,
         cfg or _elastic_cfg(store, "r", epochs),
         store,
         max_restarts=max_restarts,
         model_bytes=_ModelBytes(),
-        elastic=plan.Elastic(**{**FAST, "timeout": 5, **elastic}),
+        elastic=policies.Elastic(**{**FAST, "timeout": 5, **elastic}),
     )
 
 
@@ -103,9 +104,9 @@ def test_a_lost_executor_shrinks_the_job_and_returning_slots_grow_it(tmp_path):
 
 def test_each_attempt_is_sized_for_its_ranks(tmp_path):
     store = Store(str(tmp_path))
-    cfg = plan.sized(dataclasses.replace(_elastic_cfg(store, "r", 1), val_table=(("v0", 10), ("v1", 5))), 2)
+    cfg = controller.sized(dataclasses.replace(_elastic_cfg(store, "r", 1), val_table=(("v0", 10), ("v1", 5))), 2)
     assert cfg.steps_per_epoch == 15 and len(cfg.train_files) == 2 and len(cfg.val_files) == 2  # 120 rows / 2 / 4
-    cfg = plan.sized(cfg, 3)
+    cfg = controller.sized(cfg, 3)
     assert cfg.steps_per_epoch == 10 and len(cfg.train_files) == 3
     assert sorted(len(f) for f in cfg.val_files) == [0, 1, 1]  # each validation file read by one rank
 
@@ -142,14 +143,14 @@ def test_a_backend_without_slot_counts_cannot_be_elastic(tmp_path):
 
     store = Store(str(tmp_path))
     with pytest.raises(NotImplementedError, match="available_slots"):
-        plan.train_with_restarts(
+        controller.train_with_restarts(
             Plain(),
             lambda cfg: None,
             _elastic_cfg(store, "r", 1),
             store,
             max_restarts=1,
             model_bytes=_ModelBytes(),
-            elastic=plan.Elastic(min_num_proc=1, max_num_proc=2, timeout=1, **FAST),
+            elastic=policies.Elastic(min_num_proc=1, max_num_proc=2, timeout=1, **FAST),
         )
 
 

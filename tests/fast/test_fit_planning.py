@@ -12,7 +12,7 @@ import pytest
 from hvd_spark._internal.common.contracts import DataSpec, RunConfig
 from hvd_spark._internal.common.outcomes import TASK_LOST
 from hvd_spark._internal.data.store import Lease, Store, checkpoint_names
-from hvd_spark._internal.ml import plan
+from hvd_spark._internal.ml import controller, plan
 from hvd_spark._internal.ml.backend import InProcessBackend, fit_backend, in_process_rank
 from hvd_spark._internal.ml.model_info import architecture_fingerprint
 from hvd_spark.errors import (
@@ -124,7 +124,7 @@ def _train(store, run_id, epochs, rank_fn, *, max_restarts=0, num_proc=2, lease=
     backend = InProcessBackend(num_proc, rank_fn=rank_fn)
     backend_used, fn = fit_backend(backend)
     assert backend_used is backend and fn is rank_fn
-    trained = plan.train_with_restarts(
+    trained = controller.train_with_restarts(
         backend,
         fn,
         _config(store, run_id, epochs),

@@ -108,7 +108,7 @@ class DataSpec:
 class RunConfig:
     """Everything a rank needs to train (``worker.train``), built by the driver; plain data and
     bytes, so it pickles without Spark. The fields after "per attempt" change with every attempt of a
-    fit, and the per-rank lists and step counts with its world size (``ml/plan.sized``), through
+    fit, and the per-rank lists and step counts with its world size (``ml/controller.sized``), through
     ``dataclasses.replace``."""
 
     store: dict[str, Any]  # Store.to_config()

@@ -28,7 +28,7 @@ from hvd_spark._internal.data.stats import check_stats
 from hvd_spark._internal.data.store import Store
 from hvd_spark._internal.driver.progress import BATCH_INTERVAL, FitProgress, interactive
 from hvd_spark._internal.infer.transformer import TFTransformer
-from hvd_spark._internal.ml import persistence
+from hvd_spark._internal.ml import controller, persistence, policies
 from hvd_spark._internal.ml import plan as plan_mod
 from hvd_spark._internal.ml.backend import fit_backend, fit_launch_args, launches_with_spark
 from hvd_spark._internal.ml.fit_params import FitParams, every_seconds, is_backend_object
@@ -948,7 +948,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             class_weight=p.class_weight,
             validation_freq=tuple(p.validation_freq) if isinstance(p.validation_freq, list) else p.validation_freq,
         )
-        cfg = plan_mod.sized(cfg, num_proc)
+        cfg = controller.sized(cfg, num_proc)
         logger.info(
             "training run '%s' on %d ranks: %d train rows, %d val rows, %d steps/epoch, batch %d per rank",
             plan.run_id,
@@ -960,8 +960,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         )
         return cfg
 
-    def _train_with_restarts(self, spark, c: "_Checked", cfg: RunConfig, listeners=(), lease=None) -> plan_mod.Trained:
-        """Step 5: the training attempts (``plan.train_with_restarts``), each through the fit's backend:
+    def _train_with_restarts(
+        self, spark, c: "_Checked", cfg: RunConfig, listeners=(), lease=None
+    ) -> controller.Trained:
+        """Step 5: the training attempts (``controller.train_with_restarts``), each through the fit's backend:
         a Spark barrier stage running ``rank/train.py``'s ``train`` by default (``backend.fit_backend``).
 
         Returns the ranks' results, the number of restarts, the seconds the attempts took and the
@@ -970,7 +972,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         from hvd_spark._internal.common.serde import model_to_bytes
 
         store = c.store
-        probe = plan_mod.AttemptProbe()
+        probe = controller.AttemptProbe()
         progress = FitProgress(c.p.verbose, bar=cfg.progress_interval > 0, listeners=[*listeners, probe])
         backend, rank_fn = fit_backend(
             self._backend_object,
@@ -982,14 +984,14 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         )
         elastic = None
         if c.p.elastic:
-            elastic = plan_mod.Elastic(
+            elastic = policies.Elastic(
                 min_num_proc=c.p.min_num_proc or 1,
                 max_num_proc=c.p.max_num_proc,
                 timeout=settings.ELASTIC_TIMEOUT.get(c.p.elastic_timeout),
                 poll=settings.ELASTIC_POLL.get(),
                 initial=c.p.num_proc,
             )
-        trained = plan_mod.train_with_restarts(
+        trained = controller.train_with_restarts(
             backend,
             rank_fn,
             cfg,
@@ -1002,7 +1004,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         )
         return trained
 
-    def _verify_and_build(self, c: "_Checked", w: "_Written", cfg: RunConfig, trained: plan_mod.Trained, t_start):
+    def _verify_and_build(self, c: "_Checked", w: "_Written", cfg: RunConfig, trained: controller.Trained, t_start):
         """Step 6: every rank ended with the same weights (what proves the averaging); the model."""
         results, restarts, t_train = trained.results, trained.restarts, trained.seconds
 
