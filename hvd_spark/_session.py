@@ -56,7 +56,8 @@ def _prewarm(spark) -> None:
     """Starts, in the background, the warm server a default fit's ranks would fork from. Best effort."""
     import logging
 
-    from hvd_spark._internal.driver.launcher import prewarm, resolve_launch_options
+    from hvd_spark._internal.driver.options import resolve_launch_options
+    from hvd_spark._internal.driver.prewarm import prewarm
 
     try:
         prewarm(spark, resolve_launch_options(spark, num_proc=None), background=True)

@@ -41,7 +41,7 @@ SCRIPT = textwrap.dedent("""
 SLOTS_CHECK = textwrap.indent(
     textwrap.dedent("""
         import time
-        from hvd_spark._internal.driver.launcher import resolve_launch_options
+        from hvd_spark._internal.driver.options import resolve_launch_options
         default_num_proc = resolve_launch_options(spark, num_proc=None).num_proc
         t = time.monotonic()
         try:

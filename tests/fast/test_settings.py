@@ -139,7 +139,7 @@ _ConnectSession.__module__ = "pyspark.sql.connect.session"
 
 
 def test_the_launch_decides_warm_with_the_argument_first(monkeypatch):
-    from hvd_spark._internal.driver.launcher import resolve_launch_options
+    from hvd_spark._internal.driver.options import resolve_launch_options
 
     def warm(arg=None, env=None, **conf):
         return resolve_launch_options(_ConnectSession(conf), num_proc=2, warm=arg, env=env).warm

@@ -307,7 +307,7 @@ _FakeConnectSession.__module__ = "pyspark.sql.connect.session"
 
 
 def test_connect_with_default_parallelism_set_asks_for_num_proc():
-    from hvd_spark._internal.driver.launcher import resolve_launch_options
+    from hvd_spark._internal.driver.options import resolve_launch_options
 
     spark = _FakeConnectSession({"spark.master": "spark://h:7077", "spark.default.parallelism": "8"})
     with pytest.raises(ValueError, match=r"num_proc is required on this Spark Connect session.*spark.default.para"):
@@ -316,7 +316,7 @@ def test_connect_with_default_parallelism_set_asks_for_num_proc():
 
 
 def test_connect_with_dynamic_allocation_is_refused_before_any_work():
-    from hvd_spark._internal.driver.launcher import resolve_launch_options
+    from hvd_spark._internal.driver.options import resolve_launch_options
 
     spark = _FakeConnectSession({"spark.master": "yarn", "spark.dynamicAllocation.enabled": "true"})
     with pytest.raises(ValueError, match=r"Spark does not run barrier stages with dynamic allocation"):
@@ -370,41 +370,41 @@ class _FakeContext:
 def test_the_launch_waits_for_the_executors_then_counts_their_slots(monkeypatch, caplog):
     import logging
 
-    from hvd_spark._internal.driver import launcher
+    from hvd_spark._internal.driver import slots
 
     standalone = {"spark.cores.max": "2", "spark.executor.cores": "1", "spark.default.parallelism": "8"}
     sc = _FakeContext("spark://h:7077", [(1, 1, 1), (2, 2, 2)])
     with caplog.at_level(logging.INFO, logger="hvd_spark"):
-        assert launcher._registered_slots(sc, standalone, None, None) == 2
+        assert slots._registered_slots(sc, standalone, None, None) == 2
     # It counted until both executors asked for were there, and not once more.
     assert sc.scheduler.reads == 3
     assert "waiting up to 30s for the executors to register (2 asked for: spark.cores.max=2" in caplog.text
     assert "2 executors registered with 2 task slots" in caplog.text
     sc = _FakeContext("spark://h:7077", [(1, 2, 2)])
     with pytest.raises(ValueError, match=r"task slots \(2\).*num_proc=3.*2 executors registered.*spark.task.cpus=1"):
-        launcher._registered_slots(sc, standalone, 3, None)
+        slots._registered_slots(sc, standalone, 3, None)
     assert sc.scheduler.reads == 2  # refused as soon as every executor asked for was there
     # No JVM access: defaultParallelism / spark.task.cpus.
-    assert launcher._registered_slots(_FakeContext("spark://h:7077", None), {"spark.task.cpus": "2"}, None, None) == 4
+    assert slots._registered_slots(_FakeContext("spark://h:7077", None), {"spark.task.cpus": "2"}, None, None) == 4
 
 
 def test_a_standalone_count_that_holds_still_is_complete_and_remembered(monkeypatch):
     from hvd_spark._internal.common import settings
-    from hvd_spark._internal.driver import launcher
+    from hvd_spark._internal.driver import slots
 
     monkeypatch.setattr(settings, "EXECUTORS_SETTLE", 0.5)
     sc = _FakeContext("spark://h:7077", [(0, 3, 6)], app="app-settle")
-    assert launcher._registered_slots(sc, {}, None, None) == 6
+    assert slots._registered_slots(sc, {}, None, None) == 6
     first = sc.scheduler.reads
     assert first >= 2  # counted again until the count had held still
-    assert launcher._registered_slots(sc, {}, None, None) == 6
+    assert slots._registered_slots(sc, {}, None, None) == 6
     assert sc.scheduler.reads == first + 1  # known complete: one count, no second wait
 
 
 def test_missing_yarn_executors_bound_the_ranks_after_the_wait(monkeypatch, caplog):
     import logging
 
-    from hvd_spark._internal.driver import launcher
+    from hvd_spark._internal.driver import slots
 
     monkeypatch.setenv("HVD_SPARK_EXECUTOR_WAIT", "0.5")
     yarn = {"spark.executor.instances": "4", "spark.executor.cores": "2"}
@@ -413,14 +413,14 @@ def test_missing_yarn_executors_bound_the_ranks_after_the_wait(monkeypatch, capl
         return _FakeContext("yarn", [(0, 1, 2)])
 
     with caplog.at_level(logging.WARNING, logger="hvd_spark"):
-        assert launcher._registered_slots(sc(), yarn, 6, None) == 8  # the 4 executors asked for would hold 6
+        assert slots._registered_slots(sc(), yarn, 6, None) == 8  # the 4 executors asked for would hold 6
     assert "the barrier tasks wait for more executors" in caplog.text
     with pytest.raises(ValueError, match=r"task slots \(8\) the application can have"):
-        launcher._registered_slots(sc(), yarn, 9, None)
-    assert launcher._registered_slots(sc(), yarn, None, None) == 2
+        slots._registered_slots(sc(), yarn, 9, None)
+    assert slots._registered_slots(sc(), yarn, None, None) == 2
     # start_timeout bounds the wait too.
     monkeypatch.setenv("HVD_SPARK_EXECUTOR_WAIT", "600")
-    assert launcher._registered_slots(sc(), yarn, 6, 0.3) == 8
+    assert slots._registered_slots(sc(), yarn, 6, 0.3) == 8
 
 
 # -- rank layout ---------------------------------------------------------------------------------

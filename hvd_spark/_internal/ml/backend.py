@@ -221,7 +221,7 @@ class SparkBackend(Backend):
             return self._num_proc
         from pyspark.sql import SparkSession
 
-        from hvd_spark._internal.driver.launcher import resolve_launch_options
+        from hvd_spark._internal.driver.options import resolve_launch_options
 
         spark = self._kwargs.get("spark") or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
         return resolve_launch_options(spark, num_proc=None).num_proc

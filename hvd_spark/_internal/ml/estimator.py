@@ -539,7 +539,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         this returns, so every mistake found here leaves the store as it was."""
         from hvd_spark._internal.common.logs import TF_LOG_LEVEL, ensure_visible
         from hvd_spark._internal.common.serde import model_custom_objects
-        from hvd_spark._internal.driver.launcher import prewarm, resolve_launch_options
+        from hvd_spark._internal.driver.options import resolve_launch_options
+        from hvd_spark._internal.driver.prewarm import prewarm
         from hvd_spark._internal.ml.model_info import is_compiled, model_specs, needs_build, prediction_task
 
         p = self._fit_params()
@@ -1310,7 +1311,7 @@ class _Checked:
     l_infos: list
     w_info: Any
     validation: Any
-    options: Any  # launcher.LaunchOptions
+    options: Any  # options.LaunchOptions
     custom_objects: dict | None
     store: Store
     prediction: tuple[str, bool]  # model_info.prediction_task: (kind, from_logits)
