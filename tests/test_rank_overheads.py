@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 from hvd_spark._internal.data.store import Store
-from hvd_spark._internal.rank.train import _tensorboard
+from hvd_spark._internal.rank.fit_callbacks import tensorboard
 
 
 class _CountingSummary:
@@ -44,7 +44,7 @@ def test_the_ranks_tensorboard_writes_nothing_per_batch(tmp_path):
     keras_own = keras.callbacks.TensorBoard(log_dir=str(tmp_path / "keras"), write_graph=False, profile_batch=0)
     assert _batches(keras_own, model, 5) == 10  # Keras: 2 logs x 5 batches, with update_freq="epoch"
     store = Store(str(tmp_path / "store"))
-    ours = _tensorboard(store, "r", str(tmp_path / "tmp"))
+    ours = tensorboard(store, "r", str(tmp_path / "tmp"))
     assert ours.update_freq == "epoch"
     assert _batches(ours, model, 5) == 0
     assert ours._global_train_batch == 5  # Keras' own count kept
