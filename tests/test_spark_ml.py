@@ -196,8 +196,10 @@ def test_cross_validator_over_learning_rate_averages_folds_and_saves(spark, tmp_
 def test_learning_rate_is_checked_before_any_work(spark, tmp_path):
     import keras
 
-    with pytest.raises(TypeError, match="learning_rate must be a positive number or None"):
+    with pytest.raises(ValueError, match="learning_rate must be a positive number or None"):
         hvd_spark.HorovodEstimator(learning_rate=-0.1)
+    with pytest.raises(TypeError, match="learning_rate must be a positive number or None"):
+        hvd_spark.HorovodEstimator(learning_rate="0.1")
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.9)
     est = hvd_spark.HorovodEstimator(

@@ -8,7 +8,8 @@ import pytest
 
 from hvd_spark._internal.data.store import Store
 from hvd_spark._internal.ml.backend import InProcessBackend
-from hvd_spark._internal.ml.fit_params import CONVERTERS, FitParams, is_backend_object
+from hvd_spark._internal.ml.converters import CONVERTERS
+from hvd_spark._internal.ml.fit_params import FitParams, is_backend_object
 
 
 class _Model:  # what the converter recognizes a Keras model by (fit checks keras.Model itself)
@@ -29,7 +30,8 @@ BAD = [
     ("store", 3, TypeError, r"store must be a path, a URL or a hvd_spark\.Store\. Received: int"),
     ("model", "not a model", TypeError, r"model must be a keras\.Model"),
     ("optimizer", 0.1, TypeError, r"optimizer must be a Keras optimizer or its name"),
-    ("learning_rate", -1, TypeError, r"learning_rate must be a positive number or None"),
+    ("learning_rate", -1, ValueError, r"learning_rate must be a positive number or None"),
+    ("learning_rate", 0, ValueError, r"learning_rate must be a positive number or None\. Received: learning_rate=0"),
     ("loss", 3, TypeError, r"loss must be a loss name, function or keras\.losses\.Loss"),
     ("loss_weights", ["a"], TypeError, r"loss_weights must be a list of numbers or a dict"),
     ("metrics", "accuracy", TypeError, r"metrics must be a list of metrics"),
@@ -41,7 +43,8 @@ BAD = [
     ("validation", [0.1], TypeError, r"validation must be a fraction in \[0, 1\) or a column name"),
     ("callbacks", "cb", TypeError, r"callbacks must be a list of keras\.callbacks\.Callback"),
     ("batch_size", 0, ValueError, r"batch_size must be at least 1\. Received: batch_size=0"),
-    ("batch_size", 3.5, TypeError, r"batch_size must be an integer\. Received: 3\.5"),
+    ("batch_size", 3.5, ValueError, r"batch_size must be an integer\. Received: batch_size=3\.5"),
+    ("batch_size", "32", TypeError, r"batch_size must be an integer\. Received: '32'"),
     ("epochs", True, TypeError, r"epochs must be an integer"),
     ("val_batch_size", 0, ValueError, r"val_batch_size must be at least 1 \(or None\)"),
     ("shuffle", 1, TypeError, r"shuffle must be True or False\. Received: 1"),
@@ -51,11 +54,11 @@ BAD = [
     ("verbose", 3, ValueError, r"verbose must be 0, 1 or 2\. Received: verbose=3"),
     ("backend", "nccl", ValueError, r"backend must be 'gloo' or 'mpi'\. Received: backend='nccl'"),
     ("backend", 2, TypeError, r"backend must be 'gloo', 'mpi' or an object with run\(fn, args, kwargs, env\)"),
-    ("start_timeout", "soon", ValueError, r"start_timeout must be a number of seconds\. Received: 'soon'"),
-    ("start_timeout", "30", ValueError, r"start_timeout must be a number of seconds\. Received: '30'"),
+    ("start_timeout", "soon", TypeError, r"start_timeout must be a number of seconds\. Received: 'soon'"),
+    ("start_timeout", "30", TypeError, r"start_timeout must be a number of seconds\. Received: '30'"),
     ("start_timeout", 0, ValueError, r"start_timeout must be .*greater than 0"),
     ("stall_timeout", 2, ValueError, r"stall_timeout must be 0 \(no stall watchdog\) or at least 5 seconds"),
-    ("stall_timeout", "never", ValueError, r"stall_timeout must be a number of seconds \(0: no stall watchdog\)"),
+    ("stall_timeout", "never", TypeError, r"stall_timeout must be a number of seconds \(0: no stall watchdog\)"),
     ("use_gpu", 1, TypeError, r"use_gpu must be True, False or None\. Received: 1"),
     ("max_restarts", -1, ValueError, r"max_restarts must be at least 0"),
     ("backward_passes_per_step", 0, ValueError, r"backward_passes_per_step must be at least 1"),
@@ -65,12 +68,15 @@ BAD = [
     ("task", "multiclass", ValueError, r"task must be one of \['auto', 'classification', 'regression'\]"),
     ("task", 1, TypeError, r"task must be one of"),
     ("mlflow", "yes", ValueError, r"mlflow must be 'auto', 'on' or 'off' \(or True / False\)"),
+    ("mlflow", 2, TypeError, r"mlflow must be 'auto', 'on' or 'off' \(or True / False\)\. Received: 2 \(int\)"),
     ("min_num_proc", 0, ValueError, r"min_num_proc must be at least 1"),
-    ("max_num_proc", 1.5, TypeError, r"max_num_proc must be an integer"),
+    ("max_num_proc", 1.5, ValueError, r"max_num_proc must be an integer"),
     ("elastic_timeout", -1, ValueError, r"elastic_timeout must be .*greater than 0"),
     ("checkpoint_every", 0, ValueError, r"checkpoint_every must be a number of steps .* or a duration"),
     ("checkpoint_every", "often", ValueError, r"checkpoint_every must be .*Received: checkpoint_every='often'"),
     ("checkpoint_every", 2.5, ValueError, r"checkpoint_every must be a number of steps"),
+    ("checkpoint_every", float("inf"), ValueError, r"checkpoint_every must be .*Received: checkpoint_every=inf"),
+    ("checkpoint_every", [10], TypeError, r"checkpoint_every must be a number of steps .*Received: \[10\] \(list\)"),
     ("backend_env", ["A=1"], TypeError, r"backend_env must be a dict of environment variable names to values"),
     ("backend_env", {"A": None}, TypeError, r"backend_env values must be strings or numbers"),
 ]
@@ -185,11 +191,9 @@ def test_numbers_from_numpy_and_search_spaces_are_taken_as_plain_python_numbers(
 
     import numpy as np  # the fast tier may load numpy: it is not one of the heavy libraries
 
-    from hvd_spark._internal.ml.fit_params import CONVERTERS
-
     assert CONVERTERS["batch_size"](32.0) == 32 and type(CONVERTERS["batch_size"](np.float64(32.0))) is int
     assert CONVERTERS["epochs"](np.int64(3)) == 3
-    with pytest.raises(TypeError, match="batch_size must be an integer"):
+    with pytest.raises(ValueError, match="batch_size must be an integer"):
         CONVERTERS["batch_size"](32.5)
     assert CONVERTERS["stall_timeout"](np.int64(300)) == 300.0
     v = CONVERTERS["validation"](np.float32(0.25))

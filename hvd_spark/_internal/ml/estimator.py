@@ -31,7 +31,7 @@ from hvd_spark._internal.infer.transformer import TFTransformer
 from hvd_spark._internal.ml import controller, persistence, policies
 from hvd_spark._internal.ml import plan as plan_mod
 from hvd_spark._internal.ml.backend import fit_backend, fit_launch_args, launches_with_spark
-from hvd_spark._internal.ml.fit_params import FitParams, every_seconds, is_backend_object
+from hvd_spark._internal.ml.fit_params import DEFAULTS, FitParams, every_seconds, is_backend_object
 from hvd_spark._internal.ml.params import EstimatorParams
 from hvd_spark.errors import DataChangedError, HvdSparkError, RankFailedError, RunInUseError
 
@@ -57,100 +57,63 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     ``"gloo"`` or ``"mpi"`` (or, as there, an object that runs the ranks).
 
     Every parameter is checked when it is set (the constructor, ``setParams``, ``set<Name>``,
-    ``copy``): a value of the wrong type raises ``TypeError`` and one out of range ``ValueError``,
-    naming the parameter and what it expects. ``fit`` reads them once, as a typed record.
+    ``copy``): a value of the wrong type raises ``TypeError`` (a bool where a number is expected, too)
+    and one the parameter cannot take ``ValueError`` (out of range, not whole where a count is
+    expected, inf or nan, not among the choices), naming the parameter and what it expects. ``fit``
+    reads them once, as a typed record. Each default is defined once, in ``fit_params.DEFAULTS``;
+    the signature below spells them out. docs/estimator.md holds the table of every parameter, in
+    the three groups below; each Param's own doc (``explainParams()``) says the rest.
 
     Args:
-        num_proc: ranks; default one per host (executor, or the machine of a local master) with
-            TensorFlow's threads on all its cores (``HVD_SPARK_RANK_LAYOUT=slot``: one per task slot).
-        store: path / URL / :class:`hvd_spark.Store` reachable from every executor (required).
+        What the model learns:
         model: a built Keras 3 model (required).
-        learning_rate: replaces the optimizer's learning rate for this fit (a number to search in a
-            tuning grid); default: the optimizer's own.
-        optimizer, loss, loss_weights, metrics: as for ``model.compile``; default: the
-            model's compiled ones.
-        custom_objects: custom Keras objects needed to load the model.
+        optimizer, loss, loss_weights, metrics: as for ``model.compile``; default: the model's
+            compiled ones. learning_rate replaces the optimizer's learning rate for this fit (a
+            number to search in a tuning grid). custom_objects: needed to load the model.
         feature_cols: one column per model input (numeric, array, or Vector), in the model's order
-            or as a dict ``{input name: column}``; an entry may be a list of numeric columns stacked
-            into one input (several plain columns for a one-input model are stacked too).
-        label_cols: one column per model output.
-        sample_weight_col: optional per-row weight.
+            or as ``{input name: column}``; an entry may be a list of numeric columns stacked into
+            one input. label_cols: one column per model output (both required). output_cols:
+            prediction columns (default "<label>__output"). sample_weight_col: per-row weight.
         validation: fraction in [0, 1) or the name of a boolean / 0-1 column.
-        callbacks: Keras callbacks, run on every rank after metrics are averaged. When any rank sets
-            ``model.stop_training``, every rank stops at the end of that step or epoch. Callbacks
-            that write files (TensorBoard, CSVLogger, ModelCheckpoint) run on rank 0 only; relative
-            paths land in the run's ``outputs/`` folder in the store (docs/estimator.md). BackupAndRestore
-            is refused (``run_id`` resumes a run).
-        class_weight, validation_freq: as for ``keras.Model.fit``.
-        batch_size: rows per training batch per rank (default 32); val_batch_size: default
-            batch_size. The fitted :class:`TFTransformer` has a ``batch_size`` of its own (rows per
-            model call in ``transform``); fit does not copy this one to it.
-        epochs: total epochs (default 1).
-        train_steps_per_epoch, validation_steps_per_epoch: default one pass over the data.
-        shuffle: default True; shuffle_buffer_size: default 10000; random_seed: default 0.
-        run_id: run folder name; default a new one per fit. An existing run resumes, with its own model and
-            data only (docs/estimator.md, "Resume").
+        callbacks: Keras callbacks, run on every rank after metrics are averaged (those that write
+            files on rank 0 only, relative paths in the run's ``outputs/``; BackupAndRestore is
+            refused: ``run_id`` resumes a run). class_weight, validation_freq: as for ``model.fit``.
+        batch_size: rows per training batch per rank (default 32; the global batch is
+            ``batch_size * num_proc``); val_batch_size: default batch_size. epochs: the total
+            (default 1). train_steps_per_epoch, validation_steps_per_epoch: default one pass.
+        shuffle (default True), shuffle_buffer_size (10000), random_seed (0).
+        backward_passes_per_step: batches accumulated before one allreduce and update (default 1).
+            gradient_compression: ``"none"`` (default) or ``"fp16"``.
+        task: ``"auto"`` (default), ``"classification"`` or ``"regression"``: whether ``transform``
+            adds Spark ML's ``prediction``, ``probability`` and ``rawPrediction`` columns.
+        transformation_fn, label_shapes, checkpoint_callback: horovod.spark's, with its meanings.
+
+        How it runs:
+        num_proc: ranks; default one per host with TensorFlow's threads on all its cores
+            (``HVD_SPARK_RANK_LAYOUT=slot``: one per task slot).
+        store: path / URL / :class:`hvd_spark.Store` reachable from every executor (required).
+        run_id: run folder name; default a new one per fit. An existing run resumes.
         verbose: 0, 1 (default: per-epoch progress in the driver's log) or 2.
-        backend: the Horovod controller, "gloo" (default) or "mpi"; or :class:`hvd_spark.SparkBackend`
-            (horovod's constructor; the ranks run as with the default); or an object of
-            horovod.spark's ``Backend`` shape (``run(fn, args=(), kwargs=None, env=None)`` returning
-            the ranks' results in rank order, and ``num_processes()``) that runs the ranks of each
-            training attempt instead of Spark barrier tasks, e.g.
-            ``hvd_spark._internal.ml.backend.InProcessBackend`` in tests. Such an object is kept on
-            the estimator (``getBackend()`` returns it; ``copy`` shares it) and is not saved:
-            a saved and loaded estimator has the default backend. ``num_proc`` must then be unset
-            or equal to its ``num_processes()``.
-        output_cols: prediction columns; default "<label>__output".
-        start_timeout: seconds for all ranks to start (default 600).
-        stall_timeout: seconds without progress (a step, a validation step, an epoch boundary) of
-            any rank after which the training job is stopped as stalled and, like a failure,
-            restarted (``max_restarts``) or failed with ``RankStalledError`` naming the ranks, their
-            hosts and where each was (default 300, also ``HVD_SPARK_STALL_TIMEOUT``; 0: off).
-        use_gpu: each rank trains on exactly the GPUs Spark assigned to its task (default: True when
-            ``spark.task.resource.gpu.amount`` is set; see docs/gpu.md).
-        max_restarts: how many times a failed training job (a rank raising or dying, a lost
-            executor, a stall) is started again from the latest checkpoint (default 0).
-        min_num_proc: elastic training (see docs/estimator.md, "Elastic training"): the fewest ranks.
-            Training starts once this many task slots exist, continues on the slots left after a
-            lost rank, executor or host (from the latest commit; each such recovery is one of
-            ``max_restarts``, which must be >= 1), and fails with ``NotEnoughSlotsError`` after
-            ``elastic_timeout`` seconds with fewer.
-        max_num_proc: elastic training: the most ranks (default: the application's task slots);
-            when slots come back, training grows at the next epoch end.
-        elastic_timeout: seconds with fewer than ``min_num_proc`` slots before failing (default 600).
-        checkpoint_every: commits inside an epoch, every N steps (an int) or every period
-            (``"90s"``, ``"10min"``, ``"1h"``), each with the data cursor, so that a restart or a
-            resize continues the epoch with exactly the rows not yet read (``reader="arrow"``).
-        backend_env: environment variables for every rank (horovod.spark's ``backend_env``); they win
-            over hvd_spark's defaults (``TF_NUM_INTEROP_THREADS``, ...), not over a rank's identity.
+        backend: ``"gloo"`` (default) or ``"mpi"``; or an object of horovod.spark's ``Backend``
+            shape (``run(fn, args, kwargs, env)``, ``num_processes()``) that runs the ranks of each
+            training attempt, kept on the estimator (``getBackend()``), never saved.
+        backend_env: environment variables for every rank. use_gpu: default True when
+            ``spark.task.resource.gpu.amount`` is set (docs/gpu.md).
+        start_timeout (default 600 s), stall_timeout (default 300 s; 0: off): seconds.
+        max_restarts: restarts of a failed training job from the latest checkpoint (default 0).
+        min_num_proc, max_num_proc, elastic_timeout: elastic training (needs max_restarts >= 1).
+        checkpoint_every: commits inside an epoch, every N steps or every period (``"90s"``).
+        reader (``"arrow"``, default, or ``"petastorm"``), materialize (``"auto"``, ``"always"``,
+            ``"never"``), reuse_data (``"auto"``, ``"always"``, ``"never"``): how the data is read,
+            copied and reused (docs/estimator.md).
+        mlflow: ``"auto"`` (default: the MLflow run active on the driver), ``"on"`` or ``"off"``.
         mp_start_method, tensorflow_dataset_prefetch_buffer_size, partitions_per_process,
-            transformation_fn, train_reader_num_workers, val_reader_num_workers, reader_pool_type,
-            label_shapes, checkpoint_callback, inmemory_cache_all: horovod.spark's params, with its
-            meanings (see docs/estimator.md, "horovod.spark's other params"). ``data_module``,
-            ``continuous_cols`` and ``categorical_cols`` (NVTabular) are refused unless None.
-        backward_passes_per_step: batches each rank accumulates before one allreduce and update
-            (default 1; Keras' ``gradient_accumulation_steps``): like a batch that many times
-            larger, with that many fewer allreduces.
-        gradient_compression: ``"none"`` (default) or ``"fp16"`` (gradients sent as float16).
-        reader: how ranks read the Parquet files: ``"arrow"`` (default, pyarrow-native) or
-            ``"petastorm"`` (needs Petastorm 0.13.1 and pyarrow 12).
-        materialize: ``"auto"`` (default): a DataFrame that is a plain scan of Parquet files (a path or
-            a catalog table, columns selected, renamed or cast between numeric types) is read in place
-            by the ranks, anything else is copied to the store first; ``"always"``: copy;
-            ``"never"``: read in place, or refuse before any work, naming why it cannot be. See
-            docs/estimator.md, "Reading tables in place".
-        reuse_data: ``"auto"`` (default): a later fit reuses the data an earlier one wrote only when the
-            input is provably the same (its files with sizes and modification times; data held in the
-            query plan); ``"always"``: also when only the query plan matches; ``"never"``. See
-            docs/estimator.md, "Data identity".
-        task: ``"auto"`` (default: a single-output model trained with a cross-entropy loss is a
-            classifier), ``"classification"`` or ``"regression"``. A classifier's ``transform``
-            also adds Spark ML's ``prediction``, ``probability`` and ``rawPrediction`` columns. The
-            fitted model's own ``task`` param holds what fit decided (``"multiclass"``,
-            ``"binary"`` or ``"regression"``), not this value.
-        mlflow: ``"auto"`` (default: track the fit in the MLflow run active on the driver, if
-            any), ``"on"`` (start a run when none is active; needs the ``mlflow`` extra) or
-            ``"off"``. See docs/estimator.md, "MLflow".
+            train_reader_num_workers, val_reader_num_workers, reader_pool_type,
+            inmemory_cache_all: horovod.spark's, with its meanings.
+
+        Compatibility:
+        data_module, continuous_cols, categorical_cols: horovod.spark's NVTabular params, refused
+            unless None.
 
     Example:
         >>> est = HorovodEstimator(num_proc=2, store="/tmp/store", model=model, optimizer="adam",
@@ -223,65 +186,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     ):
         super().__init__()
         self._backend_object: Any = None  # a Backend-shaped object given as ``backend``: never a Param value
-        self._setDefault(
-            num_proc=None,
-            store=None,
-            model=None,
-            optimizer=None,
-            learning_rate=None,
-            loss=None,
-            loss_weights=None,
-            metrics=None,
-            custom_objects=None,
-            feature_cols=None,
-            label_cols=None,
-            validation=None,
-            sample_weight_col=None,
-            callbacks=None,
-            class_weight=None,
-            validation_freq=1,
-            batch_size=32,
-            val_batch_size=None,
-            epochs=1,
-            train_steps_per_epoch=None,
-            validation_steps_per_epoch=None,
-            shuffle=True,
-            shuffle_buffer_size=10000,
-            random_seed=0,
-            run_id=None,
-            verbose=1,
-            backend="gloo",
-            output_cols=None,
-            start_timeout=None,
-            stall_timeout=None,
-            use_gpu=None,
-            max_restarts=0,
-            min_num_proc=None,
-            max_num_proc=None,
-            elastic_timeout=None,
-            checkpoint_every=None,
-            backend_env=None,
-            mp_start_method=None,
-            tensorflow_dataset_prefetch_buffer_size=0,
-            partitions_per_process=None,
-            transformation_fn=None,
-            train_reader_num_workers=2,
-            val_reader_num_workers=2,
-            reader_pool_type="thread",
-            label_shapes=None,
-            checkpoint_callback=None,
-            inmemory_cache_all=False,
-            data_module=None,
-            continuous_cols=None,
-            categorical_cols=None,
-            backward_passes_per_step=1,
-            gradient_compression="none",
-            reader="arrow",
-            materialize="auto",
-            reuse_data="auto",
-            task="auto",
-            mlflow="auto",
-        )
+        self._setDefault(**DEFAULTS)  # the one table of defaults (fit_params.py)
         self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]  # set by @keyword_only
 
     @keyword_only

@@ -1,11 +1,12 @@
 """Spark ML Params shared by the estimator and the transformer, with strict type converters.
 
-Each estimator Param converts with :data:`fit_params.CONVERTERS` (the checks of the typed record
-``FitParams`` that ``fit`` builds), so a wrong value fails when it is set, naming the param."""
+Each estimator Param converts with :data:`converters.CONVERTERS` (the checks of the typed record
+``FitParams`` that ``fit`` builds), so a wrong value fails when it is set, naming the param. The
+Params' defaults are fit_params.py's ``DEFAULTS``, grouped as the docs list them."""
 
 from pyspark.ml.param import Param, Params
 
-from hvd_spark._internal.ml.fit_params import CONVERTERS
+from hvd_spark._internal.ml.converters import CONVERTERS
 
 
 def _identity(x):
