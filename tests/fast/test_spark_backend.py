@@ -29,7 +29,7 @@ class _Options:  # the two fields of driver/launcher.py's LaunchOptions that a r
     slots: int
 
 
-# What _check hands resolve_launch_options for a fit with default params.
+# What ml/checks.py's _launch_options hands resolve_launch_options for a fit with default params.
 FIT_ARGS = dict(
     warm=None,
     num_proc=2,
