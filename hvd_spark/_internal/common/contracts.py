@@ -21,7 +21,7 @@ class RankSummary:
     train_seconds: float | None = None  # time inside model.fit on this rank
     state_reconciled: int | None = None  # layer-state variables averaged across ranks (BatchNormalization ...)
     host: str | None = None  # the address of the host the rank ran on
-    startup: dict[str, float] | None = None  # seconds per start phase (rank/fit_callbacks.py's Startup); "warm": 1.0 if forked
+    startup: dict[str, float] | None = None  # seconds per start phase (fit_callbacks.Startup); "warm": 1.0 if forked
 
     @classmethod
     def from_result(cls, result: dict[str, Any]) -> "RankSummary":
