@@ -38,11 +38,11 @@ class _Clock:
 @pytest.fixture
 def clock(monkeypatch):
     from hvd_spark._internal.driver import service as service_module
-    from hvd_spark._internal.task import barrier
+    from hvd_spark._internal.task import watch
 
     c = _Clock()
     monkeypatch.setattr(service_module, "time", c)
-    monkeypatch.setattr(barrier, "time", c)
+    monkeypatch.setattr(watch, "time", c)
     return c
 
 
@@ -124,13 +124,13 @@ def test_a_task_that_stops_sending_is_reported_silent_with_its_host(clock, servi
 
 
 def test_a_task_cut_off_from_the_driver_stops_its_rank(clock):
-    from hvd_spark._internal.task.barrier import _Watch
+    from hvd_spark._internal.task.watch import Watch
 
     svc = DriverService(1, bind="127.0.0.1")
     svc.start()
     try:
         client = TaskClient(f"127.0.0.1:{svc.port}", svc.token, {"role": "task", "partition": 0})
-        watch = _Watch(client, 0, silence_limit=1.0)
+        watch = Watch(client, 0, silence_limit=1.0)
         _until(lambda: svc.snapshot()[4] == {0})  # the service knows the task: a broadcast reaches it
         clock.now += 0.75
         svc.broadcast({KIND: Kind.BEAT})  # a heartbeat resets the silence

@@ -14,7 +14,7 @@ import pytest
 from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.topology import assign_ranks
 from hvd_spark._internal.task import mpi_agent
-from hvd_spark._internal.task.barrier import split_tagged
+from hvd_spark._internal.task.watch import split_tagged
 from hvd_spark._internal.task.mpi import mpirun_command
 
 

@@ -7,7 +7,7 @@ import cloudpickle
 from hvd_spark._internal.common.outcomes import ERROR
 from hvd_spark._internal.driver.supervisor import _stacks
 from hvd_spark._internal.rank.entry import error_outcome
-from hvd_spark._internal.task.barrier import _outcome
+from hvd_spark._internal.task.watch import read_outcome
 
 TAIL = [
     "Stack (most recent call first):",
@@ -23,7 +23,7 @@ def _failed(tmp_path):
 
 def test_a_rank_that_failed_while_being_stopped_keeps_its_stack(tmp_path):
     _failed(tmp_path)
-    out = _outcome(str(tmp_path), 0, 1, True, TAIL)
+    out = read_outcome(str(tmp_path), 0, 1, True, TAIL)
     assert out.status == ERROR and "shut down" in out.message
     assert out.tail == tuple(TAIL)
     state, frames = _stacks([out], [0])[0]  # what the driver's timeout or stall report shows for rank 0
@@ -32,5 +32,5 @@ def test_a_rank_that_failed_while_being_stopped_keeps_its_stack(tmp_path):
 
 def test_a_rank_that_failed_on_its_own_reports_its_error_alone(tmp_path):
     _failed(tmp_path)
-    out = _outcome(str(tmp_path), 0, 1, False, TAIL)
+    out = read_outcome(str(tmp_path), 0, 1, False, TAIL)
     assert out.status == ERROR and out.tail == ()

@@ -1,7 +1,7 @@
 """The MPI controller of a job: rank 0's task runs ``mpirun`` for all ranks; on other hosts the
 first task serves Open MPI's rsh agent (:mod:`.mpi_agent`) that starts the host's ``orted``.
 
-Runs inside Spark barrier tasks, like :mod:`.barrier`, whose watch and reporting it shares.
+Runs inside Spark barrier tasks, like :mod:`.barrier`, whose watch and reporting (:mod:`.watch`) it shares.
 """
 
 import json
@@ -15,14 +15,14 @@ from hvd_spark._internal.common.outcomes import ERROR, PROCESS_DIED, TaskSpec
 from hvd_spark._internal.common.topology import RankInfo, threads_env
 from hvd_spark._internal.driver.service import TaskClient
 from hvd_spark._internal.task import mpi_agent
-from hvd_spark._internal.task.barrier import (
+from hvd_spark._internal.task.watch import (
     ENV_WORKDIR,
-    _outcome,
-    _report,
-    _run_watched,
-    _wait_for_end,
-    _Watch,
-    _write_payload,
+    Watch,
+    read_outcome,
+    report,
+    run_watched,
+    wait_for_end,
+    write_payload,
 )
 
 
@@ -85,9 +85,9 @@ def mpirun_command(ranks: list[RankInfo], env: dict[str, str], network: str | No
     return cmd + [sys.executable, "-m", "hvd_spark._internal.rank.entry"]
 
 
-def _host_outcomes(workdir: str, ranks: list[RankInfo], host: str, rc: int | None, aborted: bool, watch: "_Watch"):
+def _host_outcomes(workdir: str, ranks: list[RankInfo], host: str, rc: int | None, aborted: bool, watch: "Watch"):
     """The outcomes of the ranks that ran on ``host`` (their result files are in this host's ``workdir``)."""
-    outcomes = [_outcome(workdir, r.rank, rc, aborted, list(watch.tails[r.rank])) for r in ranks if r.host == host]
+    outcomes = [read_outcome(workdir, r.rank, rc, aborted, list(watch.tails[r.rank])) for r in ranks if r.host == host]
     if any(o.status == ERROR and o.type != PROCESS_DIED for o in outcomes):
         # mpirun stops the other ranks once one fails; those are not failures of their own.
         outcomes = [o.as_aborted() if o.status == ERROR and o.type == PROCESS_DIED else o for o in outcomes]
@@ -104,7 +104,7 @@ def run_mpi(spec: TaskSpec, client: TaskClient, me: RankInfo, ranks: list[RankIn
     env = _mpi_env(spec, workdir, me.host)
     server = None
     if several_hosts and me.local_rank == 0 and me.host != first_host:
-        _write_payload(spec, workdir)
+        write_payload(spec, workdir)
         server = mpi_agent.CommandServer(me.host, spec.token, env, workdir)
         published = json.dumps({"host": me.host, "addr": server.addr})
     else:
@@ -113,7 +113,7 @@ def run_mpi(spec: TaskSpec, client: TaskClient, me: RankInfo, ranks: list[RankIn
         gathered = client.gather("mpi-agents", published, spec.heartbeat_timeout)
         servers = {d["host"]: d["addr"] for d in (json.loads(m) for m in gathered if m)}
         # After the exchange: the watch reads the driver's messages from here on.
-        watch = _Watch(
+        watch = Watch(
             client,
             me.rank,
             parse_tag=me.rank == 0,
@@ -121,10 +121,10 @@ def run_mpi(spec: TaskSpec, client: TaskClient, me: RankInfo, ranks: list[RankIn
             quiet_tf=logs.tf_quiet(spec.env),
         )
         if me.rank == 0:
-            _write_payload(spec, workdir)
+            write_payload(spec, workdir)
             env[mpi_agent.ENV_HOSTS] = json.dumps(servers)
             cmd = mpirun_command(ranks, env, _network_of(me.host) if several_hosts else None)
-            rc, aborted = _run_watched(cmd, env, workdir, watch, spec.abort_grace)
+            rc, aborted = run_watched(cmd, env, workdir, watch, spec.abort_grace)
         elif server is not None:
             # This host's ranks are done when its orted ends; an abort stops it.
             while not (server.finished.is_set() or watch.abort.is_set()):
@@ -133,12 +133,12 @@ def run_mpi(spec: TaskSpec, client: TaskClient, me: RankInfo, ranks: list[RankIn
             server.stop(spec.abort_grace)
             rc = server.returncode
         else:
-            _wait_for_end(watch)
+            wait_for_end(watch)
             return []
         outcomes = _host_outcomes(workdir, ranks, me.host, rc, aborted, watch)
         for o in outcomes:
-            _report(client, o)
-        _wait_for_end(watch)
+            report(client, o)
+        wait_for_end(watch)
         return [cloudpickle.dumps(o) for o in outcomes]
     finally:
         if server is not None:
