@@ -77,7 +77,7 @@ def rank_processes() -> list[int]:
     """hvd_spark's rank processes: fresh ones by their command line, warm-forked ones by their name."""
     import psutil
 
-    from hvd_spark._internal.task.warm import RANK_NAME
+    from hvd_spark._internal.task.barrier import RANK_NAME
 
     found = []
     for p in psutil.process_iter(["cmdline", "name"]):

@@ -309,7 +309,8 @@ TRANSFORM_SCRIPT = textwrap.dedent("""
     from pyspark.sql import functions as F
     sys.path.insert(0, {tests!r})
     from _helpers import xor_estimator
-    from hvd_spark._internal.task.warm import INFER_NAME, RANK_NAME
+    from hvd_spark._internal.infer.remote import INFER_NAME
+    from hvd_spark._internal.task.barrier import RANK_NAME
 
     def infer_children():
         servers = {{p.pid for p in psutil.process_iter(["cmdline", "name"])

@@ -162,7 +162,7 @@ xor_estimator({store!r}, epochs=500, run_id="killed", verbose=0).fit(xor_frame(s
 
 def _job_processes(root: int) -> dict[int, str]:
     """The driver's process tree, and the rank processes and warm servers anywhere (pid -> command)."""
-    from hvd_spark._internal.task.warm import RANK_NAME
+    from hvd_spark._internal.task.barrier import RANK_NAME
 
     found = {}
     with contextlib.suppress(psutil.Error):

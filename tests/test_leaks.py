@@ -24,7 +24,8 @@ ROUNDS = 20
 
 def _warm_servers() -> list[int]:
     """The servers alone: their forked ranks and inference processes share their command line, not their name."""
-    from hvd_spark._internal.task.warm import INFER_NAME, RANK_NAME
+    from hvd_spark._internal.infer.remote import INFER_NAME
+    from hvd_spark._internal.task.barrier import RANK_NAME
 
     return [
         p.pid

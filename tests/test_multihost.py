@@ -374,7 +374,7 @@ def test_host_lost_for_good_fails_the_restart_naming_the_host(cluster, tmp_path)
 def _rank_processes(ns, marker="hvd_spark._internal.rank.entry"):
     """Processes in namespace ``ns`` whose command line holds ``marker`` (default: hvd_spark's ranks:
     fresh ones by their command line, those forked by a warm server by their name)."""
-    from hvd_spark._internal.task.warm import RANK_NAME
+    from hvd_spark._internal.task.barrier import RANK_NAME
 
     pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
     found = []

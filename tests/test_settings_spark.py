@@ -29,7 +29,7 @@ def _by_value():
 
 
 def test_the_warm_argument_wins_over_the_environment(spark):
-    from hvd_spark._internal.task.warm import RANK_NAME
+    from hvd_spark._internal.task.barrier import RANK_NAME
 
     warm = hvd_spark.run(where_am_i, num_proc=2, spark=spark, verbose=0, warm=True, env={"HVD_SPARK_WARM": "0"})
     assert all(r["warm"] and r["name"] == RANK_NAME for r in warm), warm

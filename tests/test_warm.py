@@ -25,7 +25,8 @@ SERVER = "hvd_spark._internal.task.warm"
 
 def _servers() -> list[psutil.Process]:
     """The servers alone: their forked ranks and inference processes share their command line, not their name."""
-    from hvd_spark._internal.task.warm import INFER_NAME, RANK_NAME
+    from hvd_spark._internal.infer.remote import INFER_NAME
+    from hvd_spark._internal.task.barrier import RANK_NAME
 
     found = []
     for p in psutil.process_iter(["cmdline", "name"]):
@@ -158,7 +159,7 @@ def test_consecutive_fits_of_different_models_match_fresh_processes(spark, tmp_p
 
 def _inference_processes() -> dict[int, int]:
     """pid -> parent pid of every process forked by a warm server to predict."""
-    from hvd_spark._internal.task.warm import INFER_NAME
+    from hvd_spark._internal.infer.remote import INFER_NAME
 
     found = {}
     for p in psutil.process_iter(["name", "ppid"]):

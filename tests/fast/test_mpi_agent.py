@@ -14,8 +14,8 @@ import pytest
 from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.topology import assign_ranks
 from hvd_spark._internal.task import mpi_agent
-from hvd_spark._internal.task.watch import split_tagged
 from hvd_spark._internal.task.mpi import mpirun_command
+from hvd_spark._internal.task.watch import split_tagged
 
 
 def test_split_tagged_reassembles_pieces_of_several_ranks():

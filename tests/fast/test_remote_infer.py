@@ -1,5 +1,6 @@
-"""Predictions in a warm server's child (infer/remote.py, task/warm.py): which server a UDF worker may
-use, the request / reply protocol, errors, and what happens when the child is gone.
+"""Predictions in a warm server's child (infer/remote.py, infer/child.py, common/forks.py,
+task/warm.py): which server a UDF worker may use, the request / reply protocol, errors, and what
+happens when the child is gone.
 
 No TensorFlow here: the child's loop runs in a thread over a real socket pair, with the model
 loading and the prediction replaced by stand-ins (the Spark tests in test_warm.py run the real ones)."""
@@ -14,7 +15,8 @@ import threading
 import numpy as np
 import pytest
 
-from hvd_spark._internal.infer import batching, cache, remote
+from hvd_spark._internal.common import forks
+from hvd_spark._internal.infer import batching, cache, child, remote
 from hvd_spark._internal.task import warm
 
 
@@ -23,12 +25,12 @@ def home(tmp_path, monkeypatch):
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    return warm.home()
+    return forks.home()
 
 
 def _server_files(home: str, fp: str, env: dict, app: str, held: bool):
     with open(os.path.join(home, f"{fp}.json"), "w") as f:
-        json.dump({"python": sys.executable, "app": app, "pid": 1, "env_key": warm.infer_key(env)}, f)
+        json.dump({"python": sys.executable, "app": app, "pid": 1, "env_key": forks.infer_key(env)}, f)
     fd = os.open(os.path.join(home, f"{fp}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     if held:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -40,13 +42,13 @@ def test_a_worker_finds_the_live_server_of_its_application_with_its_environment(
     fds = [_server_files(home, "aaa", dict(env, OMP_NUM_THREADS="4"), "app-1", held=True)]
     try:
         # Variables Spark sets per worker pool, or read after the fork, do not count ...
-        assert warm.find_server(dict(env, SPARK_SIMPLIFIED_TRACEBACK="0"), "app-1") == "aaa"
+        assert forks.find_server(dict(env, SPARK_SIMPLIFIED_TRACEBACK="0"), "app-1") == "aaa"
         # ... any other difference does, and so do the application and a live server.
-        assert warm.find_server(dict(env, TF_ENABLE_ONEDNN_OPTS="0"), "app-1") is None
-        assert warm.find_server(dict(env, PATH="/usr/bin"), "app-1") is None
-        assert warm.find_server(env, "app-2") is None
+        assert forks.find_server(dict(env, TF_ENABLE_ONEDNN_OPTS="0"), "app-1") is None
+        assert forks.find_server(dict(env, PATH="/usr/bin"), "app-1") is None
+        assert forks.find_server(env, "app-2") is None
         fds.append(_server_files(home, "bbb", env, "app-2", held=False))  # its server is gone
-        assert warm.find_server(env, "app-2") is None
+        assert forks.find_server(env, "app-2") is None
     finally:
         for fd in fds:
             os.close(fd)
@@ -60,8 +62,8 @@ def test_a_server_describes_itself_without_the_values_of_its_environment(home, m
     fd = os.open(os.path.join(home, "ccc.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        assert warm.find_server(dict(os.environ, PYTHONUNBUFFERED="1"), "app-3") == "ccc"
-        assert warm.find_server(dict(os.environ, HVD_SPARK_TEST_SECRET="other"), "app-3") is None
+        assert forks.find_server(dict(os.environ, PYTHONUNBUFFERED="1"), "app-3") == "ccc"
+        assert forks.find_server(dict(os.environ, HVD_SPARK_TEST_SECRET="other"), "app-3") is None
     finally:
         os.close(fd)
 
@@ -93,7 +95,7 @@ def _child():
     """A RemoteModel talking to the child's loop in a thread; (model, thread)."""
     mine, theirs = socket.socketpair()
     out: dict = {}
-    t = threading.Thread(target=lambda: out.setdefault("rc", remote.serve(theirs.detach())), daemon=True)
+    t = threading.Thread(target=lambda: out.setdefault("rc", child.serve(theirs.detach())), daemon=True)
     t.start()
     conn, _ = socket.socketpair()  # stands for the connection to the server
     return remote.RemoteModel(mine, conn, pid=12345), t, out
@@ -196,3 +198,58 @@ def test_a_udf_worker_predicting_remotely_does_not_import_tensorflow():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def _forked_output(conn: socket.socket, read_end: int) -> tuple[bytes, dict]:
+    """What a forked child wrote, and its exit as its server reported it."""
+    with os.fdopen(read_end, "rb") as out:
+        text = out.read()
+    conn.settimeout(10)
+    reply = json.loads(conn.recv(4096).split(b"\n")[0])
+    conn.close()
+    return text, reply
+
+
+def test_a_server_forks_the_payload_a_request_names(home):
+    """The server knows no payload: its child runs the ``module:function`` the request carries, with
+    its arguments; a request whose descriptors do not match its payload is refused."""
+    import subprocess
+    import time
+
+    code = (
+        "from hvd_spark._internal.task import procs, warm; procs.load_prctl(); "
+        f"warm._Server({home!r}, 'ddd', 30.0, {os.getpid()}).serve()"
+    )
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
+    sock = os.path.join(home, "ddd.sock")
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(sock) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        payload = forks.Payload("test", "builtins:print")
+        read_end, write_end = os.pipe()
+        conn, _ = forks.fork("ddd", payload, env=dict(os.environ), workdir=home, out_fd=write_end, args=["hi", 3])
+        os.close(write_end)
+        assert _forked_output(conn, read_end) == (b"hi 3\n", {"rc": 0})  # print returns None: a good end
+
+        read_end, write_end = os.pipe()
+        conn, _ = forks.fork(
+            "ddd", forks.Payload("test", "operator:add"), env={}, workdir=home, out_fd=write_end, args=[2, 3]
+        )
+        os.close(write_end)
+        assert _forked_output(conn, read_end) == (b"", {"rc": 5})  # what the function returns is the exit code
+
+        bad = forks.connect(sock)
+        assert bad is not None
+        request = {"payload": {"name": "x", "target": "os:getpid"}, "env": {}, "workdir": home}
+        socket.send_fds(bad, [json.dumps(request).encode() + b"\n"], [1, 2])  # one descriptor too many
+        bad.settimeout(10)
+        assert bad.recv(4096) == b""  # refused: closed without a child
+        bad.close()
+    finally:
+        server.terminate()
+        server.wait(10)
+    with pytest.raises(ValueError, match="module:function"):
+        forks.Payload("x", "no_function_here")
+    with pytest.raises(ValueError, match="15 bytes"):
+        forks.Payload("a-name-too-long", "os:getpid")

@@ -161,6 +161,7 @@ def test_a_task_told_to_start_warm_ranks_does_so_whatever_its_environment_says(m
     """The task follows the driver's decision: with HVD_SPARK_WARM=0 in the task's environment, a
     job launched with warm=True still asks the warm server for its rank."""
     from hvd_spark._internal.task import warm
+    from hvd_spark._internal.task.barrier import RANK
 
     asked = []
 
@@ -169,7 +170,7 @@ def test_a_task_told_to_start_warm_ranks_does_so_whatever_its_environment_says(m
         raise OSError("no server in this test")
 
     monkeypatch.setattr(warm, "ensure_server", ensure_server)
-    assert warm.spawn({"HVD_SPARK_WARM": "0"}, str(tmp_path), "app", timeout=1.0) is None  # fell back to fresh
+    assert warm.spawn(RANK, {"HVD_SPARK_WARM": "0"}, str(tmp_path), "app", timeout=1.0) is None  # fell back to fresh
     assert asked == ["0"]
 
 

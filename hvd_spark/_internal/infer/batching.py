@@ -13,6 +13,17 @@ import numpy as np
 from hvd_spark._internal.common.specs import TensorSpec, unpack
 
 
+class ColumnPredictor:
+    """A model that predicts columns itself: :func:`predict_columns` hands it the whole call (an
+    inference process's :class:`~hvd_spark._internal.infer.remote.RemoteModel` predicts in its own
+    process)."""
+
+    def predict_columns(
+        self, cols: list, n: int, inputs: list[TensorSpec], outputs: list[TensorSpec], batch_size: int, names
+    ) -> list[np.ndarray]:
+        raise NotImplementedError
+
+
 def predict_columns(
     model,
     cols: list,
@@ -25,11 +36,10 @@ def predict_columns(
     """Predicts ``n`` rows given as column values (numpy or pyarrow), ``batch_size`` rows per model call.
 
     Returns one float64 array of shape (n, values per row) per model output. A
-    :class:`~hvd_spark._internal.infer.remote.RemoteModel` predicts in its own process.
+    :class:`ColumnPredictor` (a :class:`~hvd_spark._internal.infer.remote.RemoteModel`: in its own
+    process) predicts them itself.
     """
-    from hvd_spark._internal.infer.remote import RemoteModel
-
-    if isinstance(model, RemoteModel):
+    if isinstance(model, ColumnPredictor):
         return model.predict_columns(cols, n, inputs, outputs, batch_size, names)
     from hvd_spark._internal.rank.reader import to_model_inputs
 

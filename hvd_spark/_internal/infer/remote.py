@@ -5,7 +5,8 @@ A transform's first task on an executor used to spend 3-4 s importing TensorFlow
 Python worker before it predicted anything. After a fit, the host's warm server (``task/warm.py``)
 has TensorFlow, Keras and hvd_spark imported already: the worker asks it for a child process
 (:func:`open_model`), which loads the model and predicts the columns the worker sends it, over a
-socket pair that only the two of them hold. The worker itself never imports TensorFlow.
+socket pair that only the two of them hold (the child's loop: ``child.py``, the payload this module
+asks the server for). The worker itself never imports TensorFlow.
 
 It is only a faster start: the child has the worker's environment, working folder and ``sys.path``,
 loads the model the way the worker would (:func:`~hvd_spark._internal.infer.cache.load_model`) and
@@ -25,25 +26,29 @@ import os
 import pickle
 import socket
 import struct
+import sys
 import threading
-import traceback
 from collections.abc import Callable
 from typing import Any
 
-from hvd_spark._internal.task import warm
+from hvd_spark._internal.common import forks
+from hvd_spark._internal.infer import batching
 
 logger = logging.getLogger(__name__)
 
 LOAD_TIMEOUT = 600.0  # seconds for the child to load the model (a large one, from S3)
 PREDICT_TIMEOUT = 3600.0  # seconds for one batch of predictions
 _HEADER = struct.Struct(">Q")
+# What this worker asks the warm server for: a child that serves it over the socket it passes.
+PAYLOAD = forks.Payload("infer", "hvd_spark._internal.infer.child:serve", fds=1)
+INFER_NAME = PAYLOAD.process_name  # a forked inference process's name (/proc/<pid>/comm)
 
 
 class RemoteGone(ConnectionError):
     """The inference process went away or stopped answering (not an error of the model)."""
 
 
-def _send(sock: socket.socket, obj) -> None:
+def send(sock: socket.socket, obj) -> None:
     data = pickle.dumps(obj, protocol=5)
     sock.sendall(_HEADER.pack(len(data)) + data)
 
@@ -58,12 +63,12 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _recv(sock: socket.socket) -> bytes:
+def receive(sock: socket.socket) -> bytes:
     (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
     return _recv_exact(sock, n)
 
 
-class RemoteModel:
+class RemoteModel(batching.ColumnPredictor):
     """A model loaded in an inference process (see the module's doc): what a UDF worker predicts with."""
 
     def __init__(self, sock: socket.socket, conn: socket.socket, pid: int):
@@ -82,8 +87,8 @@ class RemoteModel:
                 raise RemoteGone(f"the inference process {self.pid} is gone (an earlier call failed)")
             try:
                 self.sock.settimeout(timeout)
-                _send(self.sock, request)
-                raw = _recv(self.sock)
+                send(self.sock, request)
+                raw = receive(self.sock)
             except TimeoutError:
                 self.close()
                 raise RemoteGone(
@@ -129,8 +134,6 @@ class RemoteModel:
         """:func:`~hvd_spark._internal.infer.batching.predict_columns`, in the child; once the child
         is gone, with the model :attr:`reload` gives (loaded in this worker: a batch that kills its
         process is not tried in another child, and again)."""
-        from hvd_spark._internal.infer.batching import predict_columns
-
         if self._replacement is None:
             request = ("predict", cols, n, inputs, outputs, batch_size, names)
             try:
@@ -140,7 +143,7 @@ class RemoteModel:
                     raise
                 logger.warning("%s; loading the model in this worker", exc)
                 self._replacement = self.reload()
-        return predict_columns(self._replacement, cols, n, inputs, outputs, batch_size, names)
+        return batching.predict_columns(self._replacement, cols, n, inputs, outputs, batch_size, names)
 
     def close(self) -> None:
         """Ends the child (the server kills a child whose connection closed)."""
@@ -157,12 +160,14 @@ def open_model(app: str, url: str, storage_options: dict, co_bytes: bytes | None
     no server can serve this worker (the caller loads the model itself). An error of the model
     (a missing file, a custom object that does not load) is raised as the child raised it."""
     env = dict(os.environ)
-    fp = warm.find_server(env, app)
+    fp = forks.find_server(env, app)
     if fp is None:
         return None
     mine, theirs = socket.socketpair()
     try:
-        conn, pid = warm.fork_inference(fp, env, os.getcwd(), theirs.fileno(), 2)
+        conn, pid = forks.fork(
+            fp, PAYLOAD, env=env, workdir=os.getcwd(), out_fd=2, fds=[theirs.fileno()], sys_path=sys.path
+        )
     except (OSError, ValueError, KeyError) as exc:
         logger.info("the warm server %s could not fork an inference process (%s); loading the model here", fp, exc)
         mine.close()
@@ -181,7 +186,7 @@ def open_model(app: str, url: str, storage_options: dict, co_bytes: bytes | None
     return model
 
 
-def _error_reply(exc: BaseException, text: str) -> tuple:
+def error_reply(exc: BaseException, text: str) -> tuple:
     """An error reply: the exception's type, message and traceback as text, and the exception pickled
     when it pickles (the worker rebuilds it if it can, see :func:`_rebuilt`)."""
     try:
@@ -205,45 +210,3 @@ def _rebuilt(reply: tuple, pid: int) -> BaseException:
         error = RuntimeError(f"{kind.replace('builtins.', '')}: {message}")
     error.add_note(f"(raised in the inference process {pid} forked by the warm server)\n{text}")
     return error
-
-
-# -- the child ---------------------------------------------------------------------------------------
-
-
-def serve(fd: int) -> int:
-    """The inference child's loop over the socket ``fd``, until the worker closes it. Returns the exit code."""
-    from hvd_spark._internal.infer.batching import predict_columns
-    from hvd_spark._internal.infer.cache import load_model
-
-    sock = socket.socket(fileno=fd)
-    model = None
-    while True:
-        try:
-            raw = _recv(sock)
-        except (EOFError, OSError):
-            return 0  # the worker closed its end: nothing more to predict
-        try:
-            request = pickle.loads(raw)
-            if request[0] == "load":
-                model = load_model(*request[1:])
-                reply: tuple = ("ok", None)
-            elif request[0] == "predict":
-                if model is None:
-                    raise RuntimeError("predict before load")
-                reply = ("ok", predict_columns(model, *request[1:]))
-            else:
-                raise ValueError(f"unknown request {request[0]!r}")
-        except Exception as exc:  # noqa: BLE001 - the worker raises it, as if it had run here
-            reply = _error_reply(exc, traceback.format_exc())
-        try:
-            try:
-                _send(sock, reply)
-            except OSError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a reply that does not pickle is reported as an error
-                if reply[0] == "error":
-                    _send(sock, reply[:4] + (None,))
-                else:
-                    _send(sock, _error_reply(RuntimeError(f"the predictions did not pickle: {exc!r}"), ""))
-        except OSError:
-            return 0

@@ -125,6 +125,15 @@ def entry(workdir: str) -> int:
     return code
 
 
+def forked(workdir: str) -> int:
+    """:func:`entry` in a rank forked by a warm server (the task's payload, ``task/barrier.py``),
+    marked as warm for the rank's start-up profile (``settings.ENV_WARM_RANK``)."""
+    from hvd_spark._internal.common import settings
+
+    os.environ[settings.ENV_WARM_RANK] = "1"
+    return entry(workdir)
+
+
 if __name__ == "__main__":
     # MPI ranks share one command line: each host's workdir comes from the environment instead.
     code = entry(sys.argv[1] if len(sys.argv) > 1 else os.environ["HVD_SPARK_WORKDIR"])

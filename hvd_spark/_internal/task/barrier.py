@@ -17,11 +17,17 @@ import time
 import cloudpickle
 
 from hvd_spark._internal.common import logs, settings
+from hvd_spark._internal.common.forks import Payload
 from hvd_spark._internal.common.outcomes import ABORTED, ERROR, RankOutcome, TaskSpec
 from hvd_spark._internal.common.topology import RankInfo, assign_ranks, gpu_env, horovod_env, threads_env
 from hvd_spark._internal.driver.service import KIND, Kind, TaskClient
 from hvd_spark._internal.task import netcheck, warm
 from hvd_spark._internal.task.watch import Watch, read_outcome, report, run_watched, wait_for_end, write_payload
+
+# A rank's process: started fresh (``python -m``), or forked by the host's warm server (``task/warm.py``).
+RANK_MODULE = "hvd_spark._internal.rank.entry"
+RANK = Payload("rank", f"{RANK_MODULE}:forked")
+RANK_NAME = RANK.process_name  # a forked rank's process name (/proc/<pid>/comm)
 
 
 def iface_for_ip(ip: str) -> str:
@@ -240,9 +246,9 @@ def _run_child(
     env[settings.ENV_RANK_STARTED] = repr(time.time())  # the rank's start-up profile counts from here
     # What the driver decided, unless it had nothing to go on: then this executor's own setting counts.
     use_warm = spec.warm and (spec.warm_set or settings.WARM.get(env=os.environ))
-    warm_proc = warm.spawn(env, workdir, spec.app, spec.start_timeout) if use_warm else None
+    warm_proc = warm.spawn(RANK, env, workdir, spec.app, spec.start_timeout, args=(workdir,)) if use_warm else None
     rc, aborted = run_watched(
-        [sys.executable, "-m", "hvd_spark._internal.rank.entry", workdir],
+        [sys.executable, "-m", RANK_MODULE, workdir],
         env,
         workdir,
         watch,

@@ -20,12 +20,17 @@ Lifetime: a server ends when it has had no request for ``HVD_SPARK_WARM_IDLE`` s
 Spark stops with the SparkContext) is gone; its children die with it. A child whose task goes away
 (the connection closes) is killed with its process group, as a fresh rank dies with its task.
 
+What a child runs is not the server's choice: every request carries its payload
+(``common/forks.py``'s ``Payload``, a ``"module:function"`` the child imports after the fork),
+declared by the module that asks for it: the task's for a rank (``task/barrier.py``),
+``infer/remote.py``'s for an inference process.
+
 Predictions: a transform's Python UDF worker on the same host may ask the server of its application
 for an inference process instead of importing TensorFlow itself (``infer/remote.py``): a child that
 loads the model and predicts the columns the worker sends it over a socket pair. Spark's UDF
 workers do not share the barrier tasks' environment exactly (another worker pool), so the worker
 finds a server through its ``<fp>.json`` (Python, user, application and environment) and takes it
-only when the two environments differ in :data:`INFER_IGNORED` variables alone.
+only when the two environments differ in ``forks.INFER_IGNORED`` variables alone.
 
 Files (one folder per user, mode 0700, under the temp dir): ``<fp>.sock`` the socket, ``<fp>.lock``
 held by the live server (no second server for one fingerprint), ``<fp>.log`` its output,
@@ -44,11 +49,11 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
 from hvd_spark._internal.common import settings
+from hvd_spark._internal.common.forks import Payload, ask, connect, held, home, infer_key
 from hvd_spark._internal.task import procs
 
 logger = logging.getLogger(__name__)
@@ -79,21 +84,7 @@ PER_JOB = (
     settings.ENV_RANK_STARTED,
 )
 _MAX_MESSAGE = 1 << 20
-# Variables in which a UDF worker's environment may differ from a server's and still be served by it:
-# set by Spark per worker pool, read only after the fork (thread counts, unbuffered output), or only
-# changing how much TensorFlow logs (the ranks' quiet default).
-INFER_IGNORED = frozenset(
-    {
-        "PYTHON_WORKER_FACTORY_SECRET",
-        "SPARK_SIMPLIFIED_TRACEBACK",
-        "PYTHONUNBUFFERED",
-        "TF_CPP_MIN_LOG_LEVEL",
-        "OMP_NUM_THREADS",
-        "TF_NUM_INTRAOP_THREADS",
-        "TF_NUM_INTEROP_THREADS",
-        settings.ENV_NUM_THREADS,
-    }
-)
+_MAX_FDS = 8  # file descriptors a request may carry: the child's output, then its payload's
 
 
 def idle_seconds(env: dict[str, str]) -> float:
@@ -109,18 +100,6 @@ def fingerprint(env: dict[str, str], app: str = "") -> str:
     h = hashlib.sha256()
     h.update(json.dumps([sys.executable, os.getuid(), app, PRELOAD, sorted(server_env(env).items())]).encode())
     return h.hexdigest()[:24]
-
-
-def home() -> str:
-    """This user's folder for servers' sockets, locks and logs, created private; refused when it is
-    not this user's or others can write to it (a socket there could be someone else's server)."""
-    path = os.path.join(tempfile.gettempdir(), f"hvd_spark-warm-{os.getuid()}")
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    st = os.lstat(path)
-    if st.st_uid != os.getuid() or st.st_mode & 0o077 or not os.path.isdir(path) or os.path.islink(path):
-        raise PermissionError(f"{path} is not a private folder of this user: warm ranks are off")
-    return path
 
 
 # -- the client side (in a Spark task) -------------------------------------------------------------
@@ -178,38 +157,13 @@ class WarmProcess:
         return self.returncode
 
 
-def _connect(path: str) -> socket.socket | None:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(path)
-        return s
-    except OSError:
-        s.close()
-        return None
-
-
-def _held(lock_path: str) -> bool:
-    """Whether a live server holds ``lock_path`` (it keeps an exclusive lock while it lives)."""
-    try:
-        fd = os.open(lock_path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
 def ensure_server(env: dict[str, str], app: str = "", watch_pid: int | None = None) -> str:
     """Starts the server for this environment unless one lives (or is starting); returns its
     fingerprint. Does not wait for it to be ready."""
     fp = fingerprint(env, app)
     folder = home()
     sock = os.path.join(folder, f"{fp}.sock")
-    if os.path.exists(sock) and _held(os.path.join(folder, f"{fp}.lock")):
+    if os.path.exists(sock) and held(os.path.join(folder, f"{fp}.lock")):
         return fp
     watch = watch_pid if watch_pid is not None else os.getppid()
     with open(os.path.join(folder, f"{fp}.log"), "ab") as log:
@@ -227,12 +181,15 @@ def ensure_server(env: dict[str, str], app: str = "", watch_pid: int | None = No
     return fp
 
 
-def spawn(env: dict[str, str], workdir: str, app: str = "", timeout: float = 120.0) -> WarmProcess | None:
+def spawn(
+    payload: Payload, env: dict[str, str], workdir: str, app: str = "", timeout: float = 120.0, args: tuple = ()
+) -> WarmProcess | None:
     """A rank forked by the warm server of ``env`` (started if needed, waited for up to ``timeout``
-    seconds), running ``child.entry(workdir)`` with ``env`` and ``workdir`` as its working folder.
-    None when no server could serve: the caller starts a fresh process. Whether ranks are warm at all
-    is the driver's decision (``settings.WARM``: an explicit ``warm=`` wins over ``HVD_SPARK_WARM``),
-    made before the task calls this."""
+    seconds), running ``payload`` (called with ``args``; the task's is ``rank/entry.py``'s
+    ``forked(workdir)``) with ``env`` and ``workdir`` as its working folder. None when no server
+    could serve: the caller starts a fresh process. Whether ranks are warm at all is the driver's
+    decision (``settings.WARM``: an explicit ``warm=`` wins over ``HVD_SPARK_WARM``), made before
+    the task calls this."""
     try:
         fp = ensure_server(env, app)
         folder = home()
@@ -243,16 +200,16 @@ def spawn(env: dict[str, str], workdir: str, app: str = "", timeout: float = 120
     deadline = time.monotonic() + timeout
     conn = None
     while conn is None:
-        conn = _connect(sock_path)
+        conn = connect(sock_path)
         if conn is not None:
             break
-        if not _held(lock_path) or time.monotonic() > deadline:
+        if not held(lock_path) or time.monotonic() > deadline:
             logger.warning("the warm server %s did not start (see %s.log); starting a fresh process", fp, fp)
             return None
         time.sleep(0.05)
     read_end, write_end = os.pipe()
     try:
-        pid, rest = _request(conn, {"env": env, "workdir": workdir}, [write_end])
+        pid, rest = ask(conn, payload, env=env, workdir=workdir, out_fd=write_end, args=args)
     except (OSError, ValueError, KeyError) as exc:
         conn.close()
         os.close(read_end)
@@ -265,67 +222,6 @@ def spawn(env: dict[str, str], workdir: str, app: str = "", timeout: float = 120
     if b"\n" in rest:
         proc.returncode = proc._returncode()
     return proc
-
-
-def _request(conn: socket.socket, request: dict, fds: list[int]) -> tuple[int, bytes]:
-    """Sends a request with its file descriptors; the forked child's pid and what followed the reply."""
-    socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], fds)
-    conn.settimeout(30)
-    reply = b""
-    while b"\n" not in reply:
-        chunk = conn.recv(4096)
-        if not chunk:
-            raise ConnectionError("the warm server closed the connection before forking")
-        reply += chunk
-    conn.settimeout(None)
-    line, rest = reply.split(b"\n", 1)
-    return int(json.loads(line)["pid"]), rest
-
-
-def infer_key(env: dict[str, str]) -> str:
-    """A digest of ``env`` without :data:`INFER_IGNORED` (the ``.json`` holds no values: they may be secrets)."""
-    kept = sorted((k, v) for k, v in env.items() if k not in INFER_IGNORED)
-    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()
-
-
-def find_server(env: dict[str, str], app: str) -> str | None:
-    """The fingerprint of a live server of this user, Python and application whose environment
-    differs from ``env`` only in :data:`INFER_IGNORED` (a transform's UDF worker may use it), or None."""
-    try:
-        folder = home()
-        names = sorted(os.listdir(folder))
-    except (OSError, PermissionError):
-        return None
-    mine = infer_key(env)
-    for name in names:
-        if not name.endswith(".json"):
-            continue
-        fp = name[: -len(".json")]
-        try:
-            with open(os.path.join(folder, name)) as f:
-                info = json.load(f)
-        except (OSError, ValueError):
-            continue  # being written, or a dead server's
-        if not isinstance(info, dict) or info.get("python") != sys.executable or info.get("app") != app:
-            continue
-        if info.get("env_key") == mine and _held(os.path.join(folder, f"{fp}.lock")):
-            return fp
-    return None
-
-
-def fork_inference(fp: str, env: dict[str, str], cwd: str, data_fd: int, err_fd: int):
-    """Asks server ``fp`` for an inference child (``infer/remote.py``) that talks over ``data_fd``
-    and writes its output to ``err_fd``. Returns (the connection to keep open while the child is
-    used: the server kills the child when it closes, the child's pid)."""
-    conn = _connect(os.path.join(home(), f"{fp}.sock"))
-    if conn is None:
-        raise ConnectionError(f"the warm server {fp} does not answer")
-    try:
-        pid, _ = _request(conn, {"kind": "infer", "env": env, "workdir": cwd, "sys_path": sys.path}, [err_fd, data_fd])
-    except BaseException:
-        conn.close()
-        raise
-    return conn, pid
 
 
 # -- the server ----------------------------------------------------------------------------------
@@ -396,7 +292,7 @@ class _Server:
                 self._stop(listener, path, f"process {self.watch_pid} (its Spark worker daemon) is gone")
 
     def _describe(self) -> None:
-        """``<fp>.json``: what a transform's UDF worker compares its own with (:func:`find_server`)."""
+        """``<fp>.json``: what a transform's UDF worker compares its own with (``forks.find_server``)."""
         info = {"python": sys.executable, "app": self.app, "pid": os.getpid(), "env_key": infer_key(self.env)}
         path = os.path.join(self.folder, f"{self.fp}.json")
         fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -420,17 +316,17 @@ class _Server:
         conn.settimeout(10)
         fds: list[int] = []
         try:
-            msg, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE, 2)
+            msg, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE, _MAX_FDS)
             while not msg.endswith(b"\n"):
                 more = conn.recv(_MAX_MESSAGE)
                 if not more:
                     raise ConnectionError("short request")
                 msg += more
             request = json.loads(msg)
-            wanted = 2 if request.get("kind") == "infer" else 1  # the output; an inference child's data socket
-            if len(fds) != wanted:
-                raise ValueError(f"a {request.get('kind', 'rank')} request carries {wanted} file descriptor(s)")
-        except (OSError, ValueError) as exc:
+            payload = Payload(**request["payload"])
+            if len(fds) != 1 + payload.fds:  # the output, then the payload's (an inference child's socket)
+                raise ValueError(f"a {payload.name} request carries {1 + payload.fds} file descriptor(s)")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"bad request: {exc}", flush=True)
             for fd in fds:
                 os.close(fd)
@@ -440,7 +336,7 @@ class _Server:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            self._child(conn, fds, request)  # never returns
+            self._child(conn, fds, request, payload)  # never returns
         for fd in fds:
             os.close(fd)
         self.conns[conn] = pid
@@ -450,10 +346,9 @@ class _Server:
         except OSError:
             self._client_gone(conn)
 
-    def _child(self, conn: socket.socket, fds: list[int], request: dict) -> None:
+    def _child(self, conn: socket.socket, fds: list[int], request: dict, payload: Payload) -> None:
         code = 1
         out_fd = fds[0]
-        infer = request.get("kind") == "infer"
         try:
             for s in (conn, self.listener, *self.conns):
                 s.close()
@@ -462,7 +357,7 @@ class _Server:
                 os.close(fd)
             os.setsid()
             procs.die_with_parent()  # the server's end (it is killed, or its Spark worker is gone) ends its ranks
-            procs.set_name(INFER_NAME if infer else RANK_NAME)  # ps and /proc/<pid>/comm tell it from the server
+            procs.set_name(payload.process_name)  # ps and /proc/<pid>/comm tell it from the server
             for sig in (signal.SIGTERM, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             devnull = os.open(os.devnull, os.O_RDONLY)
@@ -475,18 +370,10 @@ class _Server:
             os.environ.update(request["env"])
             os.chdir(request["workdir"])
             _reseed()
-            if infer:
-                from hvd_spark._internal.infer import remote
-
-                sys.path[:] = request.get("sys_path") or sys.path  # the UDF worker's (Spark's files, py-files)
-                code = remote.serve(fds[1])
-            else:
-                os.environ[settings.ENV_WARM_RANK] = "1"
-                from hvd_spark._internal.rank import entry as child
-
-                code = child.entry(request["workdir"])
+            sys.path[:] = request.get("sys_path") or sys.path  # an inference child's: the UDF worker's (py-files)
+            code = _resolve(payload.target)(*request.get("args", ()), *fds[1:])
         finally:
-            os._exit(code)
+            os._exit(code if isinstance(code, int) else 0)  # a payload that returns None ended well
 
     def _client_gone(self, conn: socket.socket) -> None:
         """The task went away (or wrote, which it never does): its rank goes too."""
@@ -521,8 +408,12 @@ class _Server:
                 self.kill_at[pid] = now + 5.0
 
 
-RANK_NAME = "hvd_spark-rank"  # a forked rank's process name (/proc/<pid>/comm)
-INFER_NAME = "hvd_spark-infer"  # a forked inference process's
+def _resolve(target: str):
+    """The function a payload's ``"module:function"`` names, imported in the forked child."""
+    import importlib
+
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def _reseed() -> None:

@@ -1,0 +1,193 @@
+"""A host's warm servers (``task/warm.py``) as the processes that ask them for a child see them:
+their folder, the request for a forked child and what it runs, and which server a transform's UDF
+worker may use.
+
+Two kinds of processes ask: a Spark barrier task for its rank (``task/barrier.py``), and a
+transform's Python UDF worker for an inference process (``infer/remote.py``); the server itself
+reads the same records. So this lives in ``common/``: a UDF worker loads nothing of ``task/``.
+
+What a child runs is a :class:`Payload`, declared by the module that asks for it and sent with the
+request; the server imports its target in the forked child and knows no payload of its own.
+"""
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Sequence
+
+from hvd_spark._internal.common import settings
+
+PROCESS_PREFIX = "hvd_spark-"  # a forked child's process name: this, then its payload's name
+
+# Variables in which a UDF worker's environment may differ from a server's and still be served by it:
+# set by Spark per worker pool, read only after the fork (thread counts, unbuffered output), or only
+# changing how much TensorFlow logs (the ranks' quiet default).
+INFER_IGNORED = frozenset(
+    {
+        "PYTHON_WORKER_FACTORY_SECRET",
+        "SPARK_SIMPLIFIED_TRACEBACK",
+        "PYTHONUNBUFFERED",
+        "TF_CPP_MIN_LOG_LEVEL",
+        "OMP_NUM_THREADS",
+        "TF_NUM_INTRAOP_THREADS",
+        "TF_NUM_INTEROP_THREADS",
+        settings.ENV_NUM_THREADS,
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Payload:
+    """What a child forked by a warm server runs: ``target`` (``"module:function"``, imported in the
+    child with importlib) called with the request's arguments, then the file descriptors the request
+    carries besides the child's output (``fds`` of them); its return value is the child's exit code.
+
+    Example: ``Payload("infer", "hvd_spark._internal.infer.child:serve", fds=1)`` (a socket to
+    talk over)."""
+
+    name: str  # the child's process name is PROCESS_PREFIX + name (ps, /proc/<pid>/comm: 15 bytes)
+    target: str
+    fds: int = 0
+
+    def __post_init__(self):
+        module, _, function = self.target.partition(":")
+        if not module or not function.isidentifier():
+            raise ValueError(f"A payload's target is 'module:function'. Received: target={self.target!r}.")
+        if len(self.process_name.encode()) > 15:
+            raise ValueError(f"A payload's process name has at most 15 bytes. Received: name={self.name!r}.")
+
+    @property
+    def process_name(self) -> str:
+        return PROCESS_PREFIX + self.name
+
+
+def home() -> str:
+    """This user's folder for servers' sockets, locks and logs, created private; refused when it is
+    not this user's or others can write to it (a socket there could be someone else's server)."""
+    path = os.path.join(tempfile.gettempdir(), f"hvd_spark-warm-{os.getuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077 or not os.path.isdir(path) or os.path.islink(path):
+        raise PermissionError(f"{path} is not a private folder of this user: warm ranks are off")
+    return path
+
+
+def connect(path: str) -> socket.socket | None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        return s
+    except OSError:
+        s.close()
+        return None
+
+
+def held(lock_path: str) -> bool:
+    """Whether a live server holds ``lock_path`` (it keeps an exclusive lock while it lives)."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def ask(
+    conn: socket.socket,
+    payload: Payload,
+    *,
+    env: dict[str, str],
+    workdir: str,
+    out_fd: int,
+    fds: Sequence[int] = (),
+    args: Sequence = (),
+    sys_path: list[str] | None = None,
+) -> tuple[int, bytes]:
+    """Asks the server at the other end of ``conn`` for a child running ``payload`` with ``env``,
+    in ``workdir``, writing its output to ``out_fd``, called with ``args`` (JSON values) and ``fds``
+    (``payload.fds`` of them); ``sys_path`` replaces the child's ``sys.path`` before it imports the
+    target. Returns the forked child's pid and what followed the reply."""
+    if len(fds) != payload.fds:
+        raise ValueError(f"The payload {payload.name!r} takes {payload.fds} file descriptor(s). Received: {len(fds)}.")
+    request = {"payload": dataclasses.asdict(payload), "args": list(args), "env": env, "workdir": workdir}
+    if sys_path is not None:
+        request["sys_path"] = sys_path
+    socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [out_fd, *fds])
+    conn.settimeout(30)
+    reply = b""
+    while b"\n" not in reply:
+        chunk = conn.recv(4096)
+        if not chunk:
+            raise ConnectionError("the warm server closed the connection before forking")
+        reply += chunk
+    conn.settimeout(None)
+    line, rest = reply.split(b"\n", 1)
+    return int(json.loads(line)["pid"]), rest
+
+
+def infer_key(env: dict[str, str]) -> str:
+    """A digest of ``env`` without :data:`INFER_IGNORED` (the ``.json`` holds no values: they may be secrets)."""
+    kept = sorted((k, v) for k, v in env.items() if k not in INFER_IGNORED)
+    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()
+
+
+def find_server(env: dict[str, str], app: str) -> str | None:
+    """The fingerprint of a live server of this user, Python and application whose environment
+    differs from ``env`` only in :data:`INFER_IGNORED` (a transform's UDF worker may use it), or None."""
+    try:
+        folder = home()
+        names = sorted(os.listdir(folder))
+    except (OSError, PermissionError):
+        return None
+    mine = infer_key(env)
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        fp = name[: -len(".json")]
+        try:
+            with open(os.path.join(folder, name)) as f:
+                info = json.load(f)
+        except (OSError, ValueError):
+            continue  # being written, or a dead server's
+        if not isinstance(info, dict) or info.get("python") != sys.executable or info.get("app") != app:
+            continue
+        if info.get("env_key") == mine and held(os.path.join(folder, f"{fp}.lock")):
+            return fp
+    return None
+
+
+def fork(
+    fp: str,
+    payload: Payload,
+    *,
+    env: dict[str, str],
+    workdir: str,
+    out_fd: int,
+    fds: Sequence[int] = (),
+    args: Sequence = (),
+    sys_path: list[str] | None = None,
+) -> tuple[socket.socket, int]:
+    """Asks the live server ``fp`` for a child running ``payload`` (see :func:`ask`). Returns (the
+    connection to keep open while the child is used: the server kills the child when it closes, the
+    child's pid)."""
+    conn = connect(os.path.join(home(), f"{fp}.sock"))
+    if conn is None:
+        raise ConnectionError(f"the warm server {fp} does not answer")
+    try:
+        pid, _ = ask(conn, payload, env=env, workdir=workdir, out_fd=out_fd, fds=fds, args=args, sys_path=sys_path)
+    except BaseException:
+        conn.close()
+        raise
+    return conn, pid
