@@ -9,7 +9,7 @@ import pytest
 
 from hvd_spark._internal.common import events, settings
 from hvd_spark._internal.common.events import busy, mark_progress
-from hvd_spark._internal.driver.service import KIND, DriverService, Kind, TaskClient
+from hvd_spark._internal.common.service import KIND, DriverService, Kind, TaskClient
 
 
 def _until(cond, timeout=5.0):

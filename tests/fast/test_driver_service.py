@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from hvd_spark._internal.driver.service import KIND, DriverService, Kind, TaskClient
+from hvd_spark._internal.common.service import KIND, DriverService, Kind, TaskClient
 
 
 def _until(cond, timeout=10.0):
@@ -37,7 +37,7 @@ class _Clock:
 
 @pytest.fixture
 def clock(monkeypatch):
-    from hvd_spark._internal.driver import service as service_module
+    from hvd_spark._internal.common import service as service_module
     from hvd_spark._internal.task import watch
 
     c = _Clock()
@@ -201,7 +201,7 @@ def _gather_in_thread(client, round_name, info, results, silence=30.0):
 
 
 def test_gather_returns_every_task_s_info_in_partition_order(service):
-    from hvd_spark._internal.driver.service import JobAborted
+    from hvd_spark._internal.common.service import JobAborted
 
     addr = f"127.0.0.1:{service.port}"
     first = TaskClient(addr, service.token, {"role": "task", "partition": 1})

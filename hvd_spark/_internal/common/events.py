@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 
 from hvd_spark._internal.common import settings
-from hvd_spark._internal.driver.service import KIND, Kind
+from hvd_spark._internal.common.service import KIND, Kind
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def _send_raw(message: dict) -> bool:
     with _lock:
         if _client is None:
             try:
-                from hvd_spark._internal.driver.service import TaskClient
+                from hvd_spark._internal.common.service import TaskClient
 
                 _client = TaskClient(addr, token, {"role": "rank", "rank": rank}, timeout=10)
             except OSError:

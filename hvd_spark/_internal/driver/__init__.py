@@ -1,5 +1,5 @@
 """The driver's role in a job: validate and launch the barrier stage, serve the tasks and ranks
-(:mod:`.service`), watch them (:mod:`.supervisor`), show progress and track the run.
+(``common/service.py``), watch them (:mod:`.supervisor`), show progress and track the run.
 
 On a classic session this runs in the Spark driver. On Spark Connect the client has no JVM and
 accepts no connection, so :mod:`.coordinator` runs the same service and supervisor inside the

@@ -33,7 +33,7 @@ def task_cpus_profile(cpus: int):
 
 def launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, description: str, on_log=None) -> list[Any]:
     """A classic session: the driver service and its supervisor run here, on the Spark driver."""
-    from hvd_spark._internal.driver.service import DriverService
+    from hvd_spark._internal.common.service import DriverService
 
     num_proc = options.num_proc
     service = DriverService(num_proc, on_event=on_event, on_log=on_log)

@@ -19,7 +19,7 @@ import cloudpickle
 
 from hvd_spark._internal.common.channel import ChannelWriter
 from hvd_spark._internal.common.outcomes import TaskSpec
-from hvd_spark._internal.driver.service import DriverService
+from hvd_spark._internal.common.service import DriverService
 from hvd_spark._internal.driver.supervisor import GIVE_UP_AFTER, Supervisor
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from hvd_spark._internal.common.outcomes import (
     RankOutcome,
     pick_failure,
 )
-from hvd_spark._internal.driver.service import KIND, Kind
+from hvd_spark._internal.common.service import KIND, Kind
 from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError, RankStalledError
 
 logger = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ import cloudpickle
 from hvd_spark._internal.common import logs, settings
 from hvd_spark._internal.common.forks import Payload
 from hvd_spark._internal.common.outcomes import ABORTED, ERROR, RankOutcome, TaskSpec
+from hvd_spark._internal.common.service import KIND, Kind, TaskClient
 from hvd_spark._internal.common.topology import RankInfo, assign_ranks, gpu_env, horovod_env, threads_env
-from hvd_spark._internal.driver.service import KIND, Kind, TaskClient
 from hvd_spark._internal.task import netcheck, warm
 from hvd_spark._internal.task.watch import Watch, read_outcome, report, run_watched, wait_for_end, write_payload
 

@@ -12,8 +12,8 @@ import cloudpickle
 
 from hvd_spark._internal.common import logs, settings
 from hvd_spark._internal.common.outcomes import ERROR, PROCESS_DIED, TaskSpec
+from hvd_spark._internal.common.service import TaskClient
 from hvd_spark._internal.common.topology import RankInfo, threads_env
-from hvd_spark._internal.driver.service import TaskClient
 from hvd_spark._internal.task import mpi_agent
 from hvd_spark._internal.task.watch import (
     ENV_WORKDIR,

@@ -7,7 +7,7 @@ asks the :class:`CommandServer` that the first barrier task on that host runs to
 ``COMMAND`` with ``/bin/sh -c``. The server streams the command's output back and ends with its exit
 code, which the agent exits with; so to mpirun the agent behaves like ``ssh HOST COMMAND``.
 
-The protocol is JSON lines (``driver/service.py``'s ``send_line``): the agent sends
+The protocol is JSON lines (``common/service.py``'s ``send_line``): the agent sends
 ``{"token", "command"}``; the server answers ``{"out": line}`` per output line and finally
 ``{"exit": code}``. Connections without the job's token are dropped. The command runs in its own
 process group and is killed when the agent's connection drops (mpirun died) or the task stops it
@@ -25,7 +25,7 @@ import sys
 import threading
 
 from hvd_spark._internal.common import settings
-from hvd_spark._internal.driver.service import read_lines, send_line
+from hvd_spark._internal.common.service import read_lines, send_line
 from hvd_spark._internal.task.procs import kill_tree, popen_args
 
 ENV_HOSTS = settings.ENV_MPI_HOSTS  # {host: "addr:port"} of every host's command server

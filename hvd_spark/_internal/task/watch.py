@@ -18,7 +18,7 @@ import cloudpickle
 
 from hvd_spark._internal.common import logs, settings
 from hvd_spark._internal.common.outcomes import ABORTED, ERROR, OK, PROCESS_DIED, STATE_PREFIX, RankOutcome, TaskSpec
-from hvd_spark._internal.driver.service import KIND, Kind, TaskClient
+from hvd_spark._internal.common.service import KIND, Kind, TaskClient
 from hvd_spark._internal.task.procs import kill_tree, popen_args, signal_name
 
 TAIL_LINES = settings.TAIL_LINES

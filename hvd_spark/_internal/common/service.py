@@ -1,5 +1,7 @@
 """A small TCP service that the job's tasks and ranks talk to: on the Spark driver, or on Spark
-Connect in the job's first barrier task (``coordinator.py``).
+Connect in the job's first barrier task (``driver/coordinator.py``). The wire protocol of every
+process: the service, its client (:class:`TaskClient`, in tasks and ranks) and the message kinds,
+so it lives in ``common/``.
 
 Tasks say hello when they start (so the driver knows which ones are running), forward their
 rank's output lines, report failure and completion; ranks send progress events. The driver
