@@ -115,7 +115,7 @@ def run(
         from hvd_spark._internal.data.store import Store
 
         store = Store.create(store)
-        channel = (store, store._path("jobs"))
+        channel = (store, store.files.path("jobs"))
     launch_kwargs = dict(
         spark=spark,
         backend=backend,

@@ -23,6 +23,7 @@ from hvd_spark import HorovodEstimator, Store
 from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.specs import with_stored_names
 from hvd_spark._internal.data import materialize as data_mod
+from hvd_spark._internal.data.store import data_path
 
 
 def _regression_frame(spark, n=240, seed=0):
@@ -77,7 +78,7 @@ def test_exclusive_publication_has_one_winner(tmp_path):
 
     def publish(i):
         go.wait()
-        wins.append((i, store._create_exclusive_json(store._path("k", "meta.json"), {"writer": i})))
+        wins.append((i, store.files.create_exclusive_json(store.files.path("k", "meta.json"), {"writer": i})))
 
     threads = [threading.Thread(target=publish, args=(i,)) for i in range(8)]
     for t in threads:
@@ -87,8 +88,8 @@ def test_exclusive_publication_has_one_winner(tmp_path):
         t.join()
     winners = [i for i, won in wins if won]
     assert len(winners) == 1
-    assert store._read_json(store._path("k", "meta.json")) == {"writer": winners[0]}
-    assert store._listdir(store._path("k")) == ["meta.json"]  # no temporary files left
+    assert store.files.read_json(store.files.path("k", "meta.json")) == {"writer": winners[0]}
+    assert store.files.listdir(store.files.path("k")) == ["meta.json"]  # no temporary files left
 
 
 def test_two_threads_materialize_the_same_data_once(spark, tmp_path):
@@ -119,11 +120,11 @@ def test_dead_writer_leftovers_are_removed(spark, tmp_path, caplog):
     whose heartbeat stopped. The next fit removes both and writes the data itself."""
     prepared, infos = _prepared(spark, _regression_frame(spark))
     store = Store(str(tmp_path))
-    folder = store._data_path("k2")
+    folder = data_path(store, "k2")
     dead = os.path.join(folder, "a-20260101000000-deadbeef")
     os.makedirs(os.path.join(dead, "train"))
     open(os.path.join(dead, "train", "part-00000.parquet"), "wb").write(b"half")
-    store._write_json(
+    store.files.write_json(
         os.path.join(folder, "_writing-a-20260101000000-deadbeef.json"),
         {"attempt": "a-20260101000000-deadbeef", "heartbeat": time.time() - 3 * settings.LEASE_STALE},
     )
@@ -138,7 +139,7 @@ def test_dead_writer_leftovers_are_removed(spark, tmp_path, caplog):
     assert "a-20260101000000-deadbeef, left incomplete by a fit that stopped while writing it" in caplog.text
     attempts, leftovers = _attempts(str(tmp_path))
     assert attempts == {"k2": sorted([meta["attempt"], "a-20260101000000-0000cafe"])} and leftovers == []
-    assert store._read_json(os.path.join(folder, data_mod.META_NAME))["attempt"] == meta["attempt"]
+    assert store.files.read_json(os.path.join(folder, data_mod.META_NAME))["attempt"] == meta["attempt"]
 
 
 def test_a_fit_failing_mid_write_leaves_nothing(spark, tmp_path):
@@ -149,7 +150,7 @@ def test_a_fit_failing_mid_write_leaves_nothing(spark, tmp_path):
     boom = prepared.withColumn("c0", F.when(F.rand(1) < 2, F.raise_error("disk full")).otherwise(F.col("c0")))
     with pytest.raises(Exception, match="disk full"):
         data_mod.materialize(boom, store, "k3", infos, 12, 2)
-    assert not os.path.exists(store._data_path("k3"))
+    assert not os.path.exists(data_path(store, "k3"))
 
 
 OTHER_DRIVER = textwrap.dedent("""

@@ -21,7 +21,7 @@ from _helpers import rank_processes, xor_estimator, xor_frame  # noqa: E402
 
 
 def _meta(store: str, key: str) -> dict:
-    return Store(store)._read_json(os.path.join(store, "data", key, data_mod.META_NAME))
+    return Store(store).files.read_json(os.path.join(store, "data", key, data_mod.META_NAME))
 
 
 def _rows(store: str, model) -> int:
@@ -230,7 +230,7 @@ def test_class_indices_out_of_range_are_refused_before_training(spark, tmp_path)
     with pytest.raises(ValueError, match=r"label column 'label' .* 3 units.*\[0, 2\].*e\.g\. 3"):
         est.fit(df)
     s = Store(store)
-    assert s._listdir(s._path("data")) == [] and s.checkpoints("labels") == []
+    assert s.files.listdir(s.files.path("data")) == [] and s.checkpoints("labels") == []
 
 
 def test_a_fit_that_loses_its_run_stops_before_its_next_checkpoint(spark, tmp_path):

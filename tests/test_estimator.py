@@ -76,7 +76,7 @@ def test_digits_accuracy_history_and_identical_weights(fitted, digits):
     # Ten checkpoints, each complete, and TensorBoard logs, in the run directory.
     s = Store(store)
     assert [c.epoch for c in s.checkpoints("digits")] == list(range(1, 11))
-    assert s._exists(s.model_path("digits")) and s._listdir(s.logs_path("digits"))
+    assert s.files.exists(s.model_path("digits")) and s.files.listdir(s.logs_path("digits"))
 
 
 def test_transform_matches_keras_predict(fitted, digits):

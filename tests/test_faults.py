@@ -117,9 +117,9 @@ class CrashBeforeCheckpointJson(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if epoch != 2 or os.environ.get("HVD_SPARK_RANK") != "0" or os.path.exists(self.marker):
             return
-        from hvd_spark._internal.data.store import Store as S
+        from hvd_spark._internal.data.files import StoreFiles as S
 
-        original, marker = S._write_json, self.marker
+        original, marker = S.write_json, self.marker
 
         def crash_before_json(self, path, obj):
             if path.endswith("checkpoints/epoch-0003.json"):
@@ -128,7 +128,7 @@ class CrashBeforeCheckpointJson(keras.callbacks.Callback):
                 os._exit(7)
             return original(self, path, obj)
 
-        S._write_json = crash_before_json
+        S.write_json = crash_before_json
 
 
 def test_a_crash_between_a_checkpoints_model_file_and_its_json_resumes_from_the_previous(spark, tmp_path, caplog):

@@ -28,7 +28,7 @@ class CopyingRank:
         store = Store.from_config(cfg.store)
         if me.rank == 0:
             self.configs.append(cfg)
-        start = cfg.model_bytes if cfg.resume_ckpt is None else store._read_bytes(cfg.resume_ckpt)
+        start = cfg.model_bytes if cfg.resume_ckpt is None else store.files.read_bytes(cfg.resume_ckpt)
         history = [dict(h) for h in cfg.history_so_far]
         for epoch in range(cfg.initial_epoch + 1, cfg.epochs + 1):
             if self.fail_once == epoch:
@@ -40,13 +40,13 @@ class CopyingRank:
                 history = history[: epoch - 1] + [{"loss": 1.0 / epoch}]
                 model_name, meta_name = checkpoint_names(epoch)
                 folder = store.checkpoints_path(cfg.run_id)
-                store._write_bytes(f"{folder}/{model_name}", start)
-                store._write_json(
+                store.files.write_bytes(f"{folder}/{model_name}", start)
+                store.files.write_json(
                     f"{folder}/{meta_name}", {"epoch": epoch, "logs": history[-1], "history": history, "time": 0.0}
                 )
         result = {"rank": me.rank, "weights_digest": "same", "iterations": cfg.epochs * cfg.steps_per_epoch}
         if me.rank == 0:
-            store._write_bytes(cfg.final_model, start)
+            store.files.write_bytes(cfg.final_model, start)
             result["epoch_logs"] = history
         return result
 

@@ -351,7 +351,7 @@ class SparkKerasTests(tf.test.TestCase):
                 best = history.index(max(history)) + 1
                 ckpts = {c.epoch: c for c in store.checkpoints(transformer.getRunId())}
                 assert sorted(ckpts) == [1, 2, 3, 4]
-                that = keras.models.load_model(store._local_copy(ckpts[best].model_path))
+                that = keras.models.load_model(store.files.local_copy(ckpts[best].model_path))
                 for w, v in zip(transformer.getModel().get_weights(), that.get_weights()):
                     np.testing.assert_allclose(w, v)
 

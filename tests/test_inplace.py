@@ -188,7 +188,7 @@ def test_a_file_changed_during_a_fit_fails_it(spark, tmp_path):
     ):
         est.fit(spark.read.parquet(str(tmp_path / "t")))
     # The rejected fit left no result: the run's newest model is the first fit's, one model, one epoch.
-    assert store._url(store.model_path("changed")) == kept.getModelUrl()
+    assert store.files.url(store.model_path("changed")) == kept.getModelUrl()
     assert [(r["models"], r["epochs"]) for r in store.runs()] == [(1, 1)]
     assert [c.epoch for c in store.checkpoints("changed")] == [1]
     # The run's epoch was trained on the table before the change: it does not go on on the changed one.

@@ -48,4 +48,4 @@ def test_the_ranks_tensorboard_writes_nothing_per_batch(tmp_path):
     assert ours.update_freq == "epoch"
     assert _batches(ours, model, 5) == 0
     assert ours._global_train_batch == 5  # Keras' own count kept
-    assert store._exists(store.logs_path("r"))  # and the epoch's logs uploaded
+    assert store.files.exists(store.logs_path("r"))  # and the epoch's logs uploaded

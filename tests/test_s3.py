@@ -71,13 +71,13 @@ def test_fit_resume_transform_save_load_on_s3(spark, s3, tmp_path):
     assert [c.epoch for c in store.checkpoints("r1")] == [1, 2, 3]
     digests = {r.weights_digest for r in resumed.getFitSummary().ranks}
     assert len(digests) == 1  # both ranks hold the same weights, read from different shards on S3
-    files = store._fs.find(store._path("data"))
+    files = store.files.fs.find(store.files.path("data"))
     assert sum(f.endswith(".parquet") for f in files) == 2  # one file per rank, reused by the resume
     assert not any("/.tmp-" in f or "_temporary" in f for f in files)
 
     predicted = resumed.transform(df).select("y__output").toPandas()["y__output"].to_numpy()
     x = np.stack(df.select("x").toPandas()["x"].to_numpy())
-    model = keras.models.load_model(store._local_copy(store.model_path("r1")))
+    model = keras.models.load_model(store.files.local_copy(store.model_path("r1")))
     np.testing.assert_allclose(predicted, model.predict(x, verbose=0)[:, 0], rtol=1e-5, atol=1e-6)
 
     resumed.write().overwrite().save(str(tmp_path / "saved"))
@@ -108,7 +108,7 @@ def test_a_parquet_table_on_s3_is_trained_on_in_place(spark, s3):
     history = model.getHistory()
     assert len(history["loss"]) == 2 and len(history["val_loss"]) == 2
     assert model.getFitSummary().steps_per_epoch == 600 // 2 // 16 + 1  # 300 rows per rank, batches of 16
-    assert not [f for f in store._fs.find(store._path("data")) if f.endswith(".parquet")]  # nothing copied
+    assert not [f for f in store.files.fs.find(store.files.path("data")) if f.endswith(".parquet")]  # nothing copied
     (meta,) = [d for d in store.datasets()]
     assert (meta["train_rows"], meta["val_rows"]) == (600, 200)
     with pytest.raises(ValueError, match="no Parquet files at path='s3://hvd-spark/tables/none'"):
@@ -161,9 +161,9 @@ class KillStoreDuringCheckpoint(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if epoch != 2 or os.environ.get("HVD_SPARK_RANK") != "0":
             return
-        from hvd_spark._internal.data.store import Store as S
+        from hvd_spark._internal.data.files import StoreFiles as S
 
-        name = "_upload_file" if self.when == "model" else "_write_json"
+        name = "upload_file" if self.when == "model" else "write_json"
         original, pid = getattr(S, name), self.server_pid
 
         def faulty(self, *args):

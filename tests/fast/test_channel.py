@@ -9,7 +9,7 @@ from hvd_spark._internal.data.store import Store
 
 def test_live_channel_delivers_in_order_once_and_is_removed(tmp_path):
     store = Store(str(tmp_path / "store"))
-    path = store._path("runs", "r", "_live", "job1")
+    path = store.files.path("runs", "r", "_live", "job1")
     writer = channel.ChannelWriter(store, path, interval=0.05)
     reader = channel.ChannelReader(store, path)
     writer.put({"k": "start"})

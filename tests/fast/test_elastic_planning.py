@@ -10,7 +10,8 @@ import time
 import pytest
 
 from hvd_spark._internal.common.outcomes import TASK_LOST
-from hvd_spark._internal.data.store import Store, checkpoint_names
+from hvd_spark._internal.data.files import StoreFiles
+from hvd_spark._internal.data.store import Store, checkpoint_names, epoch_checkpoints
 from hvd_spark._internal.ml import controller, policies
 from hvd_spark._internal.ml.backend import InProcessBackend, in_process_rank
 from hvd_spark.errors import NotEnoughSlotsError, RankFailedError
@@ -45,22 +46,22 @@ class ElasticWriter:
             if me.rank == 0:
                 folder = store.checkpoints_path(cfg.run_id)
                 model_name, meta_name = checkpoint_names(epoch)
-                store._write_bytes(f"{folder}/{model_name}", b"w")
+                store.files.write_bytes(f"{folder}/{model_name}", b"w")
                 history = [{"loss": 1.0 / e} for e in range(1, epoch + 1)]
-                store._write_json(
+                store.files.write_json(
                     f"{folder}/{meta_name}", {"history": history, "iterations": 10 * epoch, "model_bytes": 1}
                 )
             if event == "return" and me.rank == 0:
                 del self.events[epoch]
                 self.backend.slots = self.backend.slots + 1
                 deadline = time.monotonic() + 5
-                while not store._exists(cfg.resize_marker) and time.monotonic() < deadline:
+                while not store.files.exists(cfg.resize_marker) and time.monotonic() < deadline:
                     time.sleep(0.02)
-            if epoch < cfg.epochs and cfg.resize_marker and store._exists(cfg.resize_marker):
+            if epoch < cfg.epochs and cfg.resize_marker and store.files.exists(cfg.resize_marker):
                 return {"rank": me.rank, "stopped_for_resize": True}
         result = {"rank": me.rank, "weights_digest": "same"}
         if me.rank == 0:
-            store._write_bytes(cfg.final_model, b"final")
+            store.files.write_bytes(cfg.final_model, b"final")
             result["epoch_logs"] = [{"loss": 1.0 / e} for e in range(1, cfg.epochs + 1)]
         return result
 
@@ -98,8 +99,8 @@ def test_a_lost_executor_shrinks_the_job_and_returning_slots_grow_it(tmp_path):
     assert shrink.lost_hosts == ("10.0.0.9",)
     assert (grow.from_size, grow.to_size, grow.resumed_from, grow.steps_redone) == (2, 3, "epoch 3", 0)
     assert trained.restarts == 1  # growing is no restart
-    assert [c.epoch for c in store._epoch_checkpoints("r")] == [1, 2, 3, 4, 5]
-    assert not store._exists(f"{store.run_path('r')}/_resize.json")  # the marker does not outlive the attempt
+    assert [c.epoch for c in epoch_checkpoints(store, "r")] == [1, 2, 3, 4, 5]
+    assert not store.files.exists(f"{store.run_path('r')}/_resize.json")  # the marker does not outlive the attempt
 
 
 def test_each_attempt_is_sized_for_its_ranks(tmp_path):
@@ -194,32 +195,33 @@ def test_the_first_attempt_starts_with_num_proc_ranks_at_most(tmp_path):
     assert writer.sizes == [2]
 
 
-class _MarkerWritesFail(Store):
-    """A store whose first ``failures`` writes of the resize marker fail (the store was down for a
-    few polls), and which works again after."""
+class _MarkerWritesFail(StoreFiles):
+    """A store's files whose first ``failures`` writes of the resize marker fail (the store was down
+    for a few polls), and which work again after."""
 
     def __init__(self, root: str, failures: int):
-        super().__init__(root)
+        super().__init__(root, {}, None)
         self.failures, self.tries = failures, 0
 
-    def _write_json(self, path, obj):
+    def write_json(self, path, obj):
         if path.endswith("/_resize.json"):
             self.tries += 1
             if self.tries <= self.failures:
                 raise PermissionError(13, "the store refused the write", path)
-        super()._write_json(path, obj)
+        super().write_json(path, obj)
 
 
 def test_growing_survives_failed_writes_of_the_resize_marker(tmp_path, caplog):
     """A failed write of the marker is tried again at the next poll (one warning per distinct error,
     not one per poll): training grows once the store takes it."""
-    store = _MarkerWritesFail(str(tmp_path), failures=3)
+    store = Store(str(tmp_path))
+    store.files = files = _MarkerWritesFail(str(tmp_path), failures=3)
     backend = InProcessBackend(3)
     backend.slots = 2  # the first attempt has 2 ranks; a slot returns in epoch 2
     writer = ElasticWriter(backend, {2: "return"})
     with caplog.at_level("WARNING", logger="hvd_spark"):
         trained = _run(store, backend, writer, 4, min_num_proc=2, max_num_proc=3)
-    assert writer.sizes == [2, 3] and store.tries == 4  # three failed writes, then the one that worked
+    assert writer.sizes == [2, 3] and files.tries == 4  # three failed writes, then the one that worked
     assert [(r.kind, r.from_size, r.to_size) for r in trained.recoveries] == [("grow", 2, 3)]
     warned = [r.getMessage() for r in caplog.records if "resize marker" in r.getMessage()]
     assert len(warned) == 1 and "the store refused the write" in warned[0], warned

@@ -11,7 +11,8 @@ import pytest
 
 from hvd_spark._internal.common.contracts import DataSpec, RunConfig
 from hvd_spark._internal.common.outcomes import TASK_LOST
-from hvd_spark._internal.data.store import Lease, Store, checkpoint_names
+from hvd_spark._internal.data.leases import Lease
+from hvd_spark._internal.data.store import Store, checkpoint_names
 from hvd_spark._internal.ml import controller, plan
 from hvd_spark._internal.ml.backend import InProcessBackend, fit_backend, in_process_rank
 from hvd_spark._internal.ml.model_info import architecture_fingerprint
@@ -63,8 +64,8 @@ class EpochWriter:
                 model_name, meta_name = checkpoint_names(epoch)
                 folder = store.checkpoints_path(cfg.run_id)
                 weights = f"weights after epoch {epoch}".encode()
-                store._write_bytes(f"{folder}/{model_name}", weights)
-                store._write_json(
+                store.files.write_bytes(f"{folder}/{model_name}", weights)
+                store.files.write_json(
                     f"{folder}/{meta_name}",
                     {
                         "epoch": epoch,
@@ -78,7 +79,7 @@ class EpochWriter:
             raise self.fail.pop("final")
         result = {"rank": me.rank, "weights_digest": "same", "size": me.size}
         if me.rank == 0:
-            store._write_bytes(cfg.final_model, b"final model")
+            store.files.write_bytes(cfg.final_model, b"final model")
             result["epoch_logs"] = history
         return result
 
@@ -215,14 +216,14 @@ def test_a_new_run_trains_from_the_users_model(store):
     model_bytes = _ModelBytes()
     p, trained, backend = _fit(store, "r1", 3, model_bytes=model_bytes)
     assert p.resume is None and p.history == [] and not p.finished(3)
-    run = store._read_json(p.run_json)
+    run = store.files.read_json(p.run_json)
     assert (run["feature_cols"], run["label_cols"], run["data_key"]) == (["x"], ["y"], "data-1")
     assert run["model_fingerprint"] == architecture_fingerprint(ARCH)
     assert [c.epoch for c in store.checkpoints("r1")] == [1, 2, 3]
     assert [r["rank"] for r in trained.results] == [0, 1] and trained.restarts == 0
     assert [h["loss"] for h in trained.results[0]["epoch_logs"]] == [1.0, 0.5, 1.0 / 3]
     assert backend.calls == 1 and model_bytes.calls == 1
-    assert store._read_bytes(store.model_path("r1", "fit-test")) == b"final model"
+    assert store.files.read_bytes(store.model_path("r1", "fit-test")) == b"final model"
 
 
 def test_a_later_fit_resumes_from_the_latest_checkpoint(store):
@@ -260,7 +261,7 @@ def test_a_run_without_a_complete_checkpoint_starts_over(store):
     p = _plan(store, "r1")
     plan.record_run(store, p, feature_cols=["x"], label_cols=["y"], data_key="k")
     model_name, _ = checkpoint_names(1)  # a model file without its JSON: not complete
-    store._write_bytes(f"{store.checkpoints_path('r1')}/{model_name}", b"partial")
+    store.files.write_bytes(f"{store.checkpoints_path('r1')}/{model_name}", b"partial")
     other = dict(ARCH, optimizer="Adam")
     again = _plan(store, "r1", arch=other)  # nothing to continue: another model may start the run
     assert again.resume is None and again.history == []
@@ -268,10 +269,10 @@ def test_a_run_without_a_complete_checkpoint_starts_over(store):
 
 def test_a_run_recorded_before_architectures_compares_the_coarse_fingerprint(store, caplog):
     _fit(store, "r1", 1)
-    run = store._read_json(f"{store.run_path('r1')}/run.json")
+    run = store.files.read_json(f"{store.run_path('r1')}/run.json")
     del run["architecture"]
     run["model_fingerprint"] = "legacy-fp"
-    store._write_json(f"{store.run_path('r1')}/run.json", run)
+    store.files.write_json(f"{store.run_path('r1')}/run.json", run)
     with caplog.at_level(logging.WARNING):
         assert _plan(store, "r1", legacy="legacy-fp").resume.epoch == 1
     assert "predates full model checks" in caplog.text
@@ -393,6 +394,6 @@ def test_an_attempt_that_trained_every_epoch_only_needs_its_final_model(store):
     _, trained, backend = _fit(store, "r1", 2, writer, max_restarts=1)
     assert backend.calls == 1 and trained.restarts == 1  # no second training job
     final = store.model_path("r1", "fit-test")
-    assert store._read_bytes(final) == b"weights after epoch 2"  # the last checkpoint, copied
+    assert store.files.read_bytes(final) == b"weights after epoch 2"  # the last checkpoint, copied
     assert [h["loss"] for h in trained.results[0]["epoch_logs"]] == [1.0, 0.5]
-    assert json.loads(store._read_bytes(store.checkpoints("r1")[-1].meta_path))["epoch"] == 2
+    assert json.loads(store.files.read_bytes(store.checkpoints("r1")[-1].meta_path))["epoch"] == 2

@@ -2,8 +2,10 @@
 
 import hvd_spark
 
-# What users call on a Store (docs/estimator.md, "Store"); everything else is internal.
+# What users call on a Store (docs/estimator.md, "Store"); everything else is internal (``files``: the
+# store's file operations, for hvd_spark's own packages).
 STORE_PUBLIC = {
+    "files",
     "create",
     "prefix",
     "storage_options",
@@ -71,5 +73,5 @@ def test_horovod_spark_store_names(tmp_path):
     ckpt = store.get_checkpoint_path("run01")
     assert ckpt == store.checkpoints_path("run01") and not store.exists(ckpt)
     (tmp_path / "runs" / "run01" / "checkpoints").mkdir(parents=True)
-    assert store.exists(ckpt) and store.exists(store._url(ckpt))  # the path, or its URL
+    assert store.exists(ckpt) and store.exists(store.files.url(ckpt))  # the path, or its URL
     assert not store.exists(store.run_path("other"))

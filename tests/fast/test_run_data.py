@@ -95,7 +95,7 @@ def test_other_data_is_refused_naming_what_differs_and_how_to_go_on(store, run, 
     assert says in message, message
     assert "The run trained on 6 training and 2 validation rows of " in message
     assert "epoch-0001.keras" in message and "set_weights" in message and "new run_id" in message
-    assert not store._exists(store.run_path("r1"))  # nothing read or written
+    assert not store.files.exists(store.run_path("r1"))  # nothing read or written
 
 
 def test_many_changed_files_are_counted_not_listed():
@@ -122,15 +122,15 @@ def test_data_without_identity_compares_the_split_only_and_says_so(store, caplog
 
 def test_a_run_recorded_before_data_records_warns_and_records_this_fits(store, caplog):
     p = _resumed(store, None)
-    store._write_json(p.run_json, {"run_id": "r1", "feature_cols": ["x"]})
+    store.files.write_json(p.run_json, {"run_id": "r1", "feature_cols": ["x"]})
     with caplog.at_level(logging.WARNING):
         plan.check_data(store, p, IN_PLACE)
     assert "recorded before runs recorded their data" in caplog.text
     plan.record_run(store, p, feature_cols=["x"], label_cols=["y"], data_key="k", data=IN_PLACE)
-    assert store._read_json(p.run_json) == {"run_id": "r1", "feature_cols": ["x"], "data": IN_PLACE}
+    assert store.files.read_json(p.run_json) == {"run_id": "r1", "feature_cols": ["x"], "data": IN_PLACE}
     recorded = _resumed(store, IN_PLACE)
     plan.record_run(store, recorded, feature_cols=["x"], label_cols=["y"], data_key="k", data=COPIED)
-    assert store._read_json(p.run_json)["data"] == IN_PLACE  # a run keeps its own record
+    assert store.files.read_json(p.run_json)["data"] == IN_PLACE  # a run keeps its own record
 
 
 def test_one_file_in_two_url_forms_is_one_file():

@@ -15,7 +15,7 @@ import socket
 import pytest
 
 from hvd_spark._internal.common import retry
-from hvd_spark._internal.data.store import Store, checkpoint_names, file_digest
+from hvd_spark._internal.data.store import Store, checkpoint_names, file_digest, job_config
 from hvd_spark.errors import StoreUnavailableError
 
 
@@ -155,16 +155,16 @@ def test_nested_operations_retry_once_not_once_each():
 def test_the_store_retries_its_operations_and_ships_its_window(tmp_path, monkeypatch):
     store = Store(str(tmp_path), retry_window=3)
     assert store.retry_window == 3.0
-    assert Store.from_config(store._job_config()).retry_window == 3.0
+    assert Store.from_config(job_config(store)).retry_window == 3.0
     monkeypatch.setenv("HVD_SPARK_STORE_RETRY_WINDOW", "7")
     plain = Store(str(tmp_path))
     assert plain.retry_window == 7.0 and "retry_window" not in plain.to_config()  # saved estimators keep the setting
-    assert plain._job_config()["retry_window"] == 7.0  # the ranks use the driver's
+    assert job_config(plain)["retry_window"] == 7.0  # the ranks use the driver's
     with pytest.raises(ValueError, match="retry_window must be"):
         Store(str(tmp_path), retry_window=-1)
 
     failures = iter([_refused(), _refused()])
-    real_ls = store._fs.ls
+    real_ls = store.files.fs.ls
 
     def flaky_ls(path, **kw):
         error = next(failures, None)
@@ -172,9 +172,9 @@ def test_the_store_retries_its_operations_and_ships_its_window(tmp_path, monkeyp
             raise error
         return real_ls(path, **kw)
 
-    monkeypatch.setattr(store._fs, "ls", flaky_ls)
-    store._write_json(store._path("runs", "r1", "run.json"), {"a": 1})
-    assert store._listdir(store.run_path("r1")) == ["run.json"]  # after two refused tries
+    monkeypatch.setattr(store.files.fs, "ls", flaky_ls)
+    store.files.write_json(store.files.path("runs", "r1", "run.json"), {"a": 1})
+    assert store.files.listdir(store.run_path("r1")) == ["run.json"]  # after two refused tries
 
 
 # --- checkpoints: verified before a run resumes from them -------------------------------------------
@@ -186,8 +186,8 @@ def _checkpoint(store: Store, run_id: str, epoch: int, payload: bytes, tmp_path)
     local = tmp_path / f"local-{epoch}.keras"
     local.write_bytes(payload)
     folder = store.checkpoints_path(run_id)
-    store._upload_file(str(local), f"{folder}/{model_name}")
-    store._write_json(f"{folder}/{meta_name}", {"history": [{"loss": 1.0}] * epoch, **file_digest(str(local))})
+    store.files.upload_file(str(local), f"{folder}/{model_name}")
+    store.files.write_json(f"{folder}/{meta_name}", {"history": [{"loss": 1.0}] * epoch, **file_digest(str(local))})
     return f"{folder}/{model_name}", f"{folder}/{meta_name}"
 
 
@@ -232,12 +232,12 @@ def test_a_checkpoint_of_an_earlier_version_is_checked_as_a_zip_archive(tmp_path
 
     store = Store(str(tmp_path / "store"))
     folder = store.checkpoints_path("r1")
-    store._makedirs(folder)
+    store.files.makedirs(folder)
     for epoch in (1, 2):
         model_name, meta_name = checkpoint_names(epoch)
         with zipfile.ZipFile(f"{folder}/{model_name}", "w") as z:
             z.writestr("config.json", json.dumps({"epoch": epoch}) * 100)
-        store._write_json(f"{folder}/{meta_name}", {"history": []})  # no size nor digest recorded
+        store.files.write_json(f"{folder}/{meta_name}", {"history": []})  # no size nor digest recorded
     assert store.latest_checkpoint("r1").epoch == 2
     path = f"{folder}/{checkpoint_names(2)[0]}"
     with open(path, "r+b") as f:

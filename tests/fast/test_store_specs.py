@@ -14,6 +14,7 @@ from hvd_spark._internal.common.specs import (
     steps_per_epoch,
     with_stored_names,
 )
+from hvd_spark._internal.data import leases
 from hvd_spark._internal.data.store import Checkpoint, Store, checkpoint_names, validate_run_id
 
 
@@ -54,12 +55,12 @@ def test_files_are_spread_by_rows_and_every_rank_gets_one():
 def test_checkpoints_are_complete_and_ordered(tmp_path):
     store = Store(str(tmp_path))
     folder = store.checkpoints_path("run")
-    store._makedirs(folder)
+    store.files.makedirs(folder)
     for epoch in (10, 2, 3):
         model, meta = checkpoint_names(epoch)
-        store._write_bytes(f"{folder}/{model}", b"model")
+        store.files.write_bytes(f"{folder}/{model}", b"model")
         if epoch != 3:  # epoch 3's metadata was never written: an incomplete checkpoint
-            store._write_json(f"{folder}/{meta}", {"epoch": epoch, "model_bytes": 5})
+            store.files.write_json(f"{folder}/{meta}", {"epoch": epoch, "model_bytes": 5})
     ckpts = store.checkpoints("run")
     assert [c.epoch for c in ckpts] == [2, 10]
     assert store.latest_checkpoint("run") == Checkpoint(10, f"{folder}/epoch-0010.keras", f"{folder}/epoch-0010.json")
@@ -68,19 +69,19 @@ def test_checkpoints_are_complete_and_ordered(tmp_path):
 
 def test_exclusive_create_has_one_winner_among_threads(tmp_path):
     store = Store(str(tmp_path))
-    path = store._path("data", "k", "_meta.json")
+    path = store.files.path("data", "k", "_meta.json")
     wins, barrier = [], threading.Barrier(8)
 
     def attempt(i):
         barrier.wait()
-        wins.append((i, store._create_exclusive_json(path, {"writer": i})))
+        wins.append((i, store.files.create_exclusive_json(path, {"writer": i})))
 
     threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]
     [t.start() for t in threads]
     [t.join(10) for t in threads]
     winners = [i for i, won in wins if won]
     assert len(wins) == 8 and len(winners) == 1
-    assert store._read_json(path) == {"writer": winners[0]}
+    assert store.files.read_json(path) == {"writer": winners[0]}
     assert [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".tmp-")] == []
 
 
@@ -93,23 +94,23 @@ def _until(cond, timeout=10.0):
 
 def _heartbeat(store, path):
     try:
-        return store._read_json(path)["heartbeat"]
+        return store.files.read_json(path)["heartbeat"]
     except (FileNotFoundError, ValueError):  # being rewritten
         return None
 
 
 def test_lease_is_live_while_held_and_gone_after(tmp_path):
     store = Store(str(tmp_path))
-    folder = store._path("data", "k")
-    store._makedirs(folder)
+    folder = store.files.path("data", "k")
+    store.files.makedirs(folder)
     path = f"{folder}/_writing-a.json"
-    with store._lease(path, heartbeat=0.2, attempt="a"):
+    with leases.lease(store.files, path, heartbeat=0.2, attempt="a"):
         first = _heartbeat(store, path)
         _until(lambda: (_heartbeat(store, path) or 0) > first)  # it beats, and stays live
-        live = store._live_leases(folder, "_writing-", stale=5)
+        live = leases.live_leases(store.files, folder, "_writing-", stale=5)
         assert [(d["attempt"], d["pid"]) for d in live] == [("a", os.getpid())]
-        assert store._live_leases(folder, "_writing-", stale=0) == []  # any age counts as stale
-    assert store._live_leases(folder, "_writing-", stale=5) == [] and os.listdir(folder) == []
+        assert leases.live_leases(store.files, folder, "_writing-", stale=0) == []  # any age counts as stale
+    assert leases.live_leases(store.files, folder, "_writing-", stale=5) == [] and os.listdir(folder) == []
 
 
 @pytest.mark.parametrize("bad", ["", "../up", "a/b", "-x", "x" * 129, 7])
@@ -119,24 +120,24 @@ def test_run_id_is_checked(bad):
 
 
 def test_exclusive_lease_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
-    from hvd_spark._internal.data.store import LeaseHeldError
+    from hvd_spark._internal.data.leases import LeaseHeldError
 
     store = Store(str(tmp_path / "store"))
-    path = store._path("runs", "r", "_writer.json")
-    with store._exclusive_lease(path, heartbeat=0.1, stale=5, run_id="r") as lease:
-        held = store._read_json(path)
+    path = store.files.path("runs", "r", "_writer.json")
+    with leases.exclusive_lease(store.files, path, heartbeat=0.1, stale=5, run_id="r") as lease:
+        held = store.files.read_json(path)
         assert held["run_id"] == "r" and held["pid"] == os.getpid()
         with pytest.raises(LeaseHeldError) as err:
-            with store._exclusive_lease(path, heartbeat=0.1, stale=5):
+            with leases.exclusive_lease(store.files, path, heartbeat=0.1, stale=5):
                 pass
         assert err.value.holder["token"] == held["token"]
         _until(lambda: (_heartbeat(store, path) or 0) > held["heartbeat"])  # it beats
         assert not lease.lost.is_set()
-    assert not store._exists(path)  # released
+    assert not store.files.exists(path)  # released
 
-    store._write_json(path, {"host": "h", "pid": 1, "heartbeat": time.time() - 60, "token": "dead"})
-    with store._exclusive_lease(path, heartbeat=0.1, stale=5) as lease:  # stale: taken over
-        assert store._read_json(path)["token"] != "dead"
-        store._write_json(path, {"host": "h2", "pid": 2, "heartbeat": time.time(), "token": "thief"})
+    store.files.write_json(path, {"host": "h", "pid": 1, "heartbeat": time.time() - 60, "token": "dead"})
+    with leases.exclusive_lease(store.files, path, heartbeat=0.1, stale=5) as lease:  # stale: taken over
+        assert store.files.read_json(path)["token"] != "dead"
+        store.files.write_json(path, {"host": "h2", "pid": 2, "heartbeat": time.time(), "token": "thief"})
         assert lease.lost.wait(10)  # the next heartbeat finds it taken
-    assert store._read_json(path)["token"] == "thief"  # a lease it lost is neither rewritten nor removed
+    assert store.files.read_json(path)["token"] == "thief"  # a lease it lost is neither rewritten nor removed

@@ -76,7 +76,7 @@ class ChannelWriter:
         self._seq += 1
         data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in batch).encode()
         try:
-            self.store._write_bytes(posixpath.join(str(self.path), f"{self._seq:08d}.jsonl"), data)
+            self.store.files.write_bytes(posixpath.join(str(self.path), f"{self._seq:08d}.jsonl"), data)
         except Exception as e:  # the store hiccuped: keep the records for the next try
             logger.warning("writing the job's progress to %s failed: %s", self.path, e)
             self._seq -= 1
@@ -111,13 +111,13 @@ class ChannelReader:
     def poll(self) -> list[dict]:
         out: list[dict] = []
         try:
-            names = [n for n in self.store._listdir(self.path) if n.endswith(".jsonl") and n not in self._seen]
+            names = [n for n in self.store.files.listdir(self.path) if n.endswith(".jsonl") and n not in self._seen]
         except Exception as e:  # the store hiccuped: try again at the next poll
             logger.debug("listing %s failed: %s", self.path, e)
             return out
         for name in sorted(names):
             try:
-                data = self.store._read_bytes(posixpath.join(self.path, name))
+                data = self.store.files.read_bytes(posixpath.join(self.path, name))
             except Exception as e:
                 logger.debug("reading %s failed: %s", name, e)
                 break  # keep the order: read it and those after it at the next poll
@@ -128,10 +128,10 @@ class ChannelReader:
     def remove(self) -> None:
         """Deletes the channel, and its parent folder when no other job's channel is in it."""
         with contextlib.suppress(Exception):  # what is left of a live channel is harmless
-            self.store._rm(self.path)
+            self.store.files.rm(self.path)
             parent = posixpath.dirname(self.path.rstrip("/"))
-            if not self.store._listdir(parent):
-                self.store._rm(parent)
+            if not self.store.files.listdir(parent):
+                self.store.files.rm(parent)
 
 
 def show(

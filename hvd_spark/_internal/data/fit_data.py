@@ -14,9 +14,10 @@ from typing import Any
 from hvd_spark._internal.common import retry, settings
 from hvd_spark._internal.common.contracts import DataSpec
 from hvd_spark._internal.common.specs import with_stored_names
+from hvd_spark._internal.data import leases
 from hvd_spark._internal.data import materialize as data_mod
 from hvd_spark._internal.data.identity import data_identity, dataset_key
-from hvd_spark._internal.data.store import Store
+from hvd_spark._internal.data.store import Store, data_path
 
 logger = logging.getLogger(__name__)
 
@@ -284,14 +285,14 @@ def removed_after(store: Store, written: Written):
     reuse it by) is removed when the fit ends, whatever the outcome: nothing would ever read it again."""
     from hvd_spark._internal.data.store import DATA_READER_PREFIX
 
-    reader = f"{store._data_path(written.key)}/{DATA_READER_PREFIX}{uuid.uuid4().hex[:12]}.json"
+    reader = f"{data_path(store, written.key)}/{DATA_READER_PREFIX}{uuid.uuid4().hex[:12]}.json"
     try:
-        with store._lease(reader, settings.LEASE_HEARTBEAT, key=written.key):
+        with leases.lease(store.files, reader, settings.LEASE_HEARTBEAT, key=written.key):
             yield
     finally:
         if written.ephemeral:
             try:
                 with retry.at_most(settings.LEASE_HEARTBEAT):  # a clean-up: the fit's outcome first
-                    store._rm(store._data_path(written.key))
+                    store.files.rm(data_path(store, written.key))
             except Exception as e:  # the store is unreachable: the fit's own outcome matters more
                 logger.warning("could not remove this fit's data %s: %s", written.key, e)

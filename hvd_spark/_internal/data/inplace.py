@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from hvd_spark._internal.common import sources
 from hvd_spark._internal.common.specs import ColumnInfo
 from hvd_spark._internal.data.jobs import spark_job
-from hvd_spark._internal.data.store import DATA_META, DATA_USED, FORMAT_VERSION, Store
+from hvd_spark._internal.data.store import DATA_META, DATA_USED, FORMAT_VERSION, Store, data_path
 from hvd_spark.errors import DataChangedError, DataPreparationError
 
 logger = logging.getLogger(__name__)
@@ -410,7 +410,7 @@ def _cached_scan(store: Store, meta_path: str, scan: Scan) -> dict | None:
     """The scan kept at ``meta_path`` by an earlier fit, or None (none, or one that does not read:
     damaged, cut short, of another version; logged, and the table is scanned again)."""
     try:
-        meta = store._read_json(meta_path)
+        meta = store.files.read_json(meta_path)
     except FileNotFoundError:
         return None
     except Exception as e:  # noqa: BLE001 - a cache: whatever fails, scanning again is correct
@@ -430,7 +430,10 @@ def _cached_scan(store: Store, meta_path: str, scan: Scan) -> dict | None:
         problem = "its row counts do not add up"
     if problem is not None:
         logger.warning(
-            "ignoring the kept scan of %s at %s (%s); scanning it again", scan.table, store._url(meta_path), problem
+            "ignoring the kept scan of %s at %s (%s); scanning it again",
+            scan.table,
+            store.files.url(meta_path),
+            problem,
         )
         return None
     return meta
@@ -458,13 +461,13 @@ def scan_table(
     ``on_driver``: the files are read by this process, ``slots`` threads (a local master), not by a
     Spark job."""
     key = table_key(scan.files, source)
-    meta_path = posixpath.join(store._data_path(key), DATA_META)
+    meta_path = posixpath.join(data_path(store, key), DATA_META)
     if reuse:
         meta = _cached_scan(store, meta_path, scan)
         if meta is not None:
             check(meta["stats"])
             try:
-                store._write_json(posixpath.join(store._data_path(key), DATA_USED), {"time": time.time()})
+                store.files.write_json(posixpath.join(data_path(store, key), DATA_USED), {"time": time.time()})
             except Exception:  # noqa: BLE001 - only for Store.cleanup's age: never fails a fit
                 pass
             logger.info(
@@ -529,7 +532,7 @@ def scan_table(
     )
     if reuse:
         try:
-            store._write_json(meta_path, meta)
+            store.files.write_json(meta_path, meta)
         except Exception as e:  # noqa: BLE001 - the scan is done; a later fit scans again
             logger.warning("could not keep the scan of %s in the store: %s", scan.table, e)
     return meta

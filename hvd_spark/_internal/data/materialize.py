@@ -21,9 +21,10 @@ from hvd_spark._internal.common.specs import (
     ColumnInfo,
     group_name,
 )
+from hvd_spark._internal.data import leases
 from hvd_spark._internal.data.jobs import spark_job
 from hvd_spark._internal.data.stats import column_stats, stats_aggs, stats_from
-from hvd_spark._internal.data.store import DATA_META, DATA_USED, FORMAT_VERSION, VAL_COL, Store
+from hvd_spark._internal.data.store import DATA_META, DATA_USED, FORMAT_VERSION, VAL_COL, Store, data_path, job_config
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +211,7 @@ def _write_through_store(
     Each task attempt writes its own file names (an object appears whole when its upload closes);
     the driver keeps the files of the attempts Spark returned and removes the others (a task
     attempt that failed or lost a speculative race). Returns ``(url, rows)`` per file and split."""
-    config = store._job_config()
+    config = job_config(store)
     group_rows = max(1, group_bytes // max(row_bytes, 1))
 
     def write(batches):
@@ -245,8 +246,8 @@ def _write_through_store(
                     if part.num_rows == 0:
                         continue
                     if split not in writers:
-                        task_store._makedirs(posixpath.dirname(targets[split]))
-                        f = stack.enter_context(task_store._fs.open(targets[split], "wb"))
+                        task_store.files.makedirs(posixpath.dirname(targets[split]))
+                        f = stack.enter_context(task_store.files.fs.open(targets[split], "wb"))
                         writers[split] = stack.enter_context(pq.ParquetWriter(f, part.schema, compression="snappy"))
                     pending[split].append(part)
                     rows[split] += part.num_rows
@@ -267,10 +268,10 @@ def _write_through_store(
     for split, files in out.items():  # files of task attempts that Spark did not keep
         kept = {posixpath.basename(f) for f, _ in files}
         folder = posixpath.join(path, split)
-        for name in store._listdir(folder):
+        for name in store.files.listdir(folder):
             if name not in kept:
-                store._rm(posixpath.join(folder, name))
-        out[split] = sorted((store._url(f), rows) for f, rows in files)
+                store.files.rm(posixpath.join(folder, name))
+        out[split] = sorted((store.files.url(f), rows) for f, rows in files)
     return out
 
 
@@ -278,11 +279,11 @@ def _parquet_files(store: Store, path: str) -> list[tuple[str, int]]:
     import pyarrow.parquet as pq
 
     out = []
-    for name in store._listdir(path):
+    for name in store.files.listdir(path):
         if name.endswith(".parquet") and not name.startswith(("_", ".")):
             full = posixpath.join(path, name)
-            with store._fs.open(full, "rb") as f:
-                out.append((store._url(full), pq.ParquetFile(f).metadata.num_rows))
+            with store.files.fs.open(full, "rb") as f:
+                out.append((store.files.url(full), pq.ParquetFile(f).metadata.num_rows))
     return out
 
 
@@ -293,7 +294,7 @@ def _usable(meta: dict | None, num_proc: int) -> TypeGuard[dict]:
 
 def _read_meta(store: Store, path: str) -> dict | None:
     try:
-        return store._read_json(path)
+        return store.files.read_json(path)
     except FileNotFoundError:
         return None
 
@@ -334,7 +335,7 @@ def materialize(
     from hvd_spark._internal.common import settings
 
     wait = settings.MATERIALIZE_WAIT.get(wait)
-    folder = store._data_path(key)
+    folder = data_path(store, key)
     meta_path = posixpath.join(folder, META_NAME)
     deadline, last_log = time.monotonic() + wait, 0.0
     while True:
@@ -343,12 +344,12 @@ def materialize(
             if check is not None:
                 check(meta["stats"])
             with contextlib.suppress(Exception):  # only for Store.cleanup's age: never fails a fit
-                store._write_json(posixpath.join(folder, DATA_USED), {"time": time.time()})
+                store.files.write_json(posixpath.join(folder, DATA_USED), {"time": time.time()})
             logger.info(
                 "reusing materialized data %s (%d train / %d val rows)", key, meta["train_rows"], meta["val_rows"]
             )
             return meta
-        writers = store._live_leases(folder, _LEASE_PREFIX, settings.LEASE_STALE)
+        writers = leases.live_leases(store.files, folder, _LEASE_PREFIX, settings.LEASE_STALE)
         if not writers or time.monotonic() > deadline:
             if writers:
                 logger.warning(
@@ -364,16 +365,20 @@ def materialize(
     _remove_dead_attempts(store, folder, meta)
     attempt = f"a-{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:8]}"
     try:
-        with store._lease(
-            posixpath.join(folder, f"{_LEASE_PREFIX}{attempt}.json"), settings.LEASE_HEARTBEAT, key=key, attempt=attempt
+        with leases.lease(
+            store.files,
+            posixpath.join(folder, f"{_LEASE_PREFIX}{attempt}.json"),
+            settings.LEASE_HEARTBEAT,
+            key=key,
+            attempt=attempt,
         ):
             return _write_attempt(
                 prepared, store, key, attempt, infos, row_bytes, num_proc, files or num_proc, check, meta is not None
             )
     except BaseException:
         with contextlib.suppress(Exception):  # the store may be what failed: the original error matters
-            if not store._listdir(folder):  # nothing of this key is left: leave no empty folder either
-                store._rm(folder)
+            if not store.files.listdir(folder):  # nothing of this key is left: leave no empty folder either
+                store.files.rm(folder)
         raise
 
 
@@ -392,18 +397,18 @@ def _remove_dead_attempts(store: Store, folder: str, meta: dict | None) -> None:
     """
     from hvd_spark._internal.common import settings
 
-    names = store._listdir(folder)
-    live = {d.get("attempt") for d in store._live_leases(folder, _LEASE_PREFIX, settings.LEASE_STALE)}
+    names = store.files.listdir(folder)
+    live = {d.get("attempt") for d in leases.live_leases(store.files, folder, _LEASE_PREFIX, settings.LEASE_STALE)}
     for name in names:
         if not name.startswith("a-") or name in live or (meta and meta.get("attempt") == name):
             continue
         path = posixpath.join(folder, name)
-        if not store._exists(posixpath.join(path, _COMPLETE)):
-            logger.info("removing %s, left incomplete by a fit that stopped while writing it", store._url(path))
-            store._rm(path)
+        if not store.files.exists(posixpath.join(path, _COMPLETE)):
+            logger.info("removing %s, left incomplete by a fit that stopped while writing it", store.files.url(path))
+            store.files.rm(path)
     for name in names:  # leases whose writer is gone
         if name.startswith(_LEASE_PREFIX) and name[len(_LEASE_PREFIX) : -len(".json")] not in live:
-            store._rm(posixpath.join(folder, name))
+            store.files.rm(posixpath.join(folder, name))
 
 
 def _observed(observation, infos: Sequence[ColumnInfo], prepared, store: Store, written: dict) -> dict:
@@ -447,10 +452,8 @@ def _write_attempt(
     from pyspark.sql import Observation
 
     t0 = time.time()
-    folder = store._data_path(key)
+    folder = data_path(store, key)
     path = posixpath.join(folder, attempt)
-    meta_path = posixpath.join(folder, META_NAME)
-    published = False
     try:
         # Rows are dealt round robin (a local sort first makes that deterministic on a retry), and the
         # statistics are observed in the writing stage itself: one evaluation of the input.
@@ -461,7 +464,7 @@ def _write_attempt(
         # ranks that read a row group whole, at a memory independent of the data's size (256 MB row
         # groups ran the 1 GiB heap of a local session out of memory at 20M rows).
         group_bytes = settings.ROW_GROUP_BYTES.get(conf=prepared.sparkSession.conf)
-        target = url_without_credentials(store._url(path))
+        target = url_without_credentials(store.files.url(path))
         with spark_job(f"writing the training data to {target}"):  # the Spark writer, or each task through the store
             if store.spark_writes:
                 (
@@ -469,7 +472,7 @@ def _write_attempt(
                     .partitionBy(VAL_COL)
                     .option("parquet.block.size", group_bytes)
                     .option("compression", "snappy")
-                    .parquet(store._url(path))
+                    .parquet(store.files.url(path))
                 )
                 written = {
                     split: _parquet_files(store, posixpath.join(path, f"{VAL_COL}={flag}"))
@@ -499,30 +502,39 @@ def _write_attempt(
             "format": FORMAT_VERSION,
             "created": time.time(),
         }
-        store._write_bytes(posixpath.join(path, _COMPLETE), b"")
-        if replace:  # the published data had too few files: replace it (its files stay for its readers)
-            store._write_json(meta_path, meta)
-            published = True
-        else:
-            published = store._create_exclusive_json(meta_path, meta)
-            if not published:  # another fit published the same data first: use that and drop ours
-                other = _read_meta(store, meta_path)
-                if _usable(other, num_proc):
-                    logger.info("another fit wrote data %s first; using its files", key)
-                    store._rm(path)
-                    return other
-                store._write_json(meta_path, meta)
-                published = True
-    except BaseException:
-        if not published:
-            with contextlib.suppress(Exception):  # unreachable store: the next writer removes the attempt
-                store._rm(path)
+        other = _publish(store, key, path, meta, num_proc, replace)
+        if other is not None:
+            return other
+    except BaseException:  # not published (``_publish`` raises only before it publishes)
+        with contextlib.suppress(Exception):  # unreachable store: the next writer removes the attempt
+            store.files.rm(path)
         raise
     logger.info(
         "materialized %d train / %d val rows to %s in %.1fs (one pass over the input)",
         meta["train_rows"],
         meta["val_rows"],
-        store._url(path),
+        store.files.url(path),
         time.time() - t0,
     )
     return meta
+
+
+def _publish(store: Store, key: str, path: str, meta: dict, num_proc: int, replace: bool) -> dict | None:
+    """Marks the attempt at ``path`` complete and publishes ``meta`` (its files) as the data of ``key``.
+    Returns None once it is published, or the metadata of another fit that published the same data
+    first (usable by ``num_proc`` ranks), whose files are then used and this attempt's removed. An
+    error before publication is raised (the caller removes the attempt)."""
+    meta_path = posixpath.join(data_path(store, key), META_NAME)
+    store.files.write_bytes(posixpath.join(path, _COMPLETE), b"")
+    if replace:  # the published data had too few files: replace it (its files stay for its readers)
+        store.files.write_json(meta_path, meta)
+        return None
+    if store.files.create_exclusive_json(meta_path, meta):
+        return None
+    other = _read_meta(store, meta_path)  # another fit published the same data first: use that and drop ours
+    if _usable(other, num_proc):
+        logger.info("another fit wrote data %s first; using its files", key)
+        store.files.rm(path)
+        return other
+    store.files.write_json(meta_path, meta)
+    return None

@@ -22,25 +22,27 @@ Layout under the prefix::
 
 Every file operation of the store goes through one retry policy (``common/retry.py``): transient errors
 (connection refused or reset, timeouts, 5xx, throttling) are retried for ``retry_window`` seconds.
+
+This module is the store's public face (paths, checkpoints, models, runs, cleanup). Its file operations
+are ``data/files.py``'s :class:`~hvd_spark._internal.data.files.StoreFiles` (``store.files``), its leases
+``data/leases.py``; the other packages use those, and this module's functions (:func:`job_config`,
+:func:`data_path`, :func:`epoch_checkpoints`, :func:`checkpoint_damage`, :func:`remove_commits_before`),
+never the store's underscore names.
 """
 
 import contextlib
-import hashlib
-import json
+import functools
 import logging
 import os
 import posixpath
 import re
-import socket
-import tempfile
-import threading
 import time
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from hvd_spark._internal.common import retry
+from hvd_spark._internal.data import leases
+from hvd_spark._internal.data.files import StoreFiles, sha256_of
 
 logger = logging.getLogger(__name__)
 
@@ -56,34 +58,6 @@ VAL_COL = "__hvd_spark_is_val"  # data/<key>/<VAL_COL>=true|false/: the validati
 DATA_META = "_hvd_spark_meta.json"  # data/<key>/: names the published files
 DATA_USED = "_last_used.json"  # data/<key>/: when a fit last reused it
 DATA_READER_PREFIX = "_reading-"  # data/<key>/_reading-<fit>.json: a fit trains on it now (a lease)
-
-_HELD_TOKENS: set[str] = set()  # the tokens of the exclusive leases this process holds right now
-
-
-def _left_lease(path: str, error: BaseException) -> None:
-    logger.warning(
-        "could not remove the lease %s (%s: %s); it expires once its heartbeat is old enough",
-        path,
-        type(error).__name__,
-        error,
-    )
-
-
-class LeaseHeldError(Exception):
-    """The lease at ``path`` is held by a live process, described by ``holder`` (its lease file)."""
-
-    def __init__(self, path: str, holder: dict[str, Any]):
-        self.path, self.holder = path, holder
-        super().__init__(f"{path} is held by {holder.get('host', '?')} (pid {holder.get('pid', '?')})")
-
-
-@dataclass(frozen=True)
-class Lease:
-    """An exclusive lease this process holds: its file, its token, and whether it was lost."""
-
-    path: str
-    token: str
-    lost: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)
@@ -149,41 +123,25 @@ class Store:
             from hvd_spark._internal.common.settings import parse_seconds
 
             retry_window = parse_seconds("retry_window", retry_window)
-        import fsspec
-
         self._retry_window = retry_window
         self._verified: set[tuple[str, int, str]] = set()  # checkpoint models whose SHA-256 matched
         self.parquet_writer = parquet_writer
         self.storage_options = dict(storage_options or {})
         if "://" not in prefix:
             prefix = os.path.abspath(os.path.expanduser(prefix))
-        self._fs, self._root = fsspec.core.url_to_fs(prefix, **self.storage_options)
-        self._root = self._root.rstrip("/") or "/"
-        self._protocol = self._fs.protocol if isinstance(self._fs.protocol, str) else self._fs.protocol[0]
+        self.files = StoreFiles(prefix, self.storage_options, retry_window)  # internal: file operations
         self.prefix = prefix
 
     @property
     def retry_window(self) -> float:
         """Seconds a failing operation is retried (see the ``retry_window`` argument)."""
-        return self._retry_window if self._retry_window is not None else retry.window()
-
-    def _retrying(self, operation: str, fn):
-        """``fn()`` under the store's retry policy (``common/retry.py``); ``operation`` says what it
-        does, for the error when the store stays unreachable."""
-        from hvd_spark._internal.common.secrets import url_without_credentials
-
-        return retry.call(url_without_credentials(self.prefix), operation, fn, seconds=self.retry_window)
-
-    def _rel(self, path: str) -> str:
-        """``path`` relative to the store's prefix, for messages."""
-        root = self._root.rstrip("/") + "/"
-        return path[len(root) :] if path.startswith(root) else path
+        return self.files.retry_window
 
     @property
     def spark_writes(self) -> bool:
         """Whether Spark's own Parquet writer writes the materialized data (see ``parquet_writer``)."""
         if self.parquet_writer == "auto":
-            return self._protocol in _SPARK_PROTOCOLS
+            return self.files.protocol in _SPARK_PROTOCOLS
         return self.parquet_writer == "spark"
 
     @classmethod
@@ -217,11 +175,6 @@ class Store:
             config["retry_window"] = self._retry_window
         return config
 
-    def _job_config(self) -> dict[str, Any]:
-        """:meth:`to_config` for the processes of a job: the retry window resolved here, so that every
-        rank retries as long as the driver does."""
-        return dict(self.to_config(), retry_window=self.retry_window)
-
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "Store":
         return cls(
@@ -232,19 +185,9 @@ class Store:
         )
 
     # --- paths ---
-    def _path(self, *parts: str) -> str:
-        return posixpath.join(self._root, *parts)
-
-    def _url(self, path: str) -> str:
-        """A URL for ``path`` that Spark and Petastorm understand."""
-        return self._fs.unstrip_protocol(path)
-
-    def _data_path(self, key: str) -> str:
-        return self._path("data", key)
-
     def run_path(self, run_id: str) -> str:
         validate_run_id(run_id)
-        return self._path("runs", run_id)
+        return self.files.path("runs", run_id)
 
     def checkpoints_path(self, run_id: str) -> str:
         return posixpath.join(self.run_path(run_id), "checkpoints")
@@ -259,7 +202,7 @@ class Store:
         (horovod.spark's ``Store.exists``)."""
         from fsspec.core import strip_protocol
 
-        return self._exists(strip_protocol(path))
+        return self.files.exists(strip_protocol(path))
 
     def logs_path(self, run_id: str) -> str:
         return posixpath.join(self.run_path(run_id), "logs")
@@ -276,313 +219,17 @@ class Store:
         rewritten, so a fitted transformer keeps its model), or without ``fit_id`` the newest fit's."""
         if fit_id is not None:
             return posixpath.join(self.models_path(run_id), f"{fit_id}.keras")
-        names = [n for n in self._listdir(self.models_path(run_id)) if n.endswith(".keras")]
+        names = [n for n in self.files.listdir(self.models_path(run_id)) if n.endswith(".keras")]
         if names:  # fit ids start with their time: the last name is the newest
             return posixpath.join(self.models_path(run_id), sorted(names)[-1])
         return posixpath.join(self.run_path(run_id), "model.keras")  # a run of an earlier version
-
-    # --- file operations ---
-    def _fresh(self, path: str) -> None:
-        """Forgets fsspec's cached listings of ``path``: object stores' filesystems (s3fs) cache each
-        listing for the life of the process, and other processes write here (ranks, other fits)."""
-        self._fs.invalidate_cache(path)
-
-    def _exists(self, path: str) -> bool:
-        def exists() -> bool:
-            self._fresh(path)
-            return self._fs.exists(path)
-
-        return self._retrying(f"checking {self._rel(path)}", exists)
-
-    def _makedirs(self, path: str) -> None:
-        self._retrying(f"creating {self._rel(path)}", lambda: self._fs.makedirs(path, exist_ok=True))
-
-    def _read_bytes(self, path: str) -> bytes:
-        def read() -> bytes:
-            with self._fs.open(path, "rb") as f:
-                return f.read()
-
-        return self._retrying(f"reading {self._rel(path)}", read)
-
-    def _read_json(self, path: str) -> Any:
-        data = self._read_bytes(path)
-        try:
-            return json.loads(data.decode())
-        except ValueError as e:  # cut short, or not ours: say which file
-            raise ValueError(f"{self._url(path)} does not read as JSON: {retry.one_line(e)}") from e
-
-    def _atomic(self, path: str, write) -> None:
-        """Runs ``write(tmp)`` for a temporary name beside ``path``, then renames it into place."""
-        parent = posixpath.dirname(path)
-
-        def attempt() -> None:
-            self._makedirs(parent)
-            tmp = posixpath.join(parent, f".tmp-{uuid.uuid4().hex}-{posixpath.basename(path)}")
-            try:
-                write(tmp)
-                self._fs.mv(tmp, path)
-            except BaseException:
-                with contextlib.suppress(Exception):  # the store is down: the write's own error matters
-                    self._fs.rm(tmp)
-                raise
-
-        self._retrying(f"writing {self._rel(path)}", attempt)
-
-    def _write_bytes(self, path: str, data: bytes) -> None:
-        """Writes ``data`` to ``path`` atomically: to a temporary name beside it, then a rename."""
-
-        def write(tmp):
-            with self._fs.open(tmp, "wb") as f:
-                f.write(data)
-
-        self._atomic(path, write)
-
-    def _write_json(self, path: str, obj: Any) -> None:
-        self._write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
-
-    def _create_exclusive_json(self, path: str, obj: Any) -> bool:
-        """Writes ``obj`` to ``path`` only if nothing is there; returns whether this call wrote it.
-
-        On local (and mounted shared) filesystems this is atomic across processes and hosts: the
-        file is written under a temporary name and hard-linked into place, and a link fails when
-        the name exists. Object stores and other fsspec filesystems have no such operation here,
-        so the check and the (atomic) write are two steps: two writers that race within that gap
-        both succeed and the later one's file stays. Callers must be correct in that case too.
-        """
-        data = json.dumps(obj, indent=1, sort_keys=True).encode()
-        if not self._is_local:
-            if self._exists(path):
-                return False
-            self._write_bytes(path, data)
-            return True
-        parent = posixpath.dirname(path)
-        self._makedirs(parent)
-        tmp = posixpath.join(parent, f".tmp-{uuid.uuid4().hex}-{posixpath.basename(path)}")
-        with open(tmp, "wb") as f:
-            f.write(data)
-        try:
-            os.link(tmp, path)
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(tmp)
-
-    @property
-    def _is_local(self) -> bool:
-        return self._protocol in ("file", "local")
-
-    @contextlib.contextmanager
-    def _lease(self, path: str, heartbeat: float, **info):
-        """Holds a lease file at ``path`` while the block runs: a JSON with ``info``, this host and
-        process, refreshed every ``heartbeat`` seconds by a daemon thread, removed at the end.
-
-        Others read it with :meth:`live_leases` to tell a writer in progress from one that died
-        (whose heartbeat stops).
-        """
-        doc = dict(info, host=socket.gethostname(), pid=os.getpid(), started=time.time())
-
-        def beat() -> bool:
-            with contextlib.suppress(Exception), retry.at_most(heartbeat):  # a missed one: the next retries
-                self._write_json(path, dict(doc, heartbeat=time.time()))
-            return True
-
-        beat()
-        try:
-            with self._beating(path, heartbeat, beat):
-                yield
-        finally:
-            try:
-                with retry.at_most(heartbeat):
-                    self._rm(path)
-            except Exception as e:  # the store is unreachable: the block's own outcome matters more
-                _left_lease(path, e)
-
-    @contextlib.contextmanager
-    def _beating(self, path: str, heartbeat: float, beat: Callable[[], bool]):
-        """Calls ``beat()`` every ``heartbeat`` seconds from a daemon thread while the block runs, until
-        it returns False (the lease at ``path`` was lost)."""
-        stop = threading.Event()
-
-        def run():
-            while not stop.wait(heartbeat):
-                if not beat():
-                    return
-
-        thread = threading.Thread(target=run, name=f"hvd_spark-lease-{posixpath.basename(path)}", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join(timeout=heartbeat + 5)
-
-    @contextlib.contextmanager
-    def _exclusive_lease(self, path: str, heartbeat: float, stale: float, **info):
-        """Holds the only lease at ``path`` while the block runs, or raises :class:`LeaseHeldError`
-        with the holder's lease when another process holds it (its heartbeat younger than ``stale``
-        seconds). A lease whose holder stopped beating (its process or host died) is taken over.
-
-        The lease carries a random token; the heartbeat thread rewrites it only while it still holds
-        that token, and the end removes it only then, so a holder that lost its lease (it was taken
-        over after a long stall) never removes its successor's.
-        """
-        token = uuid.uuid4().hex
-        doc = dict(info, host=socket.gethostname(), pid=os.getpid(), started=time.time(), token=token)
-
-        def current() -> dict[str, Any] | None:
-            try:
-                return self._read_json(path)
-            except (FileNotFoundError, ValueError):  # released meanwhile / being replaced
-                return None
-
-        created = self._create_exclusive_json(path, dict(doc, heartbeat=time.time()))
-        if created and not self._is_local:  # an object store's create is check-then-write: read it back
-            time.sleep(0.2)
-            mine = current()
-            if mine is None or mine.get("token") != token:
-                raise LeaseHeldError(path, mine or {})
-        if not created:
-            held = current()
-            # This process's own lease that it could not remove (the store was down then) is not held.
-            ours_left = held is not None and (held.get("host"), held.get("pid")) == (doc["host"], doc["pid"])
-            if (
-                held is not None
-                and time.time() - float(held.get("heartbeat", 0)) < stale
-                and not (ours_left and held.get("token") not in _HELD_TOKENS)
-            ):
-                raise LeaseHeldError(path, held)
-            self._write_json(path, dict(doc, heartbeat=time.time()))  # stale: its holder is gone
-            time.sleep(0.2)
-            mine = current()
-            if mine is None or mine.get("token") != token:  # another process took it over at the same time
-                raise LeaseHeldError(path, mine or {})
-
-        handle = Lease(path, token)
-
-        def beat() -> bool:
-            try:
-                with retry.at_most(heartbeat):
-                    held = current()
-            except Exception:  # the store is unreachable for now: try again at the next heartbeat
-                return True
-            if held is None or held.get("token") != token:
-                handle.lost.set()  # taken over (this holder stalled for longer than ``stale``) or removed
-                logger.error("the lease %s was lost (now %s)", path, held and f"held by pid {held.get('pid')}")
-                return False
-            with contextlib.suppress(Exception), retry.at_most(heartbeat):  # a missed one: the next retries
-                self._write_json(path, dict(doc, heartbeat=time.time()))
-            return True
-
-        _HELD_TOKENS.add(token)
-        try:
-            with self._beating(path, heartbeat, beat):
-                yield handle
-        finally:
-            _HELD_TOKENS.discard(token)
-            try:
-                with retry.at_most(heartbeat):
-                    held = current()
-                    if held is not None and held.get("token") == token:
-                        self._rm(path)
-            except Exception as e:  # the store is unreachable: the block's own outcome matters more
-                _left_lease(path, e)
-
-    def _live_leases(self, folder: str, prefix: str, stale: float) -> list[dict[str, Any]]:
-        """The leases ``folder/<prefix>*.json`` whose heartbeat is younger than ``stale`` seconds."""
-        out = []
-        for name in self._listdir(folder):
-            if not (name.startswith(prefix) and name.endswith(".json")):
-                continue
-            with contextlib.suppress(FileNotFoundError, ValueError):  # released meanwhile / being replaced
-                doc = self._read_json(posixpath.join(folder, name))
-                if time.time() - float(doc.get("heartbeat", 0)) < stale:
-                    out.append(dict(doc, name=name))
-        return out
-
-    def _upload_file(self, local: str, path: str) -> None:
-        """Copies a local file to ``path`` atomically."""
-        self._atomic(path, lambda tmp: self._fs.put_file(local, tmp))
-
-    def _download_file(self, path: str, local: str) -> str:
-        self._retrying(f"downloading {self._rel(path)}", lambda: self._fs.get_file(path, local))
-        return local
-
-    def _upload_dir(self, local_dir: str, path: str) -> None:
-        """Copies the files under a local folder to ``path`` (for TensorBoard logs)."""
-        for dirpath, _, files in os.walk(local_dir):
-            rel = os.path.relpath(dirpath, local_dir)
-            for name in files:
-                dest = posixpath.normpath(posixpath.join(path, rel.replace(os.sep, "/"), name))
-                self._makedirs(posixpath.dirname(dest))
-                local = os.path.join(dirpath, name)
-                self._retrying(
-                    f"uploading {self._rel(dest)}", lambda local=local, dest=dest: self._fs.put_file(local, dest)
-                )
-
-    def _rm(self, path: str) -> None:
-        def rm() -> None:
-            with contextlib.suppress(FileNotFoundError):  # removed meanwhile: nothing left to do
-                self._fresh(path)
-                if self._fs.exists(path):
-                    self._fs.rm(path, recursive=True)
-
-        self._retrying(f"removing {self._rel(path)}", rm)
-
-    def _listdir(self, path: str) -> list[str]:
-        return sorted(self._sizes(path))
-
-    def _sizes(self, path: str) -> dict[str, int | None]:
-        """The names in the folder ``path`` with their sizes in bytes (None for folders); empty when
-        it does not exist."""
-
-        def ls() -> dict[str, int | None]:
-            self._fresh(path)
-            try:
-                entries = self._fs.ls(path, detail=True)
-            except FileNotFoundError:
-                return {}
-            return {
-                posixpath.basename(e["name"].rstrip("/")): (e.get("size") if e.get("type") != "directory" else None)
-                for e in entries
-            }
-
-        return self._retrying(f"listing {self._rel(path)}", ls)
-
-    def _check_writable(self) -> None:
-        """Raises ValueError, leaving nothing behind, when the store cannot be written."""
-        probe = self._path(f".hvd_spark-probe-{uuid.uuid4().hex}")
-        try:
-            self._fs.exists(self._root)  # one request: a server that is down fails here, before any retries of a write
-        except Exception as e:
-            endpoint = self.storage_options.get("endpoint_url") or self.storage_options.get("client_kwargs", {}).get(
-                "endpoint_url"
-            )
-            raise ValueError(
-                f"store must be reachable by hvd_spark. Received: {self.prefix!r}"
-                + (f" (endpoint_url={endpoint!r})" if endpoint else "")
-                + f", which failed with {type(e).__name__}: {e}. Check that its server is up and that "
-                "storage_options (endpoint, keys) are right."
-            ) from e
-        try:
-            self._makedirs(self._root)
-            with self._fs.open(probe, "wb") as f:
-                f.write(b"ok")
-        except Exception as e:
-            raise ValueError(
-                f"store must be writable by hvd_spark. Received: {self.prefix!r}, which failed "
-                f"with {type(e).__name__}: {e}. Choose a path every executor can write."
-            ) from e
-        finally:
-            with contextlib.suppress(Exception):  # the probe was never written: nothing to remove
-                self._fs.rm(probe)
 
     # --- checkpoints ---
     def checkpoints(self, run_id: str) -> list[Checkpoint]:
         """The checkpoints of a run whose two files exist, oldest first (their contents are checked by
         :meth:`latest_checkpoint`)."""
         ckpt_dir = self.checkpoints_path(run_id)
-        names = set(self._listdir(ckpt_dir))
+        names = set(self.files.listdir(ckpt_dir))
         out = []
         for name in names:
             m = _CKPT.match(name)
@@ -593,30 +240,6 @@ class Store:
                 out.append(Checkpoint(int(m.group(1)), model, posixpath.join(ckpt_dir, name), step))
         return sorted(out, key=lambda c: (c.epoch, c.step))
 
-    def _parquet_metadata(self, path: str):
-        """The footer (pyarrow ``FileMetaData``) of the Parquet file at ``path``."""
-        import pyarrow.parquet as pq
-
-        def footer():
-            self._fresh(path)
-            with self._fs.open(path, "rb") as f:
-                return pq.ParquetFile(f).metadata
-
-        return self._retrying(f"reading the footer of {self._rel(path)}", footer)
-
-    def _epoch_checkpoints(self, run_id: str) -> list[Checkpoint]:
-        """The checkpoints at epoch ends, oldest first (no commits inside an epoch)."""
-        return [c for c in self.checkpoints(run_id) if not c.step]
-
-    def _remove_commits_before(self, run_id: str, epoch: int, step: int) -> None:
-        """Removes the commits inside an epoch older than ``(epoch, step)``: once a newer checkpoint
-        is complete they are never resumed from. Epoch checkpoints stay."""
-        for c in self.checkpoints(run_id):
-            if c.step and (c.epoch, c.step) < (epoch, step):
-                for path in (c.meta_path, c.model_path):  # the JSON first: never a JSON without its model
-                    with contextlib.suppress(FileNotFoundError):
-                        self._rm(path)
-
     def latest_checkpoint(self, run_id: str, *, deep: bool = True, set_aside: bool = False) -> Checkpoint | None:
         """The newest checkpoint of a run that is whole: its JSON reads, and its model file has the
         size (and, with ``deep``, the SHA-256) the JSON records. Damaged ones (a partial upload, a
@@ -624,74 +247,20 @@ class Store:
         that holds the run's lease and resumes from an older one) they are moved to
         ``checkpoints/damaged/``, so that the epochs they held are trained and written again."""
         for ckpt in reversed(self.checkpoints(run_id)):
-            damage = self._checkpoint_damage(ckpt, deep)
+            damage = checkpoint_damage(self, ckpt, deep)
             if damage is None:
                 return ckpt
             logger.warning(
                 "run '%s': the checkpoint of %s in %s is damaged (%s); %s",
                 run_id,
                 ckpt.position,
-                self._url(posixpath.dirname(ckpt.meta_path)),
+                self.files.url(posixpath.dirname(ckpt.meta_path)),
                 damage,
                 "moved to checkpoints/damaged/, resuming from an older one" if set_aside else "using an older one",
             )
             if set_aside:
-                self._set_aside(ckpt)
+                _set_aside(self, ckpt)
         return None
-
-    def _checkpoint_damage(self, ckpt: Checkpoint, deep: bool) -> str | None:
-        """What is wrong with ``ckpt``'s files, or None. Errors of an unreachable store are raised
-        (StoreUnavailableError), never taken for damage."""
-        try:
-            meta = self._read_json(ckpt.meta_path)
-        except FileNotFoundError:
-            return f"{posixpath.basename(ckpt.meta_path)} is gone"
-        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-            return f"{posixpath.basename(ckpt.meta_path)} does not read as JSON: {retry.one_line(e)}"
-        name = posixpath.basename(ckpt.model_path)
-        if not isinstance(meta, dict) or not isinstance(meta.get("history", []), list):
-            return f"{posixpath.basename(ckpt.meta_path)} is not a checkpoint's metadata"
-        size = self._sizes(posixpath.dirname(ckpt.model_path)).get(name)
-        if size is None:
-            return f"{name} is gone"
-        expected = meta.get("model_bytes")
-        if expected is not None and int(expected) != int(size):
-            return f"{name} holds {size} bytes, {expected} were written"
-        digest = meta.get("model_sha256")
-        if not deep or (digest is None and expected is not None):
-            return None
-        if digest is not None:
-            if (ckpt.model_path, size, digest) in self._verified:
-                return None
-            actual = self._retrying(f"reading {self._rel(ckpt.model_path)}", lambda: self._sha256(ckpt.model_path))
-            if actual != digest:
-                return f"{name}'s SHA-256 is {actual[:12]}..., {digest[:12]}... was written"
-            self._verified.add((ckpt.model_path, size, digest))
-            return None
-        # A checkpoint of an earlier version records neither: a .keras file is a zip archive, whose
-        # directory at its end is missing when the file was cut short.
-        import zipfile
-
-        def readable() -> bool:
-            with self._fs.open(ckpt.model_path, "rb") as f:
-                return zipfile.is_zipfile(f)
-
-        if not self._retrying(f"reading {self._rel(ckpt.model_path)}", readable):
-            return f"{name} is not a whole .keras archive"
-        return None
-
-    def _sha256(self, path: str) -> str:
-        with self._fs.open(path, "rb") as f:
-            return _sha256_of(f)
-
-    def _set_aside(self, ckpt: Checkpoint) -> None:
-        """Moves a damaged checkpoint's files to ``checkpoints/damaged/`` (kept, never deleted)."""
-        folder = posixpath.join(posixpath.dirname(ckpt.meta_path), "damaged")
-        self._makedirs(folder)
-        for path in (ckpt.meta_path, ckpt.model_path):  # the JSON first: never a JSON without its model
-            dest = posixpath.join(folder, f"{int(time.time())}-{posixpath.basename(path)}")
-            with contextlib.suppress(FileNotFoundError):
-                self._retrying(f"moving {self._rel(path)} aside", lambda path=path, dest=dest: self._fs.mv(path, dest))
 
     # --- what the store holds, and removing it ---
     def datasets(self) -> list[dict[str, Any]]:
@@ -702,22 +271,22 @@ class Store:
         from hvd_spark._internal.common import settings
 
         out = []
-        root = self._path("data")
-        for key in self._listdir(root):
+        root = self.files.path("data")
+        for key in self.files.listdir(root):
             folder = posixpath.join(root, key)
             try:
-                meta = self._read_json(posixpath.join(folder, DATA_META))
+                meta = self.files.read_json(posixpath.join(folder, DATA_META))
             except (FileNotFoundError, ValueError):
                 meta = {}
-            created = float(meta.get("created") or self._mtime(folder))
+            created = float(meta.get("created") or self.files.mtime(folder))
             used = self._read_time(posixpath.join(folder, DATA_USED))
-            live = self._live_leases(folder, "_writing-", settings.LEASE_STALE) + self._live_leases(
-                folder, DATA_READER_PREFIX, settings.LEASE_STALE
+            live = leases.live_leases(self.files, folder, "_writing-", settings.LEASE_STALE) + leases.live_leases(
+                self.files, folder, DATA_READER_PREFIX, settings.LEASE_STALE
             )
             out.append(
                 {
                     "key": key,
-                    "url": self._url(folder),
+                    "url": self.files.url(folder),
                     "created": created,
                     "last_used": max(created, used or 0.0),
                     "train_rows": meta.get("train_rows"),
@@ -733,22 +302,22 @@ class Store:
         (its newest checkpoint or model, epoch seconds), ``epochs`` (of its newest complete checkpoint),
         ``models`` (final models of its fits) and ``in_use`` (a fit is training it now)."""
         out = []
-        for run_id in self._listdir(self._path("runs")):
+        for run_id in self.files.listdir(self.files.path("runs")):
             if not _RUN_ID.match(run_id):
                 continue
             folder = self.run_path(run_id)
             latest = self.latest_checkpoint(run_id, deep=False)
-            models = [n for n in self._listdir(self.models_path(run_id)) if n.endswith(".keras")]
+            models = [n for n in self.files.listdir(self.models_path(run_id)) if n.endswith(".keras")]
             try:
-                created = float(self._read_json(posixpath.join(folder, "run.json")).get("created") or 0.0)
+                created = float(self.files.read_json(posixpath.join(folder, "run.json")).get("created") or 0.0)
             except (FileNotFoundError, ValueError):
-                created = self._mtime(folder)
-            times = [created] + ([self._mtime(latest.meta_path)] if latest else [])
-            times += [self._mtime(posixpath.join(self.models_path(run_id), m)) for m in sorted(models)[-1:]]
+                created = self.files.mtime(folder)
+            times = [created] + ([self.files.mtime(latest.meta_path)] if latest else [])
+            times += [self.files.mtime(posixpath.join(self.models_path(run_id), m)) for m in sorted(models)[-1:]]
             out.append(
                 {
                     "run_id": run_id,
-                    "url": self._url(folder),
+                    "url": self.files.url(folder),
                     "created": created,
                     "last_active": max(times),
                     "epochs": latest.epoch if latest else 0,
@@ -770,7 +339,7 @@ class Store:
             raise ValueError(
                 f"data {key} in {self.prefix} is in use by a fit right now; remove it once that fit ended."
             )
-        self._rm(self._data_path(key))
+        self.files.rm(data_path(self, key))
 
     def remove_run(self, run_id: str) -> None:
         """Removes a run: its checkpoints, logs and final models. A transformer fitted in it can no
@@ -786,9 +355,9 @@ class Store:
                 run_id=run_id,
                 holder={k: v for k, v in holder.items() if k != "token"},
             )
-        if not self._exists(self.run_path(run_id)):
+        if not self.files.exists(self.run_path(run_id)):
             raise ValueError(f"the store {self.prefix} holds no run {run_id!r}; see Store.runs().")
-        self._rm(self.run_path(run_id))
+        self.files.rm(self.run_path(run_id))
 
     def cleanup(
         self, *, older_than: float, datasets: bool = True, runs: bool = False, dry_run: bool = False
@@ -803,13 +372,13 @@ class Store:
         if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) or older_than < 0:
             raise ValueError(f"older_than must be a number of seconds >= 0. Received: older_than={older_than!r}.")
         cutoff = time.time() - older_than
-        entries = [(d, d["last_used"], self._data_path(d["key"])) for d in (self.datasets() if datasets else [])]
+        entries = [(d, d["last_used"], data_path(self, d["key"])) for d in (self.datasets() if datasets else [])]
         entries += [(r, r["last_active"], self.run_path(r["run_id"])) for r in (self.runs() if runs else [])]
         removed = []
         for entry, last, path in entries:
             if not entry["in_use"] and last < cutoff:
                 if not dry_run:
-                    self._rm(path)
+                    self.files.rm(path)
                 removed.append(entry["url"])
         return removed
 
@@ -818,49 +387,105 @@ class Store:
         from hvd_spark._internal.common import settings
 
         try:
-            held = self._read_json(posixpath.join(self.run_path(run_id), "_writer.json"))
+            held = self.files.read_json(posixpath.join(self.run_path(run_id), "_writer.json"))
         except (FileNotFoundError, ValueError):
             return None
         return held if time.time() - float(held.get("heartbeat", 0)) < settings.run_lease_stale() else None
 
-    def _mtime(self, path: str) -> float:
-        try:
-            info = self._retrying(f"reading the time of {self._rel(path)}", lambda: self._fs.info(path))
-        except FileNotFoundError:
-            return 0.0
-        for k in ("mtime", "LastModified", "last_modified", "modified", "created"):
-            v = info.get(k)
-            if v is not None:
-                return v.timestamp() if hasattr(v, "timestamp") else float(v)
-        return 0.0
-
     def _read_time(self, path: str) -> float | None:
         try:
-            return float(self._read_json(path).get("time"))
+            return float(self.files.read_json(path).get("time"))
         except (FileNotFoundError, ValueError, TypeError):
             return None
 
-    def _local_copy(self, path: str) -> str:
-        """Downloads ``path`` to a local temporary file (or returns it, on a local store)."""
-        if self._is_local:
-            return path
-        fd, local = tempfile.mkstemp(suffix=posixpath.basename(path))
-        os.close(fd)
-        return self._download_file(path, local)
+
+def job_config(store: Store) -> dict[str, Any]:
+    """:meth:`Store.to_config` for the processes of a job: the retry window resolved here, so that every
+    rank retries as long as the driver does."""
+    return dict(store.to_config(), retry_window=store.retry_window)
+
+
+def data_path(store: Store, key: str) -> str:
+    """The folder of the data a fit wrote under ``key`` (``data/<key>``)."""
+    return store.files.path("data", key)
+
+
+def epoch_checkpoints(store: Store, run_id: str) -> list[Checkpoint]:
+    """The checkpoints at epoch ends, oldest first (no commits inside an epoch)."""
+    return [c for c in store.checkpoints(run_id) if not c.step]
+
+
+def remove_commits_before(store: Store, run_id: str, epoch: int, step: int) -> None:
+    """Removes the commits inside an epoch older than ``(epoch, step)``: once a newer checkpoint
+    is complete they are never resumed from. Epoch checkpoints stay."""
+    for c in store.checkpoints(run_id):
+        if c.step and (c.epoch, c.step) < (epoch, step):
+            for path in (c.meta_path, c.model_path):  # the JSON first: never a JSON without its model
+                with contextlib.suppress(FileNotFoundError):
+                    store.files.rm(path)
+
+
+def checkpoint_damage(store: Store, ckpt: Checkpoint, deep: bool) -> str | None:
+    """What is wrong with ``ckpt``'s files, or None. Errors of an unreachable store are raised
+    (StoreUnavailableError), never taken for damage."""
+    try:
+        meta = store.files.read_json(ckpt.meta_path)
+    except FileNotFoundError:
+        return f"{posixpath.basename(ckpt.meta_path)} is gone"
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        return f"{posixpath.basename(ckpt.meta_path)} does not read as JSON: {retry.one_line(e)}"
+    name = posixpath.basename(ckpt.model_path)
+    if not isinstance(meta, dict) or not isinstance(meta.get("history", []), list):
+        return f"{posixpath.basename(ckpt.meta_path)} is not a checkpoint's metadata"
+    size = store.files.sizes(posixpath.dirname(ckpt.model_path)).get(name)
+    if size is None:
+        return f"{name} is gone"
+    expected = meta.get("model_bytes")
+    if expected is not None and int(expected) != int(size):
+        return f"{name} holds {size} bytes, {expected} were written"
+    digest = meta.get("model_sha256")
+    if not deep or (digest is None and expected is not None):
+        return None
+    if digest is not None:
+        if (ckpt.model_path, size, digest) in store._verified:
+            return None
+        actual = store.files.retrying(
+            f"reading {store.files.rel(ckpt.model_path)}", lambda: store.files.sha256(ckpt.model_path)
+        )
+        if actual != digest:
+            return f"{name}'s SHA-256 is {actual[:12]}..., {digest[:12]}... was written"
+        store._verified.add((ckpt.model_path, size, digest))
+        return None
+    # A checkpoint of an earlier version records neither: a .keras file is a zip archive, whose
+    # directory at its end is missing when the file was cut short.
+    import zipfile
+
+    def readable() -> bool:
+        with store.files.fs.open(ckpt.model_path, "rb") as f:
+            return zipfile.is_zipfile(f)
+
+    if not store.files.retrying(f"reading {store.files.rel(ckpt.model_path)}", readable):
+        return f"{name} is not a whole .keras archive"
+    return None
+
+
+def _set_aside(store: Store, ckpt: Checkpoint) -> None:
+    """Moves a damaged checkpoint's files to ``checkpoints/damaged/`` (kept, never deleted)."""
+    folder = posixpath.join(posixpath.dirname(ckpt.meta_path), "damaged")
+    store.files.makedirs(folder)
+    for path in (ckpt.meta_path, ckpt.model_path):  # the JSON first: never a JSON without its model
+        dest = posixpath.join(folder, f"{int(time.time())}-{posixpath.basename(path)}")
+        with contextlib.suppress(FileNotFoundError):
+            store.files.retrying(
+                f"moving {store.files.rel(path)} aside", functools.partial(store.files.fs.mv, path, dest)
+            )
 
 
 def file_digest(local: str) -> dict[str, Any]:
     """What a checkpoint's JSON records of its model file (a local file): ``model_bytes`` and
     ``model_sha256``."""
     with open(local, "rb") as f:
-        return {"model_bytes": os.path.getsize(local), "model_sha256": _sha256_of(f)}
-
-
-def _sha256_of(f) -> str:
-    h = hashlib.sha256()
-    while chunk := f.read(8 << 20):
-        h.update(chunk)
-    return h.hexdigest()
+        return {"model_bytes": os.path.getsize(local), "model_sha256": sha256_of(f)}
 
 
 def checkpoint_names(epoch: int, step: int = 0) -> tuple[str, str]:

@@ -26,6 +26,7 @@ def launch_connect(spark, payload: bytes, options: LaunchOptions, *, on_event, d
     import pandas as pd
 
     from hvd_spark._internal.common.channel import ChannelReader, show
+    from hvd_spark._internal.data.store import job_config
     from hvd_spark._internal.driver.coordinator import OUTCOME, RECORDS, REPORT, ConnectJob, run_connect_task
 
     num_proc = options.num_proc
@@ -34,7 +35,7 @@ def launch_connect(spark, payload: bytes, options: LaunchOptions, *, on_event, d
     if channel is not None:
         store, folder = channel
         path = posixpath.join(folder, tag)
-        reader, live = ChannelReader(store, path), (store._job_config(), path)
+        reader, live = ChannelReader(store, path), (job_config(store), path)
     job_spec = ConnectJob(task_spec(options, payload, "", ""), options, options.master, live)
 
     def task_fn(batches):

@@ -72,7 +72,7 @@ def check(data: FitInput, p: FitParams, backend_object: Any = None) -> Checked:
     f_infos, l_infos, w_info, validation = _column_infos(dataset, p, inputs, outputs)
     custom_objects = _check_shipped(p, model, outputs)
     store = Store.create(p.store)
-    store._check_writable()
+    store.files.check_writable()
     source, how = read_in_place(
         data,
         f_infos,

@@ -18,7 +18,8 @@ from typing import Any
 
 from hvd_spark._internal.common.contracts import Recovery, RunConfig
 from hvd_spark._internal.common.restarts import RESTARTABLE
-from hvd_spark._internal.data.store import Checkpoint, Lease, Store
+from hvd_spark._internal.data.leases import Lease
+from hvd_spark._internal.data.store import Checkpoint, Store
 from hvd_spark._internal.ml.policies import (
     Elastic,
     ElasticScaling,
@@ -136,7 +137,7 @@ def commit_iterations(store: Store, ckpt: Checkpoint | None) -> int:
     if ckpt is None:
         return 0
     try:
-        return int(store._read_json(ckpt.meta_path).get("iterations") or 0)
+        return int(store.files.read_json(ckpt.meta_path).get("iterations") or 0)
     except FileNotFoundError:
         return 0
 
@@ -213,7 +214,7 @@ class Controller:
             logger.info("resuming run '%s' from %s of %d epochs", cfg.run_id, resume.position, cfg.epochs)
         elif self._cached_model is None:
             self._cached_model = self.model_bytes()
-        meta = store._read_json(resume.meta_path) if resume else {}
+        meta = store.files.read_json(resume.meta_path) if resume else {}
         cfg = dataclasses.replace(
             cfg,
             initial_epoch=resume.epoch if resume else 0,
@@ -230,12 +231,12 @@ class Controller:
         self.cfg = cfg
         if resume is not None and resume.epoch >= cfg.epochs:
             # The failed attempt had finished training; only the final model was missing.
-            self.store._upload_file(self.store._local_copy(resume.model_path), cfg.final_model)
+            self.store.files.upload_file(self.store.files.local_copy(resume.model_path), cfg.final_model)
             self.results = [{"rank": 0, "weights_digest": "", "epoch_logs": list(cfg.history_so_far)}]
             return State.FINISHED
         self.probe.new_attempt()
         if cfg.resize_marker:  # a request left by an earlier attempt (or fit) is not this attempt's
-            self.store._rm(cfg.resize_marker)
+            self.store.files.rm(cfg.resize_marker)
         try:
             with self.scaling.watch(self.backend, self.store, cfg.resize_marker, self.size):
                 results = list(self.backend.run(self.rank_fn, args=(cfg,)))

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from hvd_spark._internal.data.store import Checkpoint, Store
+from hvd_spark._internal.data.store import Checkpoint, Store, checkpoint_damage, epoch_checkpoints
 from hvd_spark._internal.ml.model_info import architecture_diff
 
 logger = logging.getLogger(__name__)
@@ -72,8 +72,8 @@ def plan_resume(
     latest = store.latest_checkpoint(run_id, set_aside=True)  # the fit holds the run lease here
     resume = None
     history: list[dict] = []
-    if latest is not None and store._exists(run_json):
-        info = store._read_json(run_json)
+    if latest is not None and store.files.exists(run_json):
+        info = store.files.read_json(run_json)
         if info.get("feature_cols") != feature_cols or info.get("label_cols") != label_cols:
             raise ValueError(
                 f"run_id '{run_id}' was trained with feature_cols={info.get('feature_cols')}, "
@@ -97,11 +97,11 @@ def plan_resume(
                 f"a run continues only with what it started with. What differs (run -> this fit): "
                 f"{'; '.join(diff) or 'the model'}. Start a new run (another run_id, or none), or "
                 "warm-start one from this run's weights: "
-                f"old = keras.models.load_model('{store._url(latest.model_path)}'); "
+                f"old = keras.models.load_model('{store.files.url(latest.model_path)}'); "
                 "model.set_weights(old.get_weights()) (where the shapes agree), then fit with a new run_id."
             )
         resume = latest
-        history = store._read_json(resume.meta_path)["history"]
+        history = store.files.read_json(resume.meta_path)["history"]
         run_data = info.get("data")
     else:
         run_data = None
@@ -115,9 +115,9 @@ def model_path_of(store: Store, plan: ResumePlan, epochs: int) -> str:
     asked epoch (never rewritten; the latest one when that epoch's is gone)."""
     if plan.finished(epochs):
         assert plan.resume is not None
-        at_epoch = {ck.epoch: ck for ck in store._epoch_checkpoints(plan.run_id)}
+        at_epoch = {ck.epoch: ck for ck in epoch_checkpoints(store, plan.run_id)}
         asked = at_epoch.get(epochs)
-        damage = store._checkpoint_damage(asked, deep=True) if asked is not None else "it is gone"
+        damage = checkpoint_damage(store, asked, deep=True) if asked is not None else "it is gone"
         if damage is None and asked is not None:
             return asked.model_path
         logger.warning(
@@ -139,10 +139,10 @@ def record_run(
     keeps its own (one recorded before data records gets this fit's, which it continues on)."""
     if plan.resume is not None:
         if plan.run_data is None and data is not None:
-            info = store._read_json(plan.run_json) if store._exists(plan.run_json) else {}
-            store._write_json(plan.run_json, dict(info, data=data))
+            info = store.files.read_json(plan.run_json) if store.files.exists(plan.run_json) else {}
+            store.files.write_json(plan.run_json, dict(info, data=data))
         return
-    store._write_json(
+    store.files.write_json(
         plan.run_json,
         {
             "run_id": plan.run_id,
@@ -308,7 +308,7 @@ def check_data(store: Store, plan: ResumePlan, record: dict) -> None:
             f"history mix two data sets). What differs (run -> this fit): {'; '.join(diff)}. The run trained on "
             f"{trained}{_read_how(run)}. To train on this data, start a new run (another run_id, or none), "
             "warm-started from this run's weights: "
-            f"old = keras.models.load_model('{store._url(plan.resume.model_path)}'); "
+            f"old = keras.models.load_model('{store.files.url(plan.resume.model_path)}'); "
             "model.set_weights(old.get_weights()), then fit with a new run_id. To continue this run, fit it on its "
             "own data, read and split as before."
         )

@@ -224,7 +224,7 @@ class GrowWatch:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         with contextlib.suppress(Exception):
-            self.store._rm(self.marker)
+            self.store.files.rm(self.marker)
         return False
 
     def _run(self) -> None:
@@ -241,7 +241,7 @@ class GrowWatch:
                 return  # the attempt ended meanwhile: no marker for the next one
             try:
                 with retry.at_most(self.elastic.poll):  # the next poll tries again
-                    self.store._write_json(self.marker, {"size": target, "time": time.time()})
+                    self.store.files.write_json(self.marker, {"size": target, "time": time.time()})
             except Exception as e:  # the store failed this time: try again at the next poll
                 error = f"{type(e).__name__}: {getattr(e, 'cause', e)}"  # one warning per cause
                 if error not in failed:

@@ -19,10 +19,10 @@ import cloudpickle
 from hvd_spark._internal.common import dataplan, retry, settings
 from hvd_spark._internal.common.contracts import DataSpec, FitSummary, RankSummary, RunConfig
 from hvd_spark._internal.common.specs import specs_to_dicts, with_stored_names
-from hvd_spark._internal.data import fit_data
+from hvd_spark._internal.data import fit_data, leases
 from hvd_spark._internal.data.fit_data import FitInput, Identified, Written
 from hvd_spark._internal.data.stats import check_stats
-from hvd_spark._internal.data.store import Store
+from hvd_spark._internal.data.store import Store, job_config
 from hvd_spark._internal.driver.progress import BATCH_INTERVAL, FitProgress, interactive
 from hvd_spark._internal.infer.transformer import TFTransformer
 from hvd_spark._internal.ml import controller, policies
@@ -58,23 +58,25 @@ def run_writer(c: Checked, run_id: str):
     """Step 1b: this fit becomes the run's only writer (a lease in the store, refreshed every
     10 s) until it returns; another fit of the same run meanwhile gets RunInUseError before any
     work. A lease whose fit died (no heartbeat for 60 s) is taken over, so the run resumes."""
-    from hvd_spark._internal.data.store import LeaseHeldError
+    from hvd_spark._internal.data.leases import LeaseHeldError
 
     store, folder = c.store, c.store.run_path(run_id)
     path, stale = f"{folder}/_writer.json", settings.run_lease_stale()
     with contextlib.ExitStack() as stack:
-        if not store._exists(folder):
+        if not store.files.exists(folder):
 
             def remove_if_empty() -> None:  # after the lease is gone: no empty folder left by a failed fit
                 # the store is unreachable: an empty folder is harmless, and the fit's outcome comes first
                 with contextlib.suppress(Exception), retry.at_most(settings.LEASE_HEARTBEAT):
-                    if not store._listdir(folder):
-                        store._rm(folder)
+                    if not store.files.listdir(folder):
+                        store.files.rm(folder)
 
             stack.callback(remove_if_empty)
         try:
             lease = stack.enter_context(
-                store._exclusive_lease(path, heartbeat=settings.LEASE_HEARTBEAT, stale=stale, run_id=run_id)
+                leases.exclusive_lease(
+                    store.files, path, heartbeat=settings.LEASE_HEARTBEAT, stale=stale, run_id=run_id
+                )
             )
         except LeaseHeldError as e:
             h = e.holder
@@ -162,10 +164,10 @@ def open_tracking(c: Checked, plan: plan_mod.ResumePlan, backend_object: Any = N
     tags = {
         "run_id": run_id,
         "store": url_without_credentials(store.prefix),  # never the storage options (credentials)
-        "run_path": store._url(store.run_path(run_id)),
-        "model_path": store._url(plan_mod.model_path_of(store, plan, c.p.epochs)),
-        "checkpoints_path": store._url(store.checkpoints_path(run_id)),
-        "logs_path": store._url(store.logs_path(run_id)),
+        "run_path": store.files.url(store.run_path(run_id)),
+        "model_path": store.files.url(plan_mod.model_path_of(store, plan, c.p.epochs)),
+        "checkpoints_path": store.files.url(store.checkpoints_path(run_id)),
+        "logs_path": store.files.url(store.logs_path(run_id)),
         "resumed_from_epoch": str(plan.resume.epoch if plan.resume else 0),
     }
     params = {k: v for k, v in c.p.as_dict().items() if k not in ("mlflow", "verbose")}
@@ -369,7 +371,9 @@ def _rank_units(c: Checked, w: Written):
         units = tuple((f, g, t) for f, g, t, _ in meta["units"] if t)
         val_units = tuple((f, g, v) for f, g, _, v in meta["units"] if v)
     elif c.p.reader == "arrow":  # the data plan: every rank reads its share of any row group
-        units = tuple((u.file, u.group, u.rows) for u in dataplan.row_groups(train_paths, c.store._parquet_metadata))
+        units = tuple(
+            (u.file, u.group, u.rows) for u in dataplan.row_groups(train_paths, c.store.files.parquet_metadata)
+        )
     return train_paths, units, val_units
 
 
@@ -396,7 +400,7 @@ def _run_config(c: Checked, plan: plan_mod.ResumePlan, w: Written, units: tuple,
     train_paths, train_units, val_units = units
     every = p.checkpoint_every
     return RunConfig(
-        store=c.store._job_config(),
+        store=job_config(c.store),
         run_id=plan.run_id,
         epochs=p.epochs,
         compile=_compile_args(c),
@@ -537,7 +541,7 @@ def _transformer(c: Checked, model_path: str, run_id: str, epoch_logs: list) -> 
     from hvd_spark._internal.common.contracts import history_from
 
     return TFTransformer(
-        model_url=c.store._url(model_path),
+        model_url=c.store.files.url(model_path),
         storage_options=c.store.storage_options,
         feature_cols=c.p.feature_cols,
         label_cols=c.p.label_cols,
@@ -559,7 +563,7 @@ def _drop_fit(store: Store, plan: plan_mod.ResumePlan) -> None:
     and commits (resumed from, or returned as a finished run's model). Its callbacks' outputs and logs
     stay: they say what happened."""
     with contextlib.suppress(FileNotFoundError):
-        store._rm(store.model_path(plan.run_id, plan.fit_id))
+        store.files.rm(store.model_path(plan.run_id, plan.fit_id))
     _drop_checkpoints_after(store, plan)
 
 
@@ -575,4 +579,4 @@ def _drop_checkpoints_after(store: Store, plan: plan_mod.ResumePlan) -> None:
         if order(c) > start:
             for path in (c.meta_path, c.model_path):  # the JSON first: never a JSON without its model
                 with contextlib.suppress(FileNotFoundError):
-                    store._rm(path)
+                    store.files.rm(path)

@@ -241,8 +241,8 @@ class OutputsSync(keras.callbacks.Callback):
                     continue
                 rel = os.path.relpath(path, self.local).replace(os.sep, "/")
                 dest = posixpath.join(self.dest, rel)
-                self.store._makedirs(posixpath.dirname(dest))
-                self.store._upload_file(path, dest)
+                self.store.files.makedirs(posixpath.dirname(dest))
+                self.store.files.upload_file(path, dest)
                 self._seen[path] = (st.st_size, st.st_mtime_ns)
                 copied += 1
         return copied

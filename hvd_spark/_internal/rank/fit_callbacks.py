@@ -113,11 +113,11 @@ def tensorboard(store, run_id: str, tmp: str):
         def on_epoch_end(self, epoch, logs=None):
             super().on_epoch_end(epoch, logs)  # written and flushed (TF flushes a writer leaving as_default)
             with busy("uploading TensorBoard logs"):
-                store._upload_dir(local, store.logs_path(run_id))
+                store.files.upload_dir(local, store.logs_path(run_id))
 
         def on_train_end(self, logs=None):
             super().on_train_end(logs)
-            store._upload_dir(local, store.logs_path(run_id))
+            store.files.upload_dir(local, store.logs_path(run_id))
 
         def on_train_batch_begin(self, batch, logs=None):
             self._global_train_batch += 1  # Keras' count; no profiling (profile_batch=0)
@@ -178,7 +178,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         if self.lease is not None:
             path, token = self.lease
             try:
-                held = self.store._read_json(path)
+                held = self.store.files.read_json(path)
             except FileNotFoundError:
                 held = None
             if held is None or held.get("token") != token:
@@ -188,7 +188,7 @@ class CheckpointCallback(keras.callbacks.Callback):
                     f"The checkpoint of {what} was not written.",
                     run_id=self.run_id,
                 )
-        if self.store._exists(meta_path):
+        if self.store.files.exists(meta_path):
             raise RunInUseError(
                 f"the checkpoint of {what} of run '{self.run_id}' was written by another fit meanwhile; "
                 "not overwriting it.",
@@ -198,7 +198,7 @@ class CheckpointCallback(keras.callbacks.Callback):
     def _write(self, epoch: int, step: int, meta: dict) -> None:
         """The checkpoint after ``epoch`` epochs and ``step`` steps of the next one."""
         from hvd_spark._internal.common.serde import save_model_file
-        from hvd_spark._internal.data.store import checkpoint_names, file_digest
+        from hvd_spark._internal.data.store import checkpoint_names, file_digest, remove_commits_before
 
         what = f"epoch {epoch} step {step}" if step else f"epoch {epoch}"
         with busy(f"saving the checkpoint of {what}"):  # a large model to an object store: slow, not stalled
@@ -208,13 +208,13 @@ class CheckpointCallback(keras.callbacks.Callback):
             local = os.path.join(self.tmp, model_name)
             save_model_file(self.model, local)
             written = file_digest(local)  # the JSON records them: a damaged upload is never resumed from
-            self.store._upload_file(local, f"{ckpt_dir}/{model_name}")
+            self.store.files.upload_file(local, f"{ckpt_dir}/{model_name}")
             meta = dict(
                 meta, epoch=epoch, step=step, iterations=int(self.model.optimizer.iterations.numpy()), **written
             )
-            self.store._write_json(f"{ckpt_dir}/{meta_name}", dict(meta, time=time.time()))
+            self.store.files.write_json(f"{ckpt_dir}/{meta_name}", dict(meta, time=time.time()))
             os.remove(local)
-            self.store._remove_commits_before(self.run_id, epoch, step)
+            remove_commits_before(self.store, self.run_id, epoch, step)
         self._last_commit = time.monotonic()
 
     def on_epoch_begin(self, epoch, logs=None):

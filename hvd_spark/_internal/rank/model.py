@@ -45,10 +45,10 @@ def build_model(cfg: RunConfig, custom_objects):
         store = Store.from_config(cfg.store)
         # Weights, optimizer state (its step counter included) and compile config, as saved.
         resume_ckpt = cfg.resume_ckpt
-        model = store._retrying(
-            f"loading the checkpoint {store._rel(resume_ckpt)}",
+        model = store.files.retrying(
+            f"loading the checkpoint {store.files.rel(resume_ckpt)}",
             lambda: load_model_file(
-                store._url(resume_ckpt), custom_objects, compile=True, storage_options=store.storage_options
+                store.files.url(resume_ckpt), custom_objects, compile=True, storage_options=store.storage_options
             ),
         )
     elif cfg.model_bytes is None:

@@ -55,7 +55,7 @@ def train(cfg: RunConfig) -> dict:
 
     from hvd_spark._internal.common import retry
     from hvd_spark._internal.common.events import send_event
-    from hvd_spark._internal.data.store import Store
+    from hvd_spark._internal.data.store import Store, remove_commits_before
     from hvd_spark._internal.rank.batchnorm import synchronize_batch_norm
     from hvd_spark._internal.rank.callbacks import (
         EventCallback,
@@ -106,7 +106,7 @@ def train(cfg: RunConfig) -> dict:
     data = DataPlan(cfg, size) if planned else None
     segments = data.segments() if data is not None else [Segment(cfg.initial_epoch, cfg.epochs, cfg.steps_per_epoch)]
     if rank == 0 and data is not None and data.restarted_epoch is not None:
-        store._remove_commits_before(cfg.run_id, data.restarted_epoch + 1, 0)  # its new commits take their names
+        remove_commits_before(store, cfg.run_id, data.restarted_epoch + 1, 0)  # its new commits take their names
     outputs = os.path.join(tmp, "outputs")  # the working folder during fit: callbacks' relative paths
     os.makedirs(outputs)
     cwd = os.getcwd()
@@ -157,7 +157,7 @@ def train(cfg: RunConfig) -> dict:
             resize_cb = None
             if cfg.resize_marker:  # last: the epoch's checkpoint is written before training stops to grow
                 marker = cfg.resize_marker
-                resize_cb = ResizeCheck(lambda: store._exists(marker), cfg.epochs)
+                resize_cb = ResizeCheck(lambda: store.files.exists(marker), cfg.epochs)
                 callbacks.append(resize_cb)
             startup.mark("data")
             send_event({"kind": "start", "rank": rank, "initial_epoch": cfg.initial_epoch}) if rank == 0 else None
@@ -209,7 +209,7 @@ def train(cfg: RunConfig) -> dict:
                         logger.info("the model returned is checkpoint_callback's (%s)", best.monitor)
                 if final != best_file:
                     save_model_file(model, final)
-                store._upload_file(final, cfg.final_model)
+                store.files.upload_file(final, cfg.final_model)
             result["epoch_logs"] = ckpt_cb.history
         return result
     finally:
