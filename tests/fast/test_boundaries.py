@@ -31,7 +31,7 @@ MODULES = {
     "hvd_spark._internal.common.service": HEAVY,  # the wire protocol: tasks and ranks speak it
     "hvd_spark._internal.data.store": HEAVY,  # ranks read and write the store
     "hvd_spark._internal.data.files": HEAVY,  # the store's file operations (ranks, tasks)
-    "hvd_spark._internal.data.leases": HEAVY,
+    "hvd_spark._internal.data.leases": HEAVY,  # the leases of a write, a fit, a run
     "hvd_spark._internal.driver.progress": HEAVY,
     "hvd_spark._internal.driver.tracking": HEAVY,  # MLflow (which loads a part of pyspark) only inside functions
     "hvd_spark._internal.infer.batching": HEAVY,  # pure: the fast tests drive it

@@ -129,7 +129,7 @@ class Store:
         self.storage_options = dict(storage_options or {})
         if "://" not in prefix:
             prefix = os.path.abspath(os.path.expanduser(prefix))
-        self.files = StoreFiles(prefix, self.storage_options, retry_window)  # internal: file operations
+        self.files = StoreFiles(prefix, self.storage_options, retry_window)  # internal: data/files.py
         self.prefix = prefix
 
     @property
