@@ -189,7 +189,7 @@ def _run_with_restarts(
     else:
         size = num_proc
     restarts = 0
-    failure = FailurePolicy(max_restarts)
+    failure = FailurePolicy(max_restarts, holds_run=False)  # run() holds no run lease
     while True:
         attempt = spark_backend.with_num_proc(size) if size is not None else spark_backend
         try:

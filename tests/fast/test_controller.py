@@ -2,12 +2,14 @@
 alone and replaced: which failures restart, how many ranks each attempt has, the states a fit goes
 through, and the recoveries accounted for in one place. Ranks are played in process."""
 
+import time
+
 import pytest
 
 from hvd_spark._internal.common.outcomes import HOST_UNREACHABLE, TASK_LOST
 from hvd_spark._internal.data.store import Store
 from hvd_spark._internal.ml import controller, policies
-from hvd_spark._internal.ml.backend import InProcessBackend
+from hvd_spark._internal.ml.backend import InProcessBackend, in_process_rank
 from hvd_spark._internal.ml.controller import Controller, State
 from hvd_spark._internal.ml.policies import ElasticScaling, FailureDecision, FailurePolicy, FixedScaling
 from hvd_spark.errors import (
@@ -163,3 +165,53 @@ def test_a_timeout_after_a_lost_host_keeps_the_timeout_as_its_cause(tmp_path):
             InProcessBackend(2), writer, _config(store, "r", 3), store, max_restarts=1, model_bytes=_ModelBytes()
         )
     assert "lost host(s) ['h7']" in str(got.value) and got.value.__cause__ is timeout
+
+
+def test_a_recoverys_time_runs_from_the_failure_slot_waits_included(tmp_path):
+    store = Store(str(tmp_path))
+    backend = InProcessBackend(3)
+    writer = ElasticWriter(backend, {2: "lose"})
+    probe = controller.AttemptProbe()
+
+    def rank_fn(cfg):  # rank 0 reports its first step at once, as a rank's position events do
+        if in_process_rank().rank == 0:
+            probe(0, {"kind": "position", "iterations": 1, "time": time.time()})
+        return writer(cfg)
+
+    scaling = ElasticScaling(policies.Elastic(min_num_proc=2, max_num_proc=3, timeout=5, poll=0.05, settle=0.3))
+    c = Controller(
+        backend,
+        rank_fn,
+        _elastic_cfg(store, "r", 3),
+        store,
+        failure=FailurePolicy(1),
+        scaling=scaling,
+        model_bytes=_ModelBytes(),
+        probe=probe,
+    )
+    (shrink,) = c.run().recoveries
+    assert shrink.kind == "shrink"
+    assert shrink.seconds is not None and shrink.seconds >= 0.3  # the settle wait after the failure counts
+
+
+def test_run_restarts_what_a_fit_would_call_taken_over():
+    error = _failed("hvd_spark.errors.RunInUseError")
+    assert FailurePolicy(1, holds_run=False).decide(error, 0) is RESTART
+    assert FailurePolicy(1, holds_run=False).decide(error, 0, lease_lost=True) is RESTART
+
+
+def test_an_error_while_starting_again_names_the_failure_before_it(tmp_path):
+    store = Store(str(tmp_path))
+    backend = InProcessBackend(3)
+    first = _failed(TASK_LOST, host="h1")
+
+    class Gone(ElasticScaling):
+        def after_failure(self, backend, size, lost_host, attempt):
+            raise RuntimeError("no slots")
+
+    writer = EpochWriter({1: (1, first)})
+    scaling = Gone(policies.Elastic(min_num_proc=1, max_num_proc=3, timeout=1, **FAST))
+    c = _controller(store, backend, writer, _config(store, "r", 2), scaling=scaling)
+    with pytest.raises(RuntimeError) as got:
+        c.run()
+    assert got.value.__context__ is first

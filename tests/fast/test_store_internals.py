@@ -8,6 +8,7 @@ instance's attributes, the modules' private globals), so a new one is covered wi
 
 import ast
 import pathlib
+import pickle
 
 from hvd_spark._internal.data import files, leases, store
 from hvd_spark._internal.data.files import StoreFiles
@@ -84,3 +85,15 @@ def test_a_store_pickles_with_its_files(tmp_path):
     copy = pickle.loads(pickle.dumps(original))
     assert copy == original and copy.to_config() == original.to_config() and copy.retry_window == 5.0
     assert copy.files.read_json(copy.files.path("a.json")) == {"x": 1}
+
+
+def test_a_store_pickled_before_the_split_gets_its_files_back(tmp_path):
+    store = Store(str(tmp_path), retry_window=7)
+    old = dict(store.__dict__)  # as the Store before data/files.py kept it: fsspec's parts on the store itself
+    ops = old.pop("files")
+    old.update(_fs=ops.fs, _root=ops.root, _protocol=ops.protocol)
+    revived = Store.__new__(Store)
+    revived.__setstate__(pickle.loads(pickle.dumps(old)))
+    revived.files.write_json(revived.files.path("x.json"), {"a": 1})
+    assert store.files.read_json(store.files.path("x.json")) == {"a": 1}
+    assert revived.retry_window == 7 and not any(k in vars(revived) for k in ("_fs", "_root", "_protocol"))

@@ -132,6 +132,17 @@ class Store:
         self.files = StoreFiles(prefix, self.storage_options, retry_window)  # internal: data/files.py
         self.prefix = prefix
 
+    def __setstate__(self, state: dict) -> None:
+        # A store pickled before its file operations moved to ``files`` (data/files.py) held them as
+        # ``_fs``, ``_root`` and ``_protocol``: such a pickle (a user's callback that captured a store)
+        # gets its ``files`` again.
+        self.__dict__.update(state)
+        if "files" not in state:
+            for old in ("_fs", "_root", "_protocol"):
+                self.__dict__.pop(old, None)
+            self.__dict__.setdefault("_verified", set())
+            self.files = StoreFiles(self.prefix, self.storage_options, state.get("_retry_window"))
+
     @property
     def retry_window(self) -> float:
         """Seconds a failing operation is retried (see the ``retry_window`` argument)."""

@@ -83,14 +83,24 @@ class RecoveryLog:
         self.done: list[Recovery] = []
         self._pending: dict | None = None
 
-    def begin(self, kind: str, cause: str, from_size: int, to_size: int, latest: Checkpoint | None, **more) -> None:
+    def begin(
+        self,
+        kind: str,
+        cause: str,
+        from_size: int,
+        to_size: int,
+        latest: Checkpoint | None,
+        failed_at: float | None = None,
+        **more,
+    ) -> None:
+        """``failed_at``: when the attempt failed or stopped (None: now); the recovery's time runs from it."""
         self._pending = dict(
             kind=kind,
             cause=cause,
             from_size=from_size,
             to_size=to_size,
             resumed_from=latest.position if latest else "the start",
-            failed_at=time.time(),
+            failed_at=time.time() if failed_at is None else failed_at,
             **more,
         )
 
@@ -174,6 +184,7 @@ class Controller:
         self.results: list[dict] = []
         self._cached_model: bytes | None = None
         self._error: BaseException | None = None  # the failure RESTARTING decides on
+        self._failed_at = 0.0  # when it happened: a recovery's time runs from there (slot waits included)
 
     def run(self) -> Trained:
         """Raises what :func:`train_with_restarts` documents."""
@@ -241,6 +252,7 @@ class Controller:
             with self.scaling.watch(self.backend, self.store, cfg.resize_marker, self.size):
                 results = list(self.backend.run(self.rank_fn, args=(cfg,)))
         except JobTimeoutError as e:
+            self._failed_at = time.time()
             if not self.lost_hosts or isinstance(e, RankStalledError):
                 self._error = e
             else:
@@ -252,6 +264,7 @@ class Controller:
                 self._error.__cause__ = e
             return State.RESTARTING
         except RESTARTABLE as e:
+            self._failed_at = time.time()
             self._error = e
             return State.RESTARTING
         self.recoveries.close()
@@ -277,6 +290,14 @@ class Controller:
             self.lost_hosts.add(lost)
         if decision is FailureDecision.RAISE:
             raise e
+        try:
+            return self._start_again(e, lost)
+        except BaseException as raised:  # e.g. too few slots for too long: shown after the failure it follows
+            if raised is not e and raised.__context__ is None:
+                raised.__context__ = e
+            raise
+
+    def _start_again(self, e: BaseException, lost: str | None) -> State:
         self.recoveries.close()  # the recovery before this attempt
         self.restarts += 1
         latest = self.store.latest_checkpoint(self.cfg.run_id)
@@ -301,6 +322,7 @@ class Controller:
             size,
             new_size,
             latest,
+            failed_at=self._failed_at,
             steps_redone=redone,
             lost_hosts=(lost,) if lost else (),
         )

@@ -34,13 +34,16 @@ class FailureDecision(enum.Enum):
 class FailurePolicy:
     """Which failed attempts start again: the restartable errors of ``restarts.should_restart``
     (a rank that failed or died, a launch that broke, a timeout or stall), ``max_restarts`` times
-    in a fit; a run taken over by another fit never."""
+    in a fit; a run taken over by another fit never (``holds_run``: the attempts hold a run's writer
+    lease, as a fit's do; ``hvd_spark.run``'s hold none)."""
 
     max_restarts: int
+    holds_run: bool = True
 
     def decide(self, error: BaseException, restarts_so_far: int, lease_lost: bool = False) -> FailureDecision:
         """``lease_lost``: this fit's writer lease on the run was lost while the attempt ran."""
-        if lease_lost or (isinstance(error, RankFailedError) and error.exc_type.endswith("RunInUseError")):
+        taken = lease_lost or (isinstance(error, RankFailedError) and error.exc_type.endswith("RunInUseError"))
+        if self.holds_run and taken:
             return FailureDecision.TAKEN_OVER
         if should_restart(error, restarts_so_far, self.max_restarts):
             return FailureDecision.RESTART
