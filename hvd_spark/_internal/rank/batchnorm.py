@@ -14,8 +14,9 @@ def synchronize_batch_norm(model) -> int:
     """Makes every ``BatchNormalization(synchronized=True)`` layer of ``model`` compute its batch
     statistics over the global batch of all Horovod ranks; returns how many layers it changed.
 
-    Each training step sums (count, sum, sum of squares) over the ranks with one allreduce per
-    layer, whose gradient is an allreduce too, as in Horovod's and PyTorch's SyncBatchNorm.
+    Each training step sums (count, sum) over the ranks, then the squared deviations from the global
+    mean (two passes, as ``tf.nn.moments`` in one process): two allreduces per layer, whose gradients
+    are allreduces too, as in Horovod's and PyTorch's SyncBatchNorm.
     Inference (``training=False``) uses the moving statistics and no collective.
 
     Raises:
@@ -45,10 +46,18 @@ def global_moments(layer, inputs, mask):
         weights = tf.ones_like(x)
     else:
         weights = tf.cast(tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(x)), x.dtype)
-    local = tf.stack(
-        [tf.reduce_sum(weights, axes), tf.reduce_sum(x * weights, axes), tf.reduce_sum(tf.square(x) * weights, axes)]
+    count, total = tf.unstack(
+        hvd.allreduce(tf.stack([tf.reduce_sum(weights, axes), tf.reduce_sum(x * weights, axes)]), op=hvd.Sum)
     )
-    count, total, squares = tf.unstack(hvd.allreduce(local, op=hvd.Sum))
     mean = tf.math.divide_no_nan(total, count)
-    variance = tf.maximum(tf.math.divide_no_nan(squares, count) - tf.square(mean), 0.0)
+    # Two passes, as tf.nn.moments in one process: E[(x - mean)^2], not E[x^2] - mean^2, whose
+    # cancellation put the moving variance 1e-4 apart from one process's at the global batch.
+    centered = tf.square(x - tf.stop_gradient(tf.reshape(mean, _kept_shape(x, axes)))) * weights
+    variance = tf.math.divide_no_nan(hvd.allreduce(tf.reduce_sum(centered, axes), op=hvd.Sum), count)
     return tf.cast(mean, dtype), tf.cast(variance, dtype)
+
+
+def _kept_shape(x, axes) -> list:
+    """``x``'s shape with the reduced ``axes`` as 1 (to broadcast the mean back over them)."""
+    shape = tf.unstack(tf.shape(x))
+    return [1 if i in {a % len(shape) for a in axes} else d for i, d in enumerate(shape)]

@@ -33,18 +33,46 @@ def average_logs(logs: dict[str, float]) -> dict[str, float]:
     return out
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
-    """Replaces each epoch's logs (train and validation) by their average over the ranks.
+def sum_metric_states(model, name: str) -> None:
+    """Sums every metric state of ``model`` (Keras' totals and counts, confusion matrices, AUC buckets)
+    over the ranks, in place: each rank's metrics then hold the states of all ranks' rows, and their
+    results are the metrics over all of them. Every rank must call it at the same point."""
+    import horovod.tensorflow as hvd
 
-    Put it before callbacks that read the logs (checkpoints, early stopping, progress).
+    variables = [v for m in model.metrics for v in m.variables]
+    if hvd.size() == 1 or not variables:
+        return
+    summed = hvd.grouped_allreduce([tf.convert_to_tensor(v.value) for v in variables], op=hvd.Sum, name=name)
+    for v, value in zip(variables, summed):
+        v.assign(value)
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Makes each epoch's training logs the metrics over the epoch's rows of all ranks.
+
+    Where Keras reports the model's metrics at the epoch's end (the logs' keys are those of
+    ``model.get_metrics_result()``: ``compile``'s loss, metrics and per-output losses, and a custom
+    ``train_step`` returning them), their states are summed over the ranks and the results computed
+    from the sums, as one process that trained on all the rows reports them (precision, AUC, ... are not
+    the mean of the ranks' values). Other logs (a custom ``train_step``'s own values: Keras reports
+    their last step) are averaged over the ranks. Put it before validation and before callbacks that
+    read the logs (checkpoints, early stopping, progress).
     """
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs is None:
+        import horovod.tensorflow as hvd
+
+        if logs is None or hvd.size() == 1:
             return
-        averaged = average_logs(logs)
+        results = self.model.get_metrics_result()
+        exact: dict = {}
+        if set(logs) == set(results):  # Keras' own rule (Trainer._get_metrics_result_or_logs)
+            sum_metric_states(self.model, "hvd_spark.train_metrics")
+            exact = {k: float(v) for k, v in self.model.get_metrics_result().items() if is_number(v)}
+        averaged = average_logs({k: v for k, v in logs.items() if k not in exact})
         logs.clear()
         logs.update(averaged)
+        logs.update(exact)
 
 
 class ExactValidationCallback(keras.callbacks.Callback):
@@ -81,7 +109,6 @@ class ExactValidationCallback(keras.callbacks.Callback):
         return self.batches if self.steps is None else min(self.steps, self.batches)
 
     def on_epoch_end(self, epoch, logs=None):
-        import horovod.tensorflow as hvd
 
         if not self._due(epoch):
             return
@@ -91,13 +118,7 @@ class ExactValidationCallback(keras.callbacks.Callback):
             model.evaluate(self.dataset, steps=steps, verbose=0, callbacks=self.callbacks)
         else:
             model.reset_metrics()
-        variables = [v for m in model.metrics for v in m.variables]
-        if hvd.size() > 1 and variables:
-            summed = hvd.grouped_allreduce(
-                [tf.convert_to_tensor(v.value) for v in variables], op=hvd.Sum, name="hvd_spark.val_metrics"
-            )
-            for v, value in zip(variables, summed):
-                v.assign(value)
+        sum_metric_states(model, "hvd_spark.val_metrics")
         results = model.get_metrics_result()
         if logs is not None:
             logs.update({f"val_{k}": float(v) for k, v in results.items() if is_number(v)})

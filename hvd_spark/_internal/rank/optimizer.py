@@ -17,7 +17,11 @@ _DIST_ATTR = "_hvd_spark_base_class"
 
 
 def make_distributed(
-    optimizer: keras.optimizers.Optimizer, *, compression: str = "none", backward_passes_per_step: int = 1
+    optimizer: keras.optimizers.Optimizer,
+    *,
+    compression: str = "none",
+    backward_passes_per_step: int = 1,
+    sparse_as_dense: bool = False,
 ):
     """Makes ``optimizer`` average its gradients over all Horovod ranks before applying them.
 
@@ -37,6 +41,10 @@ def make_distributed(
         compression: ``"none"`` or ``"fp16"`` (gradients sent as float16).
         backward_passes_per_step: batches whose gradients are accumulated locally and averaged
             once (Horovod's name; equivalent to a batch ``N`` times larger). 1: every batch.
+        sparse_as_dense: send an ``IndexedSlices`` gradient (an ``Embedding``'s, any ``take`` /
+            ``gather``) as a dense tensor of the whole variable (Horovod's ``sparse_as_dense``), so
+            the optimizer takes its dense update. False (the default): it stays ``IndexedSlices``,
+            as one process at the global batch has it (see :func:`average_gradients`).
 
     Returns:
         The same optimizer object.
@@ -56,20 +64,66 @@ def make_distributed(
     comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
 
     def average(grads):
-        grads = list(grads)
-        if hvd.size() == 1:
-            return grads
-        idx = [i for i, g in enumerate(grads) if g is not None]
-        dense = [tf.convert_to_tensor(grads[i]) for i in idx]  # IndexedSlices -> dense
-        if dense:
-            reduced = hvd.grouped_allreduce(dense, op=hvd.Average, compression=comp)
-            for i, g in zip(idx, reduced):
-                grads[i] = g
-        return grads
+        return average_gradients(grads, compression=comp, sparse_as_dense=sparse_as_dense)
 
     optimizer.__class__ = internals.distributed_optimizer_class(optimizer, average)
     setattr(optimizer, _DIST_ATTR, base)
     return optimizer
+
+
+def average_gradients(grads, *, compression=None, sparse_as_dense: bool = False) -> list:
+    """The gradients one process would compute on the global batch, from each rank's own.
+
+    Dense gradients: one ``hvd.grouped_allreduce`` with ``op=Average`` (each rank's loss is a mean over
+    its equal share of the global batch). ``IndexedSlices`` (the rows of a table that the batch looked
+    up): the ranks' indices and values are gathered (``hvd.grouped_allgather``, in rank order) and the
+    values scaled by ``1 / N``, which is the ``IndexedSlices`` TensorFlow gives one process for the
+    concatenated batch (one row per lookup, duplicates not merged). The optimizer then takes the same
+    sparse update as in plain Keras (Adam, RMSprop, Adagrad ... update only the rows looked up, which
+    differs from their dense update), and the bytes sent grow with the rows looked up, not the table.
+
+    Args:
+        grads: a list of tensors, ``IndexedSlices`` or None (a variable without a gradient).
+        compression: a Horovod compressor (``hvd.Compression.fp16`` sends float16), or None.
+        sparse_as_dense: reduce ``IndexedSlices`` as dense tensors instead.
+    """
+    import horovod.tensorflow as hvd
+
+    grads = list(grads)
+    size = hvd.size()
+    if size == 1:
+        return grads
+    comp = compression or hvd.Compression.none
+    sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices) and not sparse_as_dense]
+    dense = [i for i, g in enumerate(grads) if g is not None and i not in sparse]
+    if dense:
+        reduced = hvd.grouped_allreduce(
+            [tf.convert_to_tensor(grads[i]) for i in dense], op=hvd.Average, compression=comp
+        )  # IndexedSlices -> dense only with sparse_as_dense
+        for i, g in zip(dense, reduced):
+            grads[i] = g
+    if sparse:
+        packed = [comp.compress(grads[i].values) for i in sparse]
+        sent = [v for v, _ in packed] + [grads[i].indices for i in sparse]
+        gathered = _gather_by_dtype(sent)
+        for k, i in enumerate(sparse):
+            values = comp.decompress(gathered[k], packed[k][1])
+            values = values / tf.cast(size, values.dtype)
+            grads[i] = tf.IndexedSlices(values, gathered[len(sparse) + k], dense_shape=grads[i].dense_shape)
+    return grads
+
+
+def _gather_by_dtype(tensors: list) -> list:
+    """``hvd.grouped_allgather`` of ``tensors`` (one group per dtype: a group holds one dtype), in order."""
+    import horovod.tensorflow as hvd
+
+    out: list = [None] * len(tensors)
+    for dtype in sorted({t.dtype for t in tensors}, key=lambda d: d.name):
+        picked = [i for i, t in enumerate(tensors) if t.dtype == dtype]
+        done = hvd.grouped_allgather([tensors[i] for i in picked], name=f"hvd_spark.sparse_gradients.{dtype.name}")
+        for i, t in zip(picked, done):
+            out[i] = t
+    return out
 
 
 def set_accumulation(optimizer, steps: int) -> None:

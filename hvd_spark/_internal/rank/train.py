@@ -69,6 +69,7 @@ def train(cfg: RunConfig) -> dict:
         rank_callbacks,
     )
     from hvd_spark._internal.rank.cursor import DataPlan, PositionCallback, ResizeCheck, Segment
+    from hvd_spark._internal.rank.losses import global_batch_losses
     from hvd_spark._internal.rank.optimizer import make_distributed
     from hvd_spark._internal.rank.state import BroadcastStateCallback, StateAgreementCallback
 
@@ -82,6 +83,7 @@ def train(cfg: RunConfig) -> dict:
     make_distributed(
         model.optimizer, compression=cfg.compression, backward_passes_per_step=cfg.backward_passes_per_step
     )
+    global_batch_losses(model)  # masked and weighted-mean losses: one denominator for the global batch
     synced = synchronize_batch_norm(model)
     if synced and rank == 0:
         logger.info("%d BatchNormalization layer(s) use statistics over the global batch (synchronized=True)", synced)

@@ -1,0 +1,116 @@
+"""Losses normalised over the global batch on the ranks.
+
+Keras reduces a loss with ``"sum_over_batch_size"`` by dividing the batch's weighted sum by its
+number of values, unless the model's output carries a mask: then by the number of unmasked values
+(``keras.src.losses.loss.apply_mask``). ``"mean_with_sample_weight"`` divides by the sum of the
+sample weights (times the mask), and ``"sum"`` does not divide. When each of ``N`` ranks divides by
+its own batch's content and the gradients are averaged, the ranks' batches weigh alike however many
+values each one counted; one process at the global batch divides the whole sum once. So during
+training each such loss is rescaled on every rank by ``N * local / total``, where ``local`` is this
+rank's denominator and ``total`` the sum of all ranks' (one allreduce of a scalar per loss and step):
+the average of the ranks' gradients is then the global batch's gradient, and the average of the
+ranks' losses is its loss. ``"sum"`` is multiplied by ``N``. Losses whose denominator cannot differ
+between ranks (no mask, no weighted mean) are left as they are, with no collective.
+
+Validation (``test_step``) is left to Keras: each rank's validation batches are reduced as Keras
+reduces them in ``evaluate``, and their states are summed over the ranks.
+"""
+
+import contextvars
+
+import tensorflow as tf
+
+_TRAINING = contextvars.ContextVar("hvd_spark_global_batch_training", default=False)
+_ATTR = "_hvd_spark_global_batch"
+
+
+class GlobalBatchLoss:
+    """One compiled loss (a ``keras.losses.Loss``: Keras wraps functions in ``LossFunctionWrapper``),
+    rescaled during training as the module says. Called as Keras calls a compiled loss."""
+
+    def __init__(self, inner, index: int):
+        self.inner, self.index = inner, index
+
+    def __getattr__(self, name):  # Keras reads the loss's name, dtype, reduction ...
+        return getattr(self.inner, name)
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        value = self.inner(y_true, y_pred, sample_weight)
+        if not _TRAINING.get():
+            return value
+        return rescale(value, self.inner, y_pred, sample_weight, f"hvd_spark.loss_denominator.{self.index}")
+
+
+def local_denominator(loss, y_pred, sample_weight, dtype):
+    """What ``loss`` divides this batch's sum by, where that depends on the batch's content (a mask, the
+    sample weights), else None. ``"sum"``: 1 (the global batch does not divide either)."""
+    from keras.src.backend import get_keras_mask
+    from keras.src.losses.loss import apply_mask, standardize_reduction
+
+    reduction = standardize_reduction(getattr(loss, "reduction", "sum_over_batch_size"))
+    mask = get_keras_mask(y_pred)
+    if reduction == "sum":
+        return tf.constant(1.0, dtype)
+    if reduction in ("sum_over_batch_size", "mean") and mask is not None:
+        return tf.reduce_sum(tf.cast(mask, dtype))
+    if reduction == "mean_with_sample_weight" and (mask is not None or sample_weight is not None):
+        weights = apply_mask(
+            None if sample_weight is None else tf.convert_to_tensor(sample_weight), mask, dtype, reduction
+        )
+        return tf.reduce_sum(tf.cast(weights, dtype))
+    return None
+
+
+def rescale(value, loss, y_pred, sample_weight, name: str):
+    """``value`` (this rank's reduced loss) times ``N * local / total`` (``N`` for ``"sum"``)."""
+    import horovod.tensorflow as hvd
+
+    size = hvd.size()
+    local = local_denominator(loss, y_pred, sample_weight, value.dtype)
+    if size == 1 or local is None:
+        return value
+    n = tf.cast(size, value.dtype)
+    if getattr(loss, "reduction", None) == "sum":
+        return value * n
+    total = hvd.allreduce(tf.stop_gradient(local), op=hvd.Sum, name=name)
+    return value * tf.stop_gradient(tf.math.divide_no_nan(n * local, tf.cast(total, value.dtype)))
+
+
+def global_batch_losses(model) -> None:
+    """Makes ``model``'s compiled losses global-batch losses during training (not in ``test_step``).
+
+    The compiled model, its ``compile`` config and what it saves are unchanged: the losses Keras built
+    for the model (``CompileLoss``) are wrapped when Keras builds them, and ``train_step`` marks the
+    training calls (a user's ``train_step`` that calls ``self.compute_loss`` too).
+    """
+    compile_loss = getattr(model, "_compile_loss", None)
+    if compile_loss is None or getattr(model, _ATTR, False):
+        return
+    build = compile_loss.build
+
+    def wrap() -> None:
+        flat = getattr(compile_loss, "_flat_losses", None) or []
+        compile_loss._flat_losses = [
+            (path, fn if fn is None or isinstance(fn, GlobalBatchLoss) else GlobalBatchLoss(fn, i), *rest)
+            for i, (path, fn, *rest) in enumerate(flat)
+        ]
+
+    def build_then_wrap(y_true, y_pred):
+        build(y_true, y_pred)
+        wrap()
+
+    if getattr(compile_loss, "built", False):
+        wrap()
+    else:
+        compile_loss.build = build_then_wrap
+    train_step = model.train_step
+
+    def marked_train_step(*args, **kwargs):
+        token = _TRAINING.set(True)
+        try:
+            return train_step(*args, **kwargs)
+        finally:
+            _TRAINING.reset(token)
+
+    object.__setattr__(model, "train_step", marked_train_step)
+    object.__setattr__(model, _ATTR, True)
