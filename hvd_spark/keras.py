@@ -18,13 +18,16 @@ estimator uses on its ranks:
 
     hvd_spark.run(train, num_proc=2)
 
-- :func:`make_distributed`: the optimizer averages gradients over the ranks (one grouped allreduce per step).
+- :func:`make_distributed`: the optimizer averages gradients over the ranks (one grouped allreduce per step;
+  an Embedding's ``IndexedSlices`` gathered as ``IndexedSlices``, as one process at the global batch has them).
+- :func:`global_batch_losses`: masked, weighted-mean and ``"sum"`` losses reduced over the global batch
+  during training (call it after ``compile``).
 - :class:`BroadcastStateCallback`: rank 0's weights and optimizer state to every rank when training starts.
 - :class:`StateAgreementCallback`: layer state that ranks update from their own batches
   (BatchNormalization's moving statistics, ``add_weight(trainable=False)``) averaged before each
   validation run and at each epoch end.
-- :class:`MetricAverageCallback`: each epoch's logs averaged over the ranks (put it before
-  callbacks that read them).
+- :class:`MetricAverageCallback`: each epoch's metrics over all ranks' rows (their states summed;
+  other logs averaged); put it before callbacks that read them.
 - :func:`synchronize_batch_norm`: ``BatchNormalization(synchronized=True)`` layers use statistics
   over the global batch on every step.
 - :func:`broadcast_variables`, :func:`reconcile_variables`: the collectives under the callbacks.
@@ -40,6 +43,7 @@ import keras
 from hvd_spark._internal.common.serde import save_model_file as save_model
 from hvd_spark._internal.rank.batchnorm import synchronize_batch_norm
 from hvd_spark._internal.rank.callbacks import MetricAverageCallback
+from hvd_spark._internal.rank.losses import global_batch_losses
 from hvd_spark._internal.rank.optimizer import make_distributed
 from hvd_spark._internal.rank.state import (
     BroadcastStateCallback,
@@ -90,6 +94,7 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
 __all__ = [
     "BestModelCheckpoint",
     "make_distributed",
+    "global_batch_losses",
     "BroadcastStateCallback",
     "StateAgreementCallback",
     "MetricAverageCallback",

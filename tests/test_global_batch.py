@@ -40,6 +40,7 @@ def _write(tmp_path, columns: dict) -> str:
 
     n = len(next(iter(columns.values())))
     table = pa.table({**{k: arrow(v) for k, v in columns.items()}, "is_val": np.arange(n) >= ROWS})
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = str(tmp_path / "table.parquet")
     pq.write_table(table, path, row_group_size=n)
     return path
@@ -102,10 +103,11 @@ def _two_ranks(spark, tmp_path, path, make, features, labels, epochs, **params):
     return fitted
 
 
-def global_batch(spark, tmp_path, make, columns, features, labels, *, epochs=2, weight=None, **params):
-    """Asserts that 2 ranks at B equal plain Keras at 2B; returns (fitted, plain model, plain history)."""
+def global_batch(spark, tmp_path, make, columns, features, labels, *, epochs=2, weight=None, make_plain=None, **params):
+    """Asserts that 2 ranks at B equal plain Keras at 2B; returns (fitted, plain model, plain history).
+    ``make_plain``: the plain model, when the estimator's Params (``params``) change how it compiles."""
     path = _write(tmp_path, columns)
-    plain, want = _plain(make, columns, features, labels, epochs, weight=weight)
+    plain, want = _plain(make_plain or make, columns, features, labels, epochs, weight=weight)
     extra = dict(params, **({"sample_weight_col": weight} if weight else {}))
     fitted = _two_ranks(spark, tmp_path, path, make, features, labels, epochs, **extra)
     got = fitted.getHistory()
@@ -357,3 +359,130 @@ def test_dropout_rule(spark, tmp_path):
         columns["x"][val], columns["price"][val], batch_size=B, verbose=0, return_dict=True
     )
     assert first.getHistory()["val_loss"][-1] == pytest.approx(evaluated["loss"], rel=1e-5)
+
+
+SCALE = 1.5  # a global the Lambda below reads: it travels with the function (cloudpickle), not by name
+
+
+def test_lambda_layer_travels_to_the_ranks_and_to_transform(spark, tmp_path):
+    """Issue 46.3: a Lambda layer with a Python lambda failed on the ranks ("Requested the deserialization
+    of a Lambda layer whose function is a Python lambda"). It travels by value now; Keras' safe mode
+    stays on wherever hvd_spark loads the model (no bytecode from a file runs)."""
+    columns = _tabular()
+
+    def make():
+        keras.utils.set_random_seed(12)
+        x = keras.Input((8,), name="x")
+        h = keras.layers.Lambda(lambda t: keras.ops.tanh(t) * SCALE)(keras.layers.Dense(8)(x))
+        model = keras.Model(x, keras.layers.Dense(1)(h))
+        model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
+        return model
+
+    fitted, _, _ = global_batch(spark, tmp_path, make, columns, ["x"], ["price"])
+    path = str(tmp_path / "table.parquet")
+    scored = fitted.transform(spark.read.parquet(path).where("is_val")).toPandas()
+    expected = fitted.getModel().predict(np.stack(scored["x"].to_numpy()), verbose=0)[:, 0]
+    np.testing.assert_allclose(scored["price__output"].to_numpy(dtype="float32"), expected, rtol=1e-5, atol=1e-6)
+
+    # In a new process, TFTransformer.load follows Keras' safe mode: refused with a clear message, loaded
+    # with safe_mode=False, predicting as before.
+    from _helpers import run_result_script
+
+    saved = str(tmp_path / "transformer")
+    fitted.save(saved)
+    data = run_result_script(LOAD_SCRIPT, saved, path, cwd=tmp_path)
+    assert "safe_mode=False" in data["refused"] and "1 Python lambda" in data["refused"], data
+    np.testing.assert_allclose(data["predicted"], expected, rtol=1e-5, atol=1e-6)
+
+
+LOAD_SCRIPT = r"""
+import json, sys
+import hvd_spark
+from hvd_spark import TFTransformer
+
+saved, path = sys.argv[1], sys.argv[2]
+spark = hvd_spark.local_session("local[1]")
+try:
+    TFTransformer.load(saved)
+    refused = ""
+except ValueError as e:
+    refused = str(e)
+loaded = TFTransformer.load(saved, safe_mode=False)
+scored = loaded.transform(spark.read.parquet(path).where("is_val")).toPandas()
+print("RESULT " + json.dumps({"refused": refused, "predicted": scored["price__output"].astype(float).tolist()}))
+spark.stop()
+"""
+
+
+def make_loss(alpha):
+    """A loss factory, as users write them: every loss it returns is a closure named ``loss_fn``."""
+
+    def loss_fn(y_true, y_pred):
+        return keras.ops.mean(alpha * keras.ops.square(y_true - y_pred), axis=-1)
+
+    return loss_fn
+
+
+def _two_outputs(loss=None):
+    keras.utils.set_random_seed(13)
+    x = keras.Input((8,), name="x")
+    h = keras.layers.Dense(16, activation="tanh")(x)
+    model = keras.Model(
+        x, {"price": keras.layers.Dense(1, name="price")(h), "count": keras.layers.Dense(1, name="count")(h)}
+    )
+    model.compile(keras.optimizers.Adam(0.01), loss=loss or {"price": "mse", "count": "mse"})
+    return model
+
+
+def test_two_closures_of_one_factory_stay_two(spark, tmp_path):
+    """Issue 46.7: loss={"price": make_loss(1.0), "count": make_loss(4.0)} compiled into the model trained
+    count with price's alpha (count_loss 0.62 where plain Keras gives 1.20): the user's functions were keyed
+    by __name__, so the first closure won. Each closure travels as itself now."""
+
+    def make():
+        return _two_outputs({"price": make_loss(1.0), "count": make_loss(4.0)})
+
+    global_batch(spark, tmp_path, make, _tabular(), ["x"], ["price", "count"])
+
+
+def test_closures_and_a_lambda_as_the_loss_param(spark, tmp_path):
+    """The same closures given as the loss Param (trained right before, but the returned model's
+    loss["count"] was price's function), and a Python lambda as the loss (OSError: could not get source
+    code, when the rank saved its checkpoint)."""
+    losses = {"price": make_loss(1.0), "count": make_loss(4.0)}
+    fitted, _, _ = global_batch(
+        spark,
+        tmp_path / "a",
+        _two_outputs,
+        _tabular(),
+        ["x"],
+        ["price", "count"],
+        make_plain=lambda: _two_outputs(losses),
+        loss=losses,
+    )
+    returned = fitted.getModel().loss
+    alphas = {k: returned[k].__closure__[0].cell_contents for k in ("price", "count")}
+    assert alphas == {"price": 1.0, "count": 4.0}, alphas
+
+    def square(y, p):
+        return keras.ops.mean(keras.ops.square(y - p), axis=-1)
+
+    as_lambda = lambda y, p: keras.ops.mean(keras.ops.abs(y - p), axis=-1)  # noqa: E731
+
+    def single(loss=None):
+        keras.utils.set_random_seed(14)
+        x = keras.Input((8,), name="x")
+        model = keras.Model(x, keras.layers.Dense(1)(keras.layers.Dense(8, activation="tanh")(x)))
+        model.compile(keras.optimizers.Adam(0.01), loss or square)
+        return model
+
+    global_batch(
+        spark,
+        tmp_path / "b",
+        single,
+        _tabular(),
+        ["x"],
+        ["price"],
+        make_plain=lambda: single(as_lambda),
+        loss=as_lambda,
+    )

@@ -37,7 +37,7 @@ BAD = [
     ("metrics", "accuracy", TypeError, r"metrics must be a list of metrics"),
     ("custom_objects", ["f"], TypeError, r"custom_objects must be a dict of name -> class or function"),
     ("feature_cols", [1], TypeError, r"feature_cols must be a column name, a list of column names or a dict"),
-    ("label_cols", [["a", "b"]], TypeError, r"label_cols must be a column name"),
+    ("label_cols", [["a", 1]], TypeError, r"label_cols must be a column name.*stack into one output"),
     ("sample_weight_col", 1, TypeError, r"sample_weight_col must be a string or None"),
     ("validation", 1.0, ValueError, r"validation must be a fraction in \[0, 1\) or a column name"),
     ("validation", [0.1], TypeError, r"validation must be a fraction in \[0, 1\) or a column name"),

@@ -156,7 +156,7 @@ WRONG_TYPE = {
     "learning_rate": ["0.1", True],
     "custom_objects": [["f"], {1: print}],
     "feature_cols": [[1], 3],
-    "label_cols": [[["a", "b"]]],
+    "label_cols": [[["a", 1]], 3],
     "output_cols": [3],
     "sample_weight_col": [1],
     "validation": [[0.1], True],

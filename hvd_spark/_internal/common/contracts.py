@@ -90,7 +90,9 @@ class DataSpec:
     weight: ColumnInfo | None
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
-    label_shapes: tuple[tuple[int, ...], ...] | None = None  # horovod.spark's label_shapes: a shape per label
+    # a shape per label: horovod.spark's label_shapes, or a sparse loss's per-step (per-pixel) class indices
+    # (specs.label_shapes); None for a label the reader shapes as its output (or () for one value per row)
+    label_shapes: tuple[tuple[int, ...] | None, ...] | None = None
 
     def reader_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``reader.rank_dataset`` that describe the data."""

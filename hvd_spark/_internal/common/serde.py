@@ -7,18 +7,25 @@ from typing import Any
 
 import cloudpickle
 
+from hvd_spark._internal.common import functions
 
-def dumps_keras_obj(obj: Any) -> Any:
+
+def dumps_keras_obj(obj: Any, custom_objects: dict[str, Any] | None = None) -> Any:
     """A picklable form of a loss / metric / optimizer: strings as they are, Keras objects as their
-    config (Keras objects hold variables that do not pickle), anything else cloudpickled."""
+    config (Keras objects hold variables that do not pickle), a function shipped in ``custom_objects``
+    by its name there (the receiver uses that very object: see ``common/functions.py``), anything else
+    cloudpickled."""
     import keras
 
     if obj is None or isinstance(obj, (str, int, float, bool)):
         return ("plain", obj)
     if isinstance(obj, (list, tuple)):
-        return ("list", [dumps_keras_obj(o) for o in obj])
+        return ("list", [dumps_keras_obj(o, custom_objects) for o in obj])
     if isinstance(obj, dict):
-        return ("dict", {k: dumps_keras_obj(v) for k, v in obj.items()})
+        return ("dict", {k: dumps_keras_obj(v, custom_objects) for k, v in obj.items()})
+    shipped = [k for k, v in (custom_objects or {}).items() if v is obj and k.startswith(functions.PACKAGE + ">")]
+    if shipped:
+        return ("custom", shipped[0])
     if isinstance(obj, (keras.optimizers.Optimizer, keras.losses.Loss, keras.metrics.Metric)):
         return ("keras", keras.saving.serialize_keras_object(obj))
     return ("pickle", cloudpickle.dumps(obj))
@@ -36,6 +43,8 @@ def loads_keras_obj(data: Any, custom_objects: dict[str, Any] | None = None) -> 
         return {k: loads_keras_obj(v, custom_objects) for k, v in value.items()}
     if kind == "keras":
         return keras.saving.deserialize_keras_object(value, custom_objects=custom_objects)
+    if kind == "custom":
+        return (custom_objects or {})[value]
     return cloudpickle.loads(value)
 
 
@@ -54,7 +63,12 @@ def model_custom_objects(model, custom_objects: dict[str, Any] | None, params: A
 
     The result is cloudpickled to the ranks and to ``transform``: classes defined in the driver's
     ``__main__`` (a script, a notebook) travel by value, so they load where their module does not exist.
+    Python lambdas (``Lambda`` layers', a lambda loss) and functions that share a name (closures of one
+    factory) are keyed by names of their own (``common/functions.py``), with the lambdas' saved forms
+    under ``functions.LAMBDA_CODES``.
     """
+    import inspect
+
     import keras
 
     out: dict[str, Any] = dict(custom_objects or {})
@@ -71,12 +85,18 @@ def model_custom_objects(model, custom_objects: dict[str, Any] | None, params: A
     for name in _registered_names(configs):
         if name in registry:
             out.setdefault(name, registry[name])
-    for item in _user_objects(model, params):
+    user = _user_objects(model, params)
+    fns = [f for f in user if inspect.isfunction(f)] + functions.lambda_layer_functions(model)
+    unique = functions.unique_names(fns, out)  # lambdas, and closures sharing a name: each its own
+    for item in [*user, *(f for f in fns if f not in user)]:
         with contextlib.suppress(Exception):
-            name = keras.saving.get_registered_name(item)
+            name = unique.get(id(item)) or keras.saving.get_registered_name(item)
             if ">" not in name and not isinstance(item, type) and _keras_knows(name):
                 continue  # a function named like a Keras one ("gelu", "mse"): it would replace Keras' everywhere
             out.setdefault(name, item)
+    codes = functions.lambda_codes(out)
+    if codes:
+        out[functions.LAMBDA_CODES] = codes
     return out
 
 
@@ -192,9 +212,10 @@ def save_model_file(model, path: str) -> None:
         model.save(path)
 
 
-def model_to_bytes(model) -> bytes:
-    """The model as a ``.keras`` file's bytes (architecture, weights, compile config, optimizer)."""
-    with tempfile.TemporaryDirectory() as d:
+def model_to_bytes(model, custom_objects: dict[str, Any] | None = None) -> bytes:
+    """The model as a ``.keras`` file's bytes (architecture, weights, compile config, optimizer); the
+    functions shipped in ``custom_objects`` are saved by their names there."""
+    with tempfile.TemporaryDirectory() as d, functions.names_registered(custom_objects):
         path = os.path.join(d, "model.keras")
         save_model_file(model, path)
         with open(path, "rb") as f:
@@ -219,7 +240,9 @@ def load_model_file(
 
     ``path`` is a local path or any fsspec URL (``s3://...`` with ``storage_options``); a remote
     file is copied to a temporary local file first, since Keras reads local files only.
-    Registered custom objects are registered again in this process before loading.
+    Registered custom objects are registered again in this process before loading; the lambdas the
+    driver shipped replace the bytecode it saved for them (``common/functions.py``), so a model with
+    ``Lambda`` layers loads in Keras' safe mode.
     """
     import keras
 
@@ -232,9 +255,28 @@ def load_model_file(
         protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
         if "file" in protocols or "local" in protocols:
             path, fs = fs_path, None
-    if fs is None:
-        return keras.models.load_model(path, custom_objects=custom_objects, compile=compile)
     with tempfile.TemporaryDirectory() as d:
-        local = os.path.join(d, "model.keras")
-        fs.get_file(fs_path, local)
-        return keras.models.load_model(local, custom_objects=custom_objects, compile=compile)
+        if fs is not None:
+            local = os.path.join(d, "model.keras")
+            fs.get_file(fs_path, local)
+            path = local
+        if (custom_objects or {}).get(functions.LAMBDA_CODES):
+            path = _with_shipped_lambdas(path, custom_objects, os.path.join(d, "resolved.keras"))
+        return keras.models.load_model(path, custom_objects=custom_objects, compile=compile)
+
+
+def _with_shipped_lambdas(path: str, custom_objects: dict[str, Any] | None, out: str) -> str:
+    """``path``, or a copy at ``out`` whose config.json refers to the shipped lambdas in place of the
+    bytecode the driver saved for them (``functions.resolve_lambdas``)."""
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        config = json.loads(z.read("config.json"))
+        if not functions.resolve_lambdas(config, custom_objects):
+            return path
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as w:
+            for info in z.infolist():
+                data = json.dumps(config).encode() if info.filename == "config.json" else z.read(info.filename)
+                w.writestr(info, data)
+    return out

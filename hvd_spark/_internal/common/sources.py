@@ -73,14 +73,17 @@ _SPARK_NUMPY = {
 }
 
 
+OBJECT_DTYPES = ("string", "binary")  # values read as Python objects (str, bytes): only their nulls are checked
+
+
 def stored_dtype(kind: str, element_type: str, is_integer: bool) -> str:
     """The numpy type the copied path stores a column in (``materialize._as_stored``): Vectors as
     float32 arrays, arrays and stacked scalars as int64 when their elements (or one of the stacked
     columns) are ``bigint``, so that 64-bit ids stay whole, as int32 for other integers, float32
     otherwise; booleans as int32, decimals as float64, other scalars as their own type. (For a group,
     ``element_type`` is ``materialize._group_info``'s: ``bigint``, ``int`` or ``float``.)"""
-    if element_type == "string":
-        return "string"  # object arrays of str, a tf.string tensor for the model
+    if element_type in OBJECT_DTYPES:
+        return element_type  # object arrays of str or bytes (bytes: decoded by transformation_fn)
     if kind in ("vector",):
         return "float32"
     if kind in ("array", "group"):
@@ -295,13 +298,13 @@ def _vector_values(column) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def values_of(col: SourceColumn, table) -> np.ndarray:
     """The column's values as the copied path stores them: 1-D for scalars, 2-D ``(rows, width)``
     otherwise. Nulls must have been refused by the statistics (:func:`row_group_stats`)."""
-    dtype = np.dtype(object if col.dtype == "string" else col.dtype)
+    dtype = np.dtype(object if col.dtype in OBJECT_DTYPES else col.dtype)
     if col.kind == "group":
         parts = [_scalar(_array(table.column(resolve(table.schema, n)))) for n in col.names]
         return np.stack(parts, axis=1).astype(dtype, copy=False) if parts else np.zeros((table.num_rows, 0), dtype)
     column = _array(table.column(resolve(table.schema, col.names[0])))
     n = len(column)
-    if col.kind == "scalar" and col.dtype == "string":
+    if col.kind == "scalar" and col.dtype in OBJECT_DTYPES:
         return column.to_numpy(zero_copy_only=False)
     if col.kind == "scalar":
         return _scalar(column).astype(dtype, copy=False)
@@ -358,7 +361,7 @@ def _checked_rows(col: SourceColumn, table) -> tuple[np.ndarray, np.ndarray, Any
     bad = np.zeros(table.num_rows, dtype=bool)
     over = np.zeros(table.num_rows, dtype=bool)
     example = None
-    target = None if col.dtype == "string" else np.dtype(col.dtype)
+    target = None if col.dtype in OBJECT_DTYPES else np.dtype(col.dtype)
     for name in col.names:
         column = _array(table.column(resolve(table.schema, name)))
         bad |= ~_np_bool(pc.is_valid(column))
@@ -437,7 +440,7 @@ def row_group_stats(source: TableSource, url: str, table, first_row: int) -> dic
         s: dict[str, Any] = {"bad": int(bad.sum()), "min_len": None, "max_len": None, "min": None, "max": None}
         s.update(fractional=0, overflow=int(over.sum()), overflow_value=example, cast=col.dtype)
         good = ~(bad | over)
-        if good.any() and col.dtype != "string":  # a string feature: only its nulls matter
+        if good.any() and col.dtype not in OBJECT_DTYPES:  # a string or bytes feature: only its nulls matter
             kept = table if good.all() else table.filter(pa.array(good))
             if col.kind == "scalar":  # the values the model gets (after a cast), as the copy's statistics
                 v = values_of(col, kept)
@@ -502,6 +505,8 @@ def check_file_schema(source: TableSource, url: str, schema) -> None:
                 ) from None
             if col.dtype == "string":
                 ok = pa.types.is_string(t) or pa.types.is_large_string(t)
+            elif col.dtype == "binary":
+                ok = pa.types.is_binary(t) or pa.types.is_large_binary(t)
             elif col.kind in ("scalar", "group"):
                 ok = numeric(t)
             elif col.kind == "array":

@@ -163,7 +163,11 @@ def check_string_input(col: str, element_type: str, spec: TensorSpec) -> None:
 
 
 def check_feature_lengths(col: str, spec: TensorSpec, min_len: int | None, max_len: int | None, kind: str) -> None:
-    """Raises ValueError when a feature column's rows do not fill the model input ``spec``."""
+    """Raises ValueError when a feature column's rows do not fill the model input ``spec``. A binary
+    column (``kind`` ``"binary"``) holds bytes that ``transformation_fn`` decodes on the ranks, where
+    the decoded rows are checked."""
+    if kind == "binary":
+        return
     expected = spec.elements
     if kind == "scalar":
         if expected is not None and expected != 1:
@@ -186,18 +190,60 @@ def check_feature_lengths(col: str, spec: TensorSpec, min_len: int | None, max_l
         )
 
 
-def check_label_lengths(col: str, spec: TensorSpec, min_len: int | None, max_len: int | None, kind: str) -> None:
-    """Labels must hold one value per row (a class index or a scalar) or as many as the output."""
+def class_index_shape(spec: TensorSpec) -> tuple[int, ...] | None:
+    """The per-row shape of the class indices a sparse cross-entropy takes for output ``spec``, as in
+    Keras: the output's shape without its class axis (``()`` for ``(C,)``, ``(12,)`` for a per-step
+    ``(12, C)``, ``(H, W)`` for a per-pixel ``(H, W, C)``); None when a dimension is unknown."""
+    if spec.elements is None or not spec.shape:
+        return None
+    return spec.dims[:-1]
+
+
+def label_values(spec: TensorSpec, class_indices: bool = False) -> tuple[int, ...]:
+    """The numbers of values per row a label of output ``spec`` may hold: class indices (a sparse
+    cross-entropy) one per step or pixel of the output (:func:`class_index_shape`), other labels one
+    (a class index or a scalar) or one per value of the output. Empty when the output's size is unknown."""
+    if spec.elements is None:
+        return ()
+    if class_indices:
+        return (math.prod(class_index_shape(spec) or ()),)
+    return tuple(dict.fromkeys((1, spec.elements)))
+
+
+def label_shapes(given, outputs: "Sequence[TensorSpec]", class_indices: "Sequence[bool]"):
+    """The per-row shape each label is reshaped to on the ranks, one per output: ``given`` (horovod.spark's
+    ``label_shapes``) when set; the class-index shape of an output of several axes trained with a sparse
+    cross-entropy (per-step, per-pixel); None for the others (the reader's: the output's shape, ``()`` for
+    one value per row). None when no label needs a shape of its own."""
+    if given:
+        return tuple(tuple(s) for s in given)
+    shapes = tuple(
+        class_index_shape(s) if sparse and len(s.shape) > 1 else None for s, sparse in zip(outputs, class_indices)
+    )
+    return shapes if any(s is not None for s in shapes) else None
+
+
+def check_label_lengths(
+    col: str, spec: TensorSpec, min_len: int | None, max_len: int | None, kind: str, class_indices: bool = False
+) -> None:
+    """Labels must hold what :func:`label_values` allows: one value per row (a class index or a scalar)
+    or as many as the output; class indices of a sparse cross-entropy one per step (pixel) of the output."""
     n = 1 if kind == "scalar" else min_len
     if kind != "scalar" and min_len != max_len:
         raise ValueError(f"Label column '{col}' has ragged arrays: rows have between {min_len} and {max_len} values.")
-    expected = spec.elements
-    if expected is None or n == expected or n == 1:
+    allowed = label_values(spec, class_indices)
+    if not allowed or n in allowed:
         return
+    if class_indices and len(spec.shape) > 1:
+        steps = class_index_shape(spec)
+        what = f"{allowed[0]} (one class index per step of the output: a label of shape {steps})"
+    elif class_indices:
+        what = "1 (a class index: the loss is a sparse cross-entropy)"
+    else:
+        what = f"1 (a class index or a scalar) or {spec.elements}"
     raise ValueError(
-        f"Model output '{spec.name}' has shape {_shape(spec.shape)} ({expected} values per row); "
-        f"label column '{col}' has {n} values per row. Expected 1 (a class index or a scalar) "
-        f"or {expected}."
+        f"Model output '{spec.name}' has shape {_shape(spec.shape)} ({spec.elements} values per row); "
+        f"label column '{col}' has {n} values per row. Expected {what}."
     )
 
 

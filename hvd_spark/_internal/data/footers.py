@@ -7,7 +7,7 @@ same numbers for:
 
 * the rows of the row group, and the rows of each split for a validation fraction (a hash of the
   file's name and the row's number: no values needed) or validation files;
-* a string column (only its nulls are checked): its null count;
+* a string or binary column (only its nulls are checked): its null count;
 * an integer or boolean scalar column: its null count (nulls are its only bad values: integers have
   no NaN or infinity), and its range converted as the copy converts it, when that range fits the
   integer type the DataFrame casts to (else the rows beyond it must be counted: read the values);
@@ -69,6 +69,9 @@ def _typed_for_footer(col: sources.SourceColumn, schema) -> bool:
         if col.dtype == "string":
             if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
                 return False
+        elif col.dtype == "binary":
+            if not (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
+                return False
         elif not (pa.types.is_integer(t) or pa.types.is_boolean(t)):
             return False
     return True
@@ -91,7 +94,7 @@ def column_stats(col: sources.SourceColumn, schema, row_group, chunks: dict[str,
     if not _typed_for_footer(col, schema):
         return None
     n = row_group.num_rows
-    target = None if col.dtype == "string" else np.dtype(col.dtype)
+    target = None if col.dtype in sources.OBJECT_DTYPES else np.dtype(col.dtype)
     nulls, ranges, file_types = [], [], []
     for name in col.names:
         file_name = sources.resolve(schema, name)

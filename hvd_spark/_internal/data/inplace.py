@@ -209,6 +209,7 @@ def source_columns(
         else:
             kind = "group" if info.parts else info.kind
             dtype = sources.stored_dtype(kind, info.element_type, info.is_integer)
+            kind = "scalar" if kind == "binary" else kind  # bytes, one value per row (as strings are)
         names = tuple(scan.source_name(p) for p in info.parts) if info.parts else (scan.source_name(info.name),)
         out.append(sources.SourceColumn(info.stored, kind, names, dtype, info.name))
     return tuple(out)

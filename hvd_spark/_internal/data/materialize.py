@@ -62,13 +62,15 @@ def column_info(df, name, role: str) -> ColumnInfo:
         return ColumnInfo(name, "vector", "double", False)
     if isinstance(dtype, T.StringType) and role == "feature":  # for a model input of dtype "string"
         return ColumnInfo(name, "scalar", "string", False)
+    if isinstance(dtype, T.BinaryType) and role == "feature":  # bytes (an image): decoded by transformation_fn
+        return ColumnInfo(name, "binary", "binary", False)
     strings = (
         " Strings feed model inputs of dtype 'string' (StringLookup, TextVectorization, Hashing) as features "
         "only; index a string label with pyspark.ml.feature.StringIndexer."
         if isinstance(dtype, T.StringType)
         else ""
     )
-    also = " (or a string column for a feature)" if role == "feature" else ""
+    also = " (or a string or binary column for a feature)" if role == "feature" else ""
     raise TypeError(
         f"{role} column '{name}' has type {dtype.simpleString()}. Expected a numeric column, an array "
         f"of numbers, or a Vector (pyspark.ml.linalg){also}.{strings}"
@@ -76,9 +78,16 @@ def column_info(df, name, role: str) -> ColumnInfo:
 
 
 def _group_info(df, parts: list[str], role: str) -> ColumnInfo:
+    tensor = "output" if role == "label" else "input"  # label_cols stack into one output's label
     if len(set(parts)) != len(parts):
-        raise ValueError(f"{role} columns {parts} are stacked into one input; each may appear once.")
+        raise ValueError(f"{role} columns {parts} are stacked into one {tensor}; each may appear once.")
     infos = [column_info(df, p, role) for p in parts]
+    binary = [i.name for i in infos if i.kind == "binary"]
+    if binary:
+        raise TypeError(
+            f"{role} columns {group_name(parts)} are stacked into one array of numbers; {binary} hold bytes. Give a "
+            "binary column a model input of its own (decoded by transformation_fn)."
+        )
     strings = [i.name for i in infos if i.element_type == "string"]
     if strings:
         raise TypeError(
@@ -88,9 +97,9 @@ def _group_info(df, parts: list[str], role: str) -> ColumnInfo:
     arrays = [i.name for i in infos if i.kind != "scalar"]
     if arrays:
         raise TypeError(
-            f"{role} columns {group_name(parts)} are stacked into one model input, which needs one "
+            f"{role} columns {group_name(parts)} are stacked into one model {tensor}, which needs one "
             f"value per column; {arrays} hold several values per row. Stack scalar columns only, or "
-            "give each array / Vector column its own input."
+            f"give each array / Vector column its own {tensor}."
         )
     integer = all(i.is_integer for i in infos)
     element = ("bigint" if any(i.element_type == "bigint" for i in infos) else "int") if integer else "float"

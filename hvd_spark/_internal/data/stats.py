@@ -33,7 +33,7 @@ def stats_aggs(infos: Sequence[ColumnInfo]) -> list:
     for i, info in enumerate(_unique(infos)):
         c = F.col(info.stored)
         number = "bigint" if info.is_integer else "double"  # the range: exact for 64-bit integers
-        if info.element_type == "string":  # a string feature: only nulls matter
+        if info.element_type in ("string", "binary"):  # a string or bytes feature: only nulls matter
             aggs += [
                 F.sum(c.isNull().cast("int")).alias(f"bad_{i}"),
                 F.lit(None).cast("int").alias(f"min_{i}"),
@@ -140,12 +140,13 @@ def check_stats(
     for info, spec in zip(features, inputs):
         s = stats["columns"][info.name]
         check_feature_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind)
-        if info.element_type != "string":
+        if info.element_type not in ("string", "binary"):
             check_value_range("feature", info.name, s["min"], s["max"], spec.dtype or "float32", spec)
     for i, (info, spec) in enumerate(zip(labels, outputs)):
         s = stats["columns"][info.name]
-        check_label_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind)
-        if class_indices is not None and i < len(class_indices) and class_indices[i]:
+        sparse = class_indices is not None and i < len(class_indices) and bool(class_indices[i])
+        check_label_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind, sparse)
+        if sparse:
             check_class_indices(info, spec, s)
         # the reader gives the model integer labels as int32, others as float32
         check_value_range("label", info.name, s["min"], s["max"], "int32" if info.is_integer else "float32")
@@ -165,10 +166,11 @@ def check_stats(
 
 
 def check_class_indices(info: ColumnInfo, spec: TensorSpec, s: dict) -> None:
-    """A scalar label of an output trained with a sparse cross-entropy is a class index: every value must
-    be a whole number in ``[0, units)``. Raises ValueError naming the column and a value."""
-    units = spec.elements
-    if info.kind != "scalar" or units is None or units < 2 or s.get("min") is None:
+    """A label of an output trained with a sparse cross-entropy holds class indices (one, or one per step or
+    pixel of the output): every value must be a whole number in ``[0, units)``, ``units`` the output's last
+    axis. Raises ValueError naming the column and a value."""
+    units = spec.shape[-1] if spec.elements is not None and spec.shape else None
+    if units is None or units < 2 or s.get("min") is None:
         return
     low, high = s["min"], s["max"]
     if low < 0 or high > units - 1:

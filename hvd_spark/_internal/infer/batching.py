@@ -185,6 +185,7 @@ def predict_batches(
     output_cols: list[str],
     batch_size: int,
     keep_invalid: bool = False,
+    transform: Callable[[list], list] | None = None,
 ) -> Iterator:
     """Pure batching (pandas): predicts each batch in chunks and yields a Series (one output) or a DataFrame.
 
@@ -197,6 +198,9 @@ def predict_batches(
     turns a NaN of a numpy-backed Series into a null). A list output is an object Series of arrays
     (None for an invalid row): pyspark turns the NaNs inside into null elements, which
     ``TFTransformer._transform`` turns back into NaN (the model never outputs a null).
+
+    ``transform`` (:func:`column_transformation`): the valid rows' feature columns pass through it
+    before the model (the transformer's ``transformation_fn``, which decodes binary columns).
     """
     import pandas as pd  # here: an inference process (remote.py) predicts without it
 
@@ -209,6 +213,8 @@ def predict_batches(
         valid = ~(status != 0).any(axis=1)
         rows = frame if valid.all() else frame[valid]
         columns = [rows.iloc[:, i].to_numpy() for i in range(k)]
+        if transform is not None and len(rows):
+            columns = transform(columns)
         arrays = predict_columns(model, columns, len(rows), inputs, outputs, batch_size, feature_cols)
         series = [
             pd.Series(pd.arrays.ArrowExtensionArray(a)) if is_scalar(spec) else a.to_pandas()
@@ -226,12 +232,14 @@ def predict_arrow_batches(
     output_cols: list[str],
     batch_size: int,
     keep_invalid: bool = False,
+    transform: Callable[[list], list] | None = None,
 ) -> Iterator:
     """Pure batching (Arrow): each StructArray of feature columns -> an Arrow array of predictions.
 
     List features are reshaped from their flat values and list outputs built from flat values
     and offsets: no per-row Python on either side. A null feature, or an array with a null element,
-    makes the row invalid, as in :func:`predict_batches`; a NaN value goes to the model.
+    makes the row invalid, as in :func:`predict_batches`; a NaN value goes to the model. ``transform``:
+    as in :func:`predict_batches` (the columns reach it as numpy).
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -255,9 +263,38 @@ def predict_arrow_batches(
         if not valid.all():
             keep = pa.array(valid)
             cols = [c.filter(keep) for c in cols]
+        if transform is not None and valid.any():
+            from hvd_spark._internal.rank.rows import column_values
+
+            cols = transform([column_values(c) for c in cols])
         arrays = predict_columns(model, cols, int(valid.sum()), inputs, outputs, batch_size, feature_cols)
         out = _output_arrays(arrays, outputs, valid)
         yield out[0] if len(out) == 1 else pa.StructArray.from_arrays(out, names=list(output_cols))
+
+
+def column_transformation(fn, infos: list, inputs: list[TensorSpec]) -> Callable[[list], list]:
+    """The transformer's ``transformation_fn`` on the feature columns of a batch (one value per feature,
+    in ``infos``' order: ``ColumnInfo`` of each, or of each stacked group), as the ranks apply it to
+    their blocks of rows (``rank/rows.py``'s ``transformation``: the DataFrame's column names, a binary
+    column's bytes decoded into its input's shape); the frame holds the features only."""
+    from dataclasses import replace
+
+    from hvd_spark._internal.rank.rows import transformation
+
+    named = [replace(info, stored=f"_f{i}") for i, info in enumerate(infos)]
+    apply = transformation(fn, named, [], None, inputs)
+
+    def transform(cols: list) -> list:
+        block = {}
+        for info, c in zip(named, cols):
+            arr = np.asarray(c)
+            if info.parts and arr.dtype == object:  # pandas' per-row arrays of a stacked group
+                arr = np.stack(list(arr))
+            block[info.stored] = arr
+        out = apply(block)
+        return [out[info.stored] for info in named]
+
+    return transform
 
 
 def is_scalar(spec: TensorSpec) -> bool:

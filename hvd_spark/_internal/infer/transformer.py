@@ -21,15 +21,20 @@ from hvd_spark._internal.common.contracts import FitSummary
 from hvd_spark._internal.common.specs import TensorSpec, check_string_input, column_label, stack_for_single_input
 from hvd_spark._internal.common.topology import task_cpus
 from hvd_spark._internal.driver.sessions import application_id, session_conf
-from hvd_spark._internal.infer.batching import is_scalar, predict_arrow_batches, predict_batches
+from hvd_spark._internal.infer.batching import (
+    column_transformation,
+    is_scalar,
+    predict_arrow_batches,
+    predict_batches,
+)
 from hvd_spark._internal.infer.cache import load_cached, load_uncached, model_version
 from hvd_spark._internal.infer.device import GPU_BATCH_SIZE, on_device, task_device
 from hvd_spark._internal.infer.expressions import arrow_udfs_available, feature_status, has_null_element
 from hvd_spark._internal.ml.fit_params import boolean, choice, int_at_least
-from hvd_spark._internal.ml.params import ColumnParams, _param, with_accessors
+from hvd_spark._internal.ml.params import ColumnParams, _checked, _param, with_accessors
 
 
-@with_accessors(setters=("batch_size", "inference_udf"))
+@with_accessors(setters=("batch_size", "inference_udf", "transformation_fn"))
 class TFTransformer(
     Model,
     ColumnParams,
@@ -92,6 +97,12 @@ class TFTransformer(
         "Per output, whether its column is a Spark ML Vector (DenseVector): fit sets it where the label "
         "column is a Vector, so predictions take the label's type (as horovod.spark's do). Default: none.",
     )
+    transformation_fn = _checked(
+        "transformation_fn",
+        "A function fn(pandas.DataFrame) -> pandas.DataFrame applied to each batch of the feature columns "
+        "(the DataFrame's names) before the model: fit sets the estimator's where a feature column is binary "
+        "(it decodes the bytes); None (default) otherwise.",
+    )
     inference_udf = _param(
         "inference_udf",
         "How transform() calls the model: 'auto' (default: an Arrow UDF where "
@@ -121,6 +132,7 @@ class TFTransformer(
         probabilityCol: str = "probability",
         rawPredictionCol: str = "rawPrediction",
         handleInvalid: str = "error",
+        transformation_fn=None,
     ):
         super().__init__()
         self._setDefault(
@@ -134,6 +146,7 @@ class TFTransformer(
             inference_udf="auto",
             handleInvalid="error",
             output_vectors=None,
+            transformation_fn=None,
         )
         kwargs = {
             k: v
@@ -156,6 +169,7 @@ class TFTransformer(
                 probabilityCol=probabilityCol,
                 rawPredictionCol=rawPredictionCol,
                 handleInvalid=handleInvalid,
+                transformation_fn=transformation_fn,
             ).items()
             if v is not None
         }
@@ -283,6 +297,12 @@ class TFTransformer(
             specs = list(self._inputs())
         for c, spec in zip(features, specs):
             info = column_info(df, c, "feature")
+            if info.kind == "binary" and self.getOrDefault(self.transformation_fn) is None:
+                raise ValueError(
+                    f"Feature column '{info.name}' holds bytes (binary): the model takes them decoded, by a "
+                    "transformation_fn. Received: transformation_fn=None. Set one with setTransformationFn(fn), "
+                    "fn(pandas.DataFrame) -> pandas.DataFrame decoding the column (fit sets the estimator's)."
+                )
             if spec is not None:
                 check_string_input(info.name, info.element_type, spec)
             if spec is not None and info.kind == "scalar" and spec.elements not in (None, 1):
@@ -355,6 +375,12 @@ class TFTransformer(
         names = [f"_f{i}" for i in range(len(feature_cols))]
         key = model_version(url, opts)
         arrow = self._use_arrow_udf()
+        infos = [column_info(dataset, c, "feature") for c in entries]
+        fn = self.getOrDefault(self.transformation_fn)
+        fn_bytes = cloudpickle.dumps(fn) if fn is not None else None  # by value, as the ranks get it
+
+        def transformation():
+            return column_transformation(cloudpickle.loads(fn_bytes), infos, inputs) if fn_bytes else None
 
         if arrow:
             import pyarrow as pa
@@ -366,7 +392,7 @@ class TFTransformer(
                 rows = batch_size if device is None or batch_set else max(batch_size, GPU_BATCH_SIZE)
                 with on_device(device):
                     yield from predict_arrow_batches(
-                        model, structs, inputs, outputs, feature_cols, output_cols, rows, keep
+                        model, structs, inputs, outputs, feature_cols, output_cols, rows, keep, transformation()
                     )
 
             # pyspark's stubs type returnType as a DataType literal; a StructType / ArrayType works.
@@ -378,10 +404,11 @@ class TFTransformer(
                 model = load_cached(key, url, opts, co_bytes, num_threads, device, warm_app)
                 rows = batch_size if device is None or batch_set else max(batch_size, GPU_BATCH_SIZE)
                 with on_device(device):
-                    yield from predict_batches(model, frames, inputs, outputs, feature_cols, output_cols, rows, keep)
+                    yield from predict_batches(
+                        model, frames, inputs, outputs, feature_cols, output_cols, rows, keep, transformation()
+                    )
 
             udf = pandas_udf(predict, returnType=self._output_type(True))  # type: ignore[call-overload]
-        infos = [column_info(dataset, c, "feature") for c in entries]
         exprs = [feature_expr(info) for info in infos]
         fields = [e.alias(n) for e, n in zip(exprs, names)]
         if not arrow:  # pandas turns a null into NaN: Spark says which rows are null (or hold null elements)
@@ -463,6 +490,15 @@ class TFTransformer(
         from hvd_spark._internal.ml.persistence import TransformerReader
 
         return TransformerReader(cls)
+
+    @classmethod
+    def load(cls, path: str, safe_mode: bool | None = None) -> "TFTransformer":
+        """Loads a saved ``TFTransformer``. ``safe_mode`` as in ``keras.models.load_model``: a model
+        holding Python lambdas (``Lambda`` layers', a lambda loss) loads only with ``safe_mode=False``
+        or after ``keras.config.enable_unsafe_deserialization()``; None: Keras' global setting."""
+        from hvd_spark._internal.ml.persistence import TransformerReader
+
+        return TransformerReader(cls, safe_mode).load(path)
 
     def write(self):
         from hvd_spark._internal.ml.persistence import TransformerWriter

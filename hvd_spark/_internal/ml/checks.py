@@ -60,6 +60,7 @@ def check(data: FitInput, p: FitParams, backend_object: Any = None) -> Checked:
         _build_from_columns(model, dataset, p.feature_cols)
     inputs, outputs = model_specs(model)
     p = _match_model(dataset, p, inputs, outputs)
+    inputs, outputs = _fed_dtypes(model, dataset, p.feature_cols, inputs, outputs)
     if not is_compiled(model) and (p.optimizer is None or p.loss is None):
         raise ValueError(
             "The model is not compiled, so optimizer and loss are required. Received: "
@@ -194,6 +195,14 @@ def _column_infos(dataset, p: FitParams, inputs, outputs):
     f_infos = [data_mod.column_info(dataset, c, "feature") for c in p.feature_cols]
     for info, spec in zip(f_infos, inputs):
         check_string_input(info.name, info.element_type, spec)
+        if info.kind == "binary" and p.transformation_fn is None:
+            raise ValueError(
+                f"Feature column '{info.name}' holds bytes (binary), which model input '{spec.name}' (shape "
+                f"{tuple(spec.shape)}, {spec.dtype or 'float32'}) cannot take: a binary feature needs a "
+                "transformation_fn that decodes it, on the ranks and in transform. Received: transformation_fn=None. "
+                "Pass transformation_fn=fn(pandas.DataFrame) -> pandas.DataFrame replacing the column's bytes "
+                "with arrays of the input's shape (docs/estimator.md, 'Images and other binary columns')."
+            )
     l_infos = [data_mod.column_info(dataset, c, "label") for c in p.label_cols]
     w_info = data_mod.column_info(dataset, p.sample_weight_col, "sample weight") if p.sample_weight_col else None
     if w_info is not None and w_info.kind != "scalar":
@@ -227,7 +236,10 @@ def _check_shipped(p: FitParams, model, outputs) -> dict | None:
 
     custom_objects = model_custom_objects(model, p.custom_objects, (p.optimizer, p.loss, p.metrics)) or None
     if p.label_shapes is not None:
-        _check_label_shapes(p.label_shapes, p.label_cols, outputs)
+        from hvd_spark._internal.ml.model_info import class_index_outputs
+
+        sparse = class_index_outputs(p.loss if p.loss is not None else getattr(model, "loss", None), outputs)
+        _check_label_shapes(p.label_shapes, p.label_cols, outputs, sparse)
     if p.transformation_fn is not None and p.reader != "arrow":
         raise ValueError("transformation_fn needs reader='arrow' (the rank applies it to the rows it reads).")
     _check_callbacks(p.callbacks)
@@ -246,19 +258,30 @@ def _check_shipped(p: FitParams, model, outputs) -> dict | None:
     return custom_objects
 
 
-def _check_label_shapes(shapes, labels, outputs) -> None:
-    """horovod.spark's ``label_shapes``: one shape per label, each holding the values its output takes."""
+def _check_label_shapes(shapes, labels, outputs, sparse) -> None:
+    """horovod.spark's ``label_shapes``: one shape per label, each holding the values its output takes (or
+    one, a class index), or, for an output trained with a sparse cross-entropy (``sparse[i]``), one class
+    index per step or pixel (``(12,)`` for an output ``(12, 3)``, ``(H, W)`` for ``(H, W, C)``)."""
     import math
+
+    from hvd_spark._internal.common.specs import class_index_shape, label_values
 
     if len(shapes) != len(labels):
         raise ValueError(
             f"label_shapes must give one shape per label column ({len(labels)}: {labels}). Received: {shapes}."
         )
-    for shape, spec in zip(shapes, outputs):
-        if spec.elements is not None and math.prod(shape) not in (spec.elements, 1):
+    for shape, spec, indices in zip(shapes, outputs, sparse):
+        allowed = {spec.elements, 1, *label_values(spec, indices)}
+        if spec.elements is not None and math.prod(shape) not in allowed:
+            steps = (
+                f"; or {math.prod(class_index_shape(spec) or ())}, one class index per step: shape "
+                f"{class_index_shape(spec)}, as the loss is a sparse cross-entropy"
+                if indices and len(spec.shape) > 1
+                else ""
+            )
             raise ValueError(
                 f"label_shapes: {shape} holds {math.prod(shape)} values; output '{spec.name}' has shape "
-                f"{tuple(spec.shape)} ({spec.elements} values; or 1, a class index)."
+                f"{tuple(spec.shape)} ({spec.elements} values; or 1, a class index{steps})."
             )
 
 
@@ -280,6 +303,13 @@ def _build_from_columns(model, dataset, feature_cols) -> None:
     if entries and len(infos) == len(entries) and all(i.kind == "scalar" for i in infos.values()) and len(entries) > 1:
         if all(i.element_type != "string" for i in infos.values()):
             entries = [list(entries)]  # several plain numbers: one input, stacked
+    binary = [c for c, i in infos.items() if i.kind == "binary"]
+    if binary:
+        raise ValueError(
+            f"A subclassed model that was never called ({type(model).__name__}) is built from its feature columns' "
+            f"shapes; {binary} hold bytes, whose decoded shape only transformation_fn knows. Received: a model "
+            "without input shapes. Build the model first (call it once on a decoded batch)."
+        )
     wide = [c for c, i in infos.items() if i.kind != "scalar"]
     rows: list = []
     if wide:
@@ -294,9 +324,8 @@ def _build_from_columns(model, dataset, feature_cols) -> None:
     shapes, dtypes = [], []
     for entry in entries:
         if isinstance(entry, (list, tuple)):
-            group = [data_mod.column_info(dataset, c, "feature") for c in entry]
             shapes.append((len(entry),))
-            dtypes.append("int64" if all(i.is_integer for i in group) else "float32")  # stored as a copy stores it
+            dtypes.append(_column_dtype(dataset, entry) or "float32")
             continue
         info = infos[entry]
         if info.kind == "scalar":
@@ -304,12 +333,7 @@ def _build_from_columns(model, dataset, feature_cols) -> None:
         else:
             value = rows[0][entry]
             shapes.append((int(value.size) if hasattr(value, "size") else len(value),))
-        if info.element_type == "string":
-            dtypes.append("string")
-        elif info.is_integer:
-            dtypes.append("int64" if info.element_type == "bigint" else "int32")
-        else:
-            dtypes.append("float32")
+        dtypes.append(_column_dtype(dataset, entry) or "float32")
     logger.info(
         "building %s (a subclassed model never called) on inputs of shapes %s and dtypes %s",
         type(model).__name__,
@@ -317,6 +341,35 @@ def _build_from_columns(model, dataset, feature_cols) -> None:
         dtypes,
     )
     build_subclassed(model, shapes, dtypes)
+
+
+def _column_dtype(dataset, entry) -> str | None:
+    """The dtype a subclassed model's input gets from ``entry`` (a column, or scalar columns stacked), as
+    fit's first batch holds it (a copy stores it so): integers int32 (bigint: int64; stacked integers:
+    int64), strings string, other numbers float32; None for bytes (decoded by transformation_fn)."""
+    info = data_mod.column_info(dataset, entry, "feature")
+    if info.kind == "binary":
+        return None
+    if info.element_type == "string":
+        return "string"
+    if info.is_integer:
+        return "int64" if info.parts or info.element_type == "bigint" else "int32"
+    return "float32"
+
+
+def _fed_dtypes(model, dataset, feature_cols, inputs, outputs):
+    """A subclassed model's specs with the dtypes of the columns that feed it (``feature_cols`` in the
+    model's order): its build config keeps no dtypes, and a model called once on int64 ids would otherwise
+    be fed float32 on the ranks and in transform (ids above 2^24 would become other ids)."""
+    from hvd_spark._internal.ml.model_info import fed_by_columns, model_specs
+
+    if not fed_by_columns(model):
+        return inputs, outputs
+    dtypes = [_column_dtype(dataset, c) or s.dtype for c, s in zip(feature_cols, inputs)]
+    if dtypes == [s.dtype for s in inputs]:
+        return inputs, outputs
+    logger.info("%s (subclassed) takes its inputs as its columns hold them: dtypes %s", type(model).__name__, dtypes)
+    return model_specs(model, input_dtypes=dtypes)
 
 
 def _check_callbacks(callbacks) -> None:

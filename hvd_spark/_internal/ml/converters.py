@@ -319,7 +319,8 @@ def verbosity(x):
 
 def columns(name: str, groups: bool = False) -> Converter:
     """A column-list param: a name, a list of names or a dict of model tensor name -> column. With
-    ``groups``, an entry may also be a list of column names (scalar columns stacked into one input)."""
+    ``groups``, an entry may also be a list of column names (scalar columns stacked into one input, or
+    one output's label)."""
 
     def entry(c):
         if isinstance(c, str):
@@ -340,7 +341,8 @@ def columns(name: str, groups: bool = False) -> Converter:
                 return {k: entry(c) for k, c in x.items()}  # model tensor name (or dict key) -> column
         except TypeError:
             pass
-        group = " (or a list of scalar columns to stack into one input)" if groups else ""
+        tensor = "output" if name == "label_cols" else "input"
+        group = f" (or a list of scalar columns to stack into one {tensor})" if groups else ""
         raise TypeError(
             f"{name} must be a column name, a list of column names or a dict of model tensor name -> "
             f"column{group}. Received: {x!r}."
@@ -490,7 +492,7 @@ CONVERTERS: dict[str, Converter] = {
     "metrics": metrics,
     "custom_objects": custom_objects,
     "feature_cols": columns("feature_cols", groups=True),
-    "label_cols": columns("label_cols"),
+    "label_cols": columns("label_cols", groups=True),
     "output_cols": columns("output_cols"),
     "sample_weight_col": optional_str("sample_weight_col"),
     "validation": validation,

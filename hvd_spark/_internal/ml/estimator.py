@@ -11,7 +11,7 @@ from pyspark.ml.util import MLReadable, MLWritable
 from hvd_spark._internal.data import fit_data
 from hvd_spark._internal.data.store import Store
 from hvd_spark._internal.ml import persistence, steps
-from hvd_spark._internal.ml.fit_params import DEFAULTS, FitParams, is_backend_object
+from hvd_spark._internal.ml.fit_params import DEFAULTS, FitParams, fit_arguments_error, is_backend_object
 from hvd_spark._internal.ml.params import EstimatorParams
 
 
@@ -248,6 +248,14 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         return steps.run(data, p, est._backend_object)
 
     # --- fit: its steps are ml/steps.py's ---
+    def fit(self, dataset, params=None, **kwargs):
+        """Spark ML's ``fit(dataset, params=None)``: returns the fitted :class:`TFTransformer` (a list of
+        param maps: one per map). ``keras.Model.fit``'s keyword arguments (``initial_epoch``,
+        ``batch_size``, ``x``, ...) raise ``TypeError`` naming the Param that does their work."""
+        if kwargs:
+            raise fit_arguments_error(kwargs)
+        return super().fit(dataset, params)
+
     def _fit(self, dataset):
         """Spark ML's hook behind ``fit`` (which copies the estimator with ``params`` first): the fit's
         steps (``ml/steps.py``'s ``run``) on the DataFrame."""

@@ -253,3 +253,53 @@ class FitParams:
     def val_batch(self) -> int:
         """Rows per validation batch per rank: ``val_batch_size``, else ``batch_size``."""
         return self.val_batch_size or self.batch_size
+
+
+# keras.Model.fit's arguments that are not HorovodEstimator.fit's: the Param that does their work.
+KERAS_FIT_ARGUMENTS: dict[str, str] = {
+    "x": "feature_cols (the DataFrame's feature columns)",
+    "y": "label_cols (the DataFrame's label columns)",
+    "batch_size": "batch_size (rows per step per rank)",
+    "epochs": "epochs (the total of the run)",
+    "verbose": "verbose",
+    "callbacks": "callbacks",
+    "validation_split": "validation (a fraction)",
+    "validation_data": "validation (a fraction or a boolean column of the DataFrame)",
+    "shuffle": "shuffle",
+    "class_weight": "class_weight",
+    "sample_weight": "sample_weight_col (a column of the DataFrame)",
+    "steps_per_epoch": "train_steps_per_epoch",
+    "validation_steps": "validation_steps_per_epoch",
+    "validation_batch_size": "val_batch_size",
+    "validation_freq": "validation_freq",
+}
+
+
+def fit_arguments_error(kwargs: Mapping[str, Any]) -> TypeError:
+    """The error of ``HorovodEstimator.fit`` given keyword arguments of ``keras.Model.fit`` (or others):
+    what fit takes, what it received, and the Param to set instead (``initial_epoch``: ``run_id``)."""
+    received = ", ".join(f"{k}={_short(v)}" for k, v in kwargs.items())
+    fixes = []
+    for name in kwargs:
+        if name == "initial_epoch":
+            fixes.append(
+                "initial_epoch: a fit resumes a run at its next epoch: pass the run's run_id= (HorovodEstimator("
+                "run_id=...), or params={est.run_id: ...}); the epochs Param is the total number of epochs of the run"
+            )
+        elif name in KERAS_FIT_ARGUMENTS:
+            param = KERAS_FIT_ARGUMENTS[name]
+            fixes.append(f"{name}: set the estimator's Param {param}")
+        else:
+            fixes.append(f"{name}: not an argument of fit")
+    return TypeError(
+        "HorovodEstimator.fit takes the DataFrame and, optionally, params (a dict of Param values, as any Spark ML "
+        f"Estimator's fit); keras.Model.fit's arguments are the estimator's Params. Received: {received}. "
+        + "; ".join(fixes)
+        + ". Set a Param in the constructor, with its setter (est.setBatchSize(64)) or as fit(df, params={est."
+        "batch_size: 64})."
+    )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"<{type(value).__name__}>"

@@ -30,18 +30,16 @@ def _specs(tensors, names, what: str, keys: list[str] | None = None) -> list[Ten
     return out
 
 
-def model_specs(model) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """The model's inputs and outputs (shape without the batch axis, dtype)."""
+def model_specs(model, input_dtypes: list[str] | None = None) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The model's inputs and outputs (shape without the batch axis, dtype). ``input_dtypes``: the
+    dtypes of a subclassed model's inputs (it has no symbolic inputs: see :func:`fed_by_columns`)."""
     import keras
 
     if not isinstance(model, keras.Model):
         raise TypeError(f"model must be a keras.Model (Keras 3). Received: {type(model).__name__}.")
-    try:
-        inputs, outputs = list(model.inputs), list(model.outputs)
-    except (AttributeError, ValueError):
-        inputs = outputs = []
-    if not inputs or not outputs:
-        return _subclassed_specs(model)
+    if fed_by_columns(model):
+        return _subclassed_specs(model, input_dtypes)
+    inputs, outputs = list(model.inputs), list(model.outputs)
     in_names = list(
         getattr(model, "input_names", None) or [getattr(t, "name", f"input_{i}") for i, t in enumerate(inputs)]
     )
@@ -52,6 +50,16 @@ def model_specs(model) -> tuple[list[TensorSpec], list[TensorSpec]]:
 
 
 INPUT_DTYPES_ATTR = "_hvd_spark_input_dtypes"  # set by build_subclassed: a build config keeps no dtypes
+
+
+def fed_by_columns(model) -> bool:
+    """A model without symbolic inputs and outputs (subclassed): its inputs' dtypes are not its own (a
+    build config keeps none), but those of the columns that feed it, as the first batch of ``fit``
+    gives them (``checks._fed_dtypes``)."""
+    try:
+        return not (list(model.inputs) and list(model.outputs))
+    except (AttributeError, ValueError):
+        return True
 
 
 def needs_build(model) -> bool:
@@ -73,9 +81,10 @@ def build_subclassed(model, shapes: list[tuple], dtypes: list[str]) -> None:
     setattr(model, INPUT_DTYPES_ATTR, list(dtypes))
 
 
-def _subclassed_specs(model) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """The specs of a built subclassed model (no symbolic inputs): the input shapes it was built with
-    and the outputs of a symbolic call on them."""
+def _subclassed_specs(model, input_dtypes: list[str] | None = None) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The specs of a built subclassed model (no symbolic inputs): the input shapes it was built with,
+    of ``input_dtypes`` (default: those :func:`build_subclassed` recorded, else float32), and the outputs
+    of a symbolic call on them."""
     import keras
 
     config = model.get_build_config() if getattr(model, "built", False) else None
@@ -88,7 +97,7 @@ def _subclassed_specs(model) -> tuple[list[TensorSpec], list[TensorSpec]]:
         )
     several = isinstance(shapes, (list, tuple)) and bool(shapes) and all(isinstance(x, (list, tuple)) for x in shapes)
     shapes = [tuple(x) for x in shapes] if several else [tuple(shapes)]
-    dtypes = list(getattr(model, INPUT_DTYPES_ATTR, None) or ["float32"] * len(shapes))
+    dtypes = list(input_dtypes or getattr(model, INPUT_DTYPES_ATTR, None) or ["float32"] * len(shapes))
     tensors = [keras.KerasTensor(shape, dtype=dtype) for shape, dtype in zip(shapes, dtypes)]
     out = model.compute_output_spec(tensors if several else tensors[0])
     keys = None
@@ -319,7 +328,8 @@ def prediction_task(task: str, loss, outputs: list[TensorSpec]) -> tuple[str, bo
     if task == "regression":
         return "regression", False
     name, logits = loss_identity(loss)
-    width = outputs[0].elements if len(outputs) == 1 else None
+    # one row, one class: a per-step or per-pixel output ((12, 3), (H, W, C)) predicts many, its raw output only
+    width = outputs[0].elements if len(outputs) == 1 and len(outputs[0].shape) <= 1 else None
     kind = CLASSIFICATION_LOSSES.get(name or "")
     if kind is None and task == "classification" and width is not None:
         kind = "binary" if width == 1 else "multiclass"

@@ -76,11 +76,15 @@ class ColumnParams(Params):
         CONVERTERS["feature_cols"],
     )
     label_cols = _param(
-        "label_cols", "Label column names, one per model output, in the model's output order.", CONVERTERS["label_cols"]
+        "label_cols",
+        "Label column names, one per model output, in the model's output order; an entry may be a list of "
+        "numeric columns, stacked in that order into one output's label.",
+        CONVERTERS["label_cols"],
     )
     output_cols = _param(
         "output_cols",
-        "Prediction column names, one per model output. Default: '<label>__output' for each label column.",
+        "Prediction column names, one per model output. Default: '<label>__output' for each label column "
+        "('a_b_c__output' for the stacked columns ['a', 'b', 'c']).",
         CONVERTERS["output_cols"],
     )
 
@@ -95,7 +99,7 @@ class ColumnParams(Params):
         if out:
             return out
         labels = self.getOrDefault(self.label_cols) or []
-        return [f"{c}__output" for c in labels] or ["prediction"]
+        return [f"{c if isinstance(c, str) else '_'.join(c)}__output" for c in labels] or ["prediction"]
 
 
 @with_accessors
@@ -254,7 +258,8 @@ class EstimatorParams(ColumnParams):
         "transformation_fn",
         "A function applied on the ranks to each block of training and validation rows before batching: "
         "it takes and returns a pandas DataFrame of the feature / label / weight columns (the DataFrame's "
-        "names; arrays as per-row numpy arrays) with the same rows.",
+        "names; arrays as per-row numpy arrays) with the same rows. Required for a binary feature column "
+        "(bytes, e.g. an image), which it decodes; the fitted model's transform then applies it too.",
     )
     train_reader_num_workers = _checked(
         "train_reader_num_workers",

@@ -154,9 +154,11 @@ def install() -> None:
         setattr(cls, name, wrapped)
 
 
-def _load_common(cls, path: str, sc):
-    """A new instance with the saved uid and plain params, and the saved objects.pkl."""
+def _load_common(cls, path: str, sc, safe_mode: bool | None = None):
+    """A new instance with the saved uid and plain params, and the saved objects.pkl (after
+    :func:`check_safe_mode`)."""
     metadata = DefaultParamsReader.loadMetadata(path, sc)
+    check_safe_mode(metadata, path, safe_mode)
     inst = cls()
     for section in ("paramMap", "defaultParamMap"):  # saved when it was a Param (its default, never a value)
         for name in _RETIRED_PARAMS:
@@ -168,6 +170,31 @@ def _load_common(cls, path: str, sc):
     with fs.open(posixpath.join(root, "objects.pkl"), "rb") as f:
         objects = cloudpickle.loads(f.read())
     return inst, objects, fs, root
+
+
+LAMBDAS_KEY = "pythonLambdas"  # in a saved transformer's metadata: how many Python lambdas its model holds
+
+
+def check_safe_mode(metadata: dict, path: str, safe_mode: bool | None) -> None:
+    """Refuses, before anything is unpickled, to load a transformer whose model holds Python lambdas
+    (``Lambda`` layers', a lambda loss: stored by value in objects.pkl) unless the user turned Keras'
+    safe mode off: ``safe_mode=False``, or ``keras.config.enable_unsafe_deserialization()``."""
+    import sys
+
+    count = int(metadata.get(LAMBDAS_KEY) or 0)
+    if not count or safe_mode is False:
+        return
+    if safe_mode is None and "keras" in sys.modules:
+        from keras.src.saving import serialization_lib
+
+        if serialization_lib.in_safe_mode() is False:  # keras.config.enable_unsafe_deserialization()
+            return
+    raise ValueError(
+        f"The model saved at {path} holds {count} Python lambda(s) (a Lambda layer's function, a lambda loss), "
+        "stored with it by value: loading them runs their code, which Keras' safe mode forbids. If you trust "
+        f"{path}, load it with TFTransformer.load(path, safe_mode=False), or call "
+        "keras.config.enable_unsafe_deserialization() first."
+    )
 
 
 def _spark(io) -> Any:
@@ -295,8 +322,14 @@ class TransformerWriter(_Writer):
         import fsspec
 
         inst = self.instance
-        skip = ("custom_objects", "model_url")  # storage options (credentials) are not a Param: never saved
-        DefaultParamsWriter.saveMetadata(inst, path, _spark(self), paramMap=_json_params(inst, skip))
+        # storage options (credentials) are not a Param: never saved; functions go to objects.pkl
+        skip = ("custom_objects", "model_url", "transformation_fn")
+        from hvd_spark._internal.common.functions import LAMBDA_CODES
+
+        lambdas = len((inst.getOrDefault("custom_objects") or {}).get(LAMBDA_CODES) or {})
+        DefaultParamsWriter.saveMetadata(
+            inst, path, _spark(self), extraMetadata={LAMBDAS_KEY: lambdas}, paramMap=_json_params(inst, skip)
+        )
         fs, root = _fs(path)
         src_fs, src = fsspec.core.url_to_fs(inst.getModelUrl(), **inst.getStorageOptions())
         with src_fs.open(src, "rb") as f_in, fs.open(posixpath.join(root, "model.keras"), "wb") as f_out:
@@ -306,18 +339,22 @@ class TransformerWriter(_Writer):
                     break
                 f_out.write(chunk)
         with fs.open(posixpath.join(root, "objects.pkl"), "wb") as f:
-            f.write(cloudpickle.dumps({"custom_objects": inst.getOrDefault("custom_objects")}))
+            objects = {"custom_objects": inst.getOrDefault("custom_objects")}
+            objects["transformation_fn"] = inst.getOrDefault("transformation_fn")
+            f.write(cloudpickle.dumps(objects))
 
 
 class TransformerReader(MLReader):
-    def __init__(self, cls):
+    def __init__(self, cls, safe_mode: bool | None = None):
         super().__init__()
-        self.cls = cls
+        self.cls, self.safe_mode = cls, safe_mode
 
     def load(self, path: str):
-        inst, objects, fs, root = _load_common(self.cls, path, _spark(self))
+        inst, objects, fs, root = _load_common(self.cls, path, _spark(self), self.safe_mode)
         model_url = fs.unstrip_protocol(posixpath.join(root, "model.keras"))
         inst._set(model_url=model_url)  # read with no storage options: see TFTransformer.setStorageOptions
         if objects.get("custom_objects"):
             inst._set(custom_objects=objects["custom_objects"])
+        if objects.get("transformation_fn") is not None:  # absent from models saved before it was kept
+            inst._set(transformation_fn=objects["transformation_fn"])
         return inst

@@ -18,7 +18,7 @@ import cloudpickle
 
 from hvd_spark._internal.common import dataplan, retry, settings
 from hvd_spark._internal.common.contracts import DataSpec, FitSummary, RankSummary, RunConfig
-from hvd_spark._internal.common.specs import specs_to_dicts, with_stored_names
+from hvd_spark._internal.common.specs import label_shapes, specs_to_dicts, with_stored_names
 from hvd_spark._internal.data import fit_data, leases
 from hvd_spark._internal.data.fit_data import FitInput, Identified, Written
 from hvd_spark._internal.data.stats import check_stats
@@ -271,13 +271,12 @@ def materialize(data: FitInput, c: Checked, plan: plan_mod.ResumePlan, ident: Id
     f_infos = [i for i in named_f if i is not None]  # features and labels are never None
     l_infos = [i for i in named_l if i is not None]
     t0 = time.time()
-    shapes = tuple(tuple(s) for s in c.p.label_shapes) if c.p.label_shapes else None
-    spec = DataSpec(tuple(f_infos), tuple(l_infos), w_info, tuple(c.inputs), tuple(c.outputs), shapes)
-
     from hvd_spark._internal.ml.model_info import class_index_outputs
 
     loss = c.p.loss if c.p.loss is not None else getattr(c.model, "loss", None)
     indices = class_index_outputs(loss, c.outputs)
+    shapes = label_shapes(c.p.label_shapes, c.outputs, indices)  # per-step class indices: (12,) for (12, 3)
+    spec = DataSpec(tuple(f_infos), tuple(l_infos), w_info, tuple(c.inputs), tuple(c.outputs), shapes)
 
     def check(stats: dict) -> None:
         check_stats(stats, f_infos, l_infos, w_info, c.inputs, c.outputs, c.validation, num_proc, indices)
@@ -384,7 +383,7 @@ def _compile_args(c: Checked) -> dict:
 
     p = c.p
     comp = {
-        k: (dumps_keras_obj(v) if v is not None else None)
+        k: (dumps_keras_obj(v, c.custom_objects) if v is not None else None)
         for k, v in (("optimizer", p.optimizer), ("loss", p.loss), ("metrics", p.metrics))
     }
     comp["loss_weights"] = p.loss_weights
@@ -487,7 +486,7 @@ def train_with_restarts(
         cfg,
         store,
         max_restarts=c.p.max_restarts,
-        model_bytes=lambda: model_to_bytes(c.model),
+        model_bytes=lambda: model_to_bytes(c.model, c.custom_objects),
         lease=lease,
         elastic=elastic,
         probe=probe,
@@ -554,6 +553,8 @@ def _transformer(c: Checked, model_path: str, run_id: str, epoch_logs: list) -> 
         task=c.prediction[0],
         from_logits=c.prediction[1],
         output_vectors=[i.kind == "vector" for i in c.l_infos],
+        # bytes reach the model decoded: transform applies the fit's transformation_fn (other fits: rows only)
+        transformation_fn=c.p.transformation_fn if any(i.kind == "binary" for i in c.f_infos) else None,
     )
 
 

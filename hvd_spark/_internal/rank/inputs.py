@@ -68,7 +68,7 @@ def user_transformation(cfg: RunConfig):
     from hvd_spark._internal.rank.rows import transformation
 
     d = cfg.data
-    return transformation(cloudpickle.loads(cfg.transformation_fn), d.features, d.labels, d.weight)
+    return transformation(cloudpickle.loads(cfg.transformation_fn), d.features, d.labels, d.weight, d.inputs)
 
 
 def _data_trace(rank: int, seg, size: int):

@@ -131,6 +131,7 @@ def _arrow_signature(files: Sequence[str], names: Sequence[str], storage_options
         is_list = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
         value_type = t.value_type if is_list else t
         strings = pa.types.is_string(value_type) or pa.types.is_large_string(value_type)
+        strings = strings or pa.types.is_binary(value_type) or pa.types.is_large_binary(value_type)
         sig[name] = tf.TensorSpec(
             shape=(None, None) if is_list else (None,),
             dtype=tf.string if strings else tf.as_dtype(value_type.to_pandas_dtype()),
@@ -138,12 +139,31 @@ def _arrow_signature(files: Sequence[str], names: Sequence[str], storage_options
     return sig
 
 
+def _decoded_specs(features: Sequence[ColumnInfo], inputs: Sequence[TensorSpec]) -> dict:
+    """tf.TensorSpecs of the binary feature columns once ``transformation_fn`` decoded them (see
+    ``rows.transformation``): their model input's shape and type, where the file holds bytes."""
+    return {
+        c.stored: tf.TensorSpec(shape=(None, *spec.shape), dtype=tf.as_dtype(spec.dtype or "float32"))
+        for c, spec in zip(features, inputs)
+        if c.kind == "binary"
+    }
+
+
 @contextlib.contextmanager
 def _arrow_source(
-    files, names, shuffle, seed, storage_options, passes=None, window_rows=0, first_pass=0, transformation=None
+    files,
+    names,
+    shuffle,
+    seed,
+    storage_options,
+    passes=None,
+    window_rows=0,
+    first_pass=0,
+    transformation=None,
+    decoded=None,
 ):
     files = list(files)
-    sig = _arrow_signature(files, names, storage_options)
+    sig = dict(_arrow_signature(files, names, storage_options), **(decoded or {}))
 
     def chunks():
         read = arrow_batches(
@@ -225,7 +245,16 @@ def rank_dataset(
         source = _petastorm_source(files, names, shuffle, seed, workers, passes)
     elif reader == "arrow":
         source = _arrow_source(
-            files, names, shuffle, seed, storage_options, passes, shuffle_buffer_size, first_pass, transformation
+            files,
+            names,
+            shuffle,
+            seed,
+            storage_options,
+            passes,
+            shuffle_buffer_size,
+            first_pass,
+            transformation,
+            _decoded_specs(features, inputs),
         )
     else:
         raise ValueError(f"reader must be one of {list(READERS)}. Received: reader={reader!r}.")
@@ -269,8 +298,8 @@ def _converter(features, labels, weight, inputs, outputs, label_shapes=None):
     ``label_shapes`` (horovod.spark's) gives the labels' shapes instead of the outputs'."""
     in_shapes = [_target_shape(s, c, False) for s, c in zip(inputs, features)]
     out_shapes = [_target_shape(s, c, True) for s, c in zip(outputs, labels)]
-    if label_shapes:
-        out_shapes = [tuple(s) for s in label_shapes]
+    if label_shapes:  # horovod.spark's, or a sparse loss's per-step class indices; None: the output's
+        out_shapes = [tuple(s) if s is not None else d for s, d in zip(label_shapes, out_shapes)]
     in_types = [tf.as_dtype(s.dtype) if s.dtype else tf.float32 for s in inputs]
 
     def shaped(v, shape):
@@ -332,6 +361,7 @@ def planned_dataset(
     threads reading the next window's row groups ahead (1: none); ``cache``: keep every row group read."""
     names = _column_names(features, labels, weight)
     sig = _arrow_signature(files, names, storage_options) if source is None else _source_signature(source, names)
+    sig.update(_decoded_specs(features, inputs))
     data = ParquetSet(files, storage_options, source=source, side=side, workers=workers, cache=cache)
 
     group = max(1, BLOCK_ROWS // batch_size)  # batches per block crossing from Python to tf.data
@@ -382,7 +412,7 @@ def _source_signature(source, names: Sequence[str]) -> dict:
     return {
         n: tf.TensorSpec(
             shape=(None,) if by_name[n].kind == "scalar" else (None, None),
-            dtype=tf.string if by_name[n].dtype == "string" else tf.as_dtype(by_name[n].dtype),
+            dtype=tf.string if by_name[n].dtype in ("string", "binary") else tf.as_dtype(by_name[n].dtype),
         )
         for n in names
     }

@@ -185,14 +185,18 @@ def _close(pf) -> None:
             pass
 
 
-def transformation(fn, features, labels, weight):
+def transformation(fn, features, labels, weight, inputs=()):
     """horovod.spark's ``transformation_fn`` on a block of rows: ``fn(pandas.DataFrame) ->
     pandas.DataFrame`` sees the DataFrame's own column names (a stacked group as its scalar columns;
-    array and Vector columns as one numpy array per row) and returns the same rows; the values come
-    back in the stored types. Returns ``{stored: values} -> {stored: values}``."""
+    array and Vector columns as one numpy array per row; a binary column as ``bytes``) and returns the
+    same rows; the values come back in the stored types, but a binary column's come back decoded:
+    numbers, an array of the same size per row, stacked and shaped as its model input (``inputs``, the
+    specs of ``features``) takes them. Returns ``{stored: values} -> {stored: values}``."""
     import pandas as pd
 
     infos = list({i.stored: i for i in [*features, *labels, *([weight] if weight is not None else [])]}.values())
+    specs = dict(zip([f.stored for f in features], inputs))
+    decoded = {f.stored: specs.get(f.stored) for f in features if f.kind == "binary"}
 
     def apply(block: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         n = len(next(iter(block.values())))
@@ -213,6 +217,9 @@ def transformation(fn, features, labels, weight):
             )
         result = {}
         for info in infos:
+            if info.stored in decoded and info.name in out:
+                result[info.stored] = _decoded(out[info.name], info.name, decoded[info.stored])
+                continue
             old = block[info.stored]
             try:
                 if info.parts:
@@ -235,6 +242,43 @@ def transformation(fn, features, labels, weight):
         return result
 
     return apply
+
+
+def _decoded(values, name: str, spec) -> np.ndarray:
+    """A binary column's values as ``transformation_fn`` returned them, decoded: one array of numbers
+    per row (or one number), stacked, in the shape of its model input ``spec`` when that is known."""
+    rows = [np.asarray(v) for v in values]
+    if not rows:
+        shape = tuple(spec.dims) if spec is not None and spec.elements is not None else ()
+        return np.zeros((0, *shape), dtype=np.float32)
+    kinds = {r.dtype.kind for r in rows}
+    if not kinds <= set("biuf"):
+        got = type(next(v for v, r in zip(values, rows) if r.dtype.kind not in "biuf")).__name__
+        raise ValueError(
+            f"transformation_fn must turn binary column '{name}' into numbers (an array per row, of the model "
+            f"input's shape). Received: {got} values. Decode the bytes in transformation_fn (e.g. "
+            "numpy.asarray(PIL.Image.open(io.BytesIO(b))))."
+        )
+    sizes = {r.size for r in rows}
+    if len(sizes) > 1:
+        raise ValueError(
+            f"binary column '{name}' decodes to arrays of {min(sizes)} to {max(sizes)} values; every row must "
+            "decode to the same size (resize the images in transformation_fn)."
+        )
+    stacked = np.stack(rows)
+    if spec is not None and spec.elements is None and stacked.ndim != len(spec.shape) + 1:
+        raise ValueError(
+            f"binary column '{name}' decodes to arrays of shape {rows[0].shape}; model input '{spec.name}' takes "
+            f"shape {tuple(spec.shape)} ({len(spec.shape)} dimensions per row)."
+        )
+    if spec is None or spec.elements is None:
+        return stacked
+    if rows[0].size != spec.elements:
+        raise ValueError(
+            f"binary column '{name}' decodes to {rows[0].size} values per row (shape {rows[0].shape}); model input "
+            f"'{spec.name}' takes {spec.elements} (shape {tuple(spec.shape)})."
+        )
+    return stacked.reshape((len(rows), *spec.dims))
 
 
 def share_rows(

@@ -55,6 +55,7 @@ def train(cfg: RunConfig) -> dict:
 
     from hvd_spark._internal.common import retry
     from hvd_spark._internal.common.events import send_event
+    from hvd_spark._internal.common.functions import adopt as adopt_functions
     from hvd_spark._internal.data.store import Store, remove_commits_before
     from hvd_spark._internal.rank.batchnorm import synchronize_batch_norm
     from hvd_spark._internal.rank.callbacks import (
@@ -77,6 +78,7 @@ def train(cfg: RunConfig) -> dict:
     retry.set_window(Store.from_config(cfg.store).retry_window)  # the driver's, for the reads of the data too
     keras.utils.set_random_seed(cfg.seed)
     custom_objects = cloudpickle.loads(cfg.custom_objects) if cfg.custom_objects else None
+    adopt_functions(custom_objects)  # shipped lambdas and closures save under their own names here
     model = build_model(cfg, custom_objects)
     if cfg.compile.get("learning_rate") is not None:
         model.optimizer.learning_rate = float(cfg.compile["learning_rate"])  # the fit's own, also after a resume
