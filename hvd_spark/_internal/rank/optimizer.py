@@ -79,8 +79,10 @@ def average_gradients(grads, *, compression=None, sparse_as_dense: bool = False)
     up): the ranks' indices and values are gathered (``hvd.grouped_allgather``, in rank order) and the
     values scaled by ``1 / N``, which is the ``IndexedSlices`` TensorFlow gives one process for the
     concatenated batch (one row per lookup, duplicates not merged). The optimizer then takes the same
-    sparse update as in plain Keras (Adam, RMSprop, Adagrad ... update only the rows looked up, which
-    differs from their dense update), and the bytes sent grow with the rows looked up, not the table.
+    update as in plain Keras: Keras' Adam, RMSprop and Adagrad update their moments from an
+    ``IndexedSlices`` one lookup at a time, so an id looked up k times in a batch counts k times, where a
+    dense gradient holds the sum of the k rows (SGD is the same either way). The bytes sent grow with
+    the rows looked up, not with the table.
 
     Args:
         grads: a list of tensors, ``IndexedSlices`` or None (a variable without a gradient).
