@@ -144,21 +144,23 @@ def _optimizer(name):
     }[name]()
 
 
+@pytest.mark.parametrize("masked", [False, True], ids=["dense", "masked"])
 @pytest.mark.parametrize("opt", ["adam", "rmsprop", "adagrad"])
-def test_embedding_sparse_gradients(spark, tmp_path, opt):
+def test_embedding_sparse_gradients(spark, tmp_path, opt, masked):
     """Issue 46.1: an Embedding's gradient was made dense before the allreduce, so Adam, RMSprop and
-    Adagrad took their dense update where plain Keras, given IndexedSlices, takes the sparse one
-    (loss 0.443 against 0.422 after 2 epochs, weights 0.82 apart)."""
+    Adagrad took their dense update where plain Keras, given IndexedSlices, takes the sparse one (whose
+    moments count an id looked up k times in a batch k times): weights 0.16 (Adam), 0.14 (RMSprop) and
+    1.2e-5 (Adagrad) apart after 2 epochs. Masked: padded sequences, mask_zero and masked pooling."""
 
     def make():
         keras.utils.set_random_seed(1)
         x = keras.Input((STEPS,), dtype="int64", name="ids")
-        h = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(VOCAB, 8)(x))
+        h = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(VOCAB, 8, mask_zero=masked)(x))
         model = keras.Model(x, keras.layers.Dense(1, activation="sigmoid")(h))
         model.compile(_optimizer(opt), "binary_crossentropy", metrics=["accuracy"])
         return model
 
-    global_batch(spark, tmp_path, make, _sequence_data(), ["ids"], ["y"])
+    global_batch(spark, tmp_path, make, _sequence_data(pad=masked), ["ids"], ["y"])
 
 
 def test_masked_embedding_lstm(spark, tmp_path):
@@ -486,3 +488,47 @@ def test_closures_and_a_lambda_as_the_loss_param(spark, tmp_path):
         make_plain=lambda: single(as_lambda),
         loss=as_lambda,
     )
+
+
+def test_unreduced_loss(spark, tmp_path):
+    """reduction=None: Keras differentiates the sum of the per-row values; each rank's sum is 1/N of the
+    global batch's, so the ranks scale its gradient by N (the values reported stay as they are)."""
+
+    def make():
+        keras.utils.set_random_seed(15)
+        x = keras.Input((8,), name="x")
+        model = keras.Model(x, keras.layers.Dense(1)(x))
+        model.compile(keras.optimizers.SGD(0.001), keras.losses.MeanSquaredError(reduction=None))
+        return model
+
+    global_batch(spark, tmp_path, make, _tabular(), ["x"], ["price"])
+
+
+def scale_by(k):
+    """Lambdas of one code that differ by their closure (a numpy scalar, as Keras saves it)."""
+    return lambda t: t * k
+
+
+def test_two_fits_with_lambdas_of_one_code_load_side_by_side(spark, tmp_path):
+    """Each fit's lambdas keep their own closure: in one driver, the models of two fits (and their
+    transforms) each compute with their own function, not the first one loaded."""
+    columns = _tabular()
+    path = _write(tmp_path, columns)
+    fitted = {}
+    for k in (2.0, 3.0):
+
+        def make(k=k):
+            keras.utils.set_random_seed(16)
+            x = keras.Input((8,), name="x")
+            h = keras.layers.Lambda(scale_by(np.float32(k)), name="scale")(keras.layers.Dense(4)(x))
+            model = keras.Model(x, keras.layers.Dense(1)(h))
+            model.compile(keras.optimizers.SGD(0.001), "mse")
+            return model
+
+        fitted[k] = _two_ranks(spark, tmp_path / str(k), path, make, ["x"], ["price"], 1)
+    for k, f in fitted.items():
+        layer = f.getModel().get_layer("scale")
+        assert float(layer.function(np.float32(1.0))) == k, k
+        scored = f.transform(spark.read.parquet(path).where("is_val")).toPandas()
+        expected = f.getModel().predict(np.stack(scored["x"].to_numpy()), verbose=0)[:, 0]
+        np.testing.assert_allclose(scored["price__output"].to_numpy(dtype="float32"), expected, rtol=1e-5, atol=1e-6)

@@ -134,6 +134,33 @@ def test_an_optimizer_without_the_hook_method_is_refused(monkeypatch):
 # -- Keras: layers, BatchNormalization, TensorBoard, the global seed generator --------------------
 
 
+def test_the_compiled_losses_are_where_the_global_batch_wrapper_looks():
+    """rank/losses.py wraps CompileLoss._flat_losses when Keras builds them: after a first call they are
+    GlobalBatchLoss objects, and the loss Keras computes is unchanged on one rank (no Horovod needed)."""
+    from hvd_spark._internal.rank.losses import GlobalBatchLoss, global_batch_losses
+
+    x = keras.Input((3,))
+    model = keras.Model(x, keras.layers.Dense(1)(x))
+    with pytest.raises(ValueError, match="after model.compile"):
+        global_batch_losses(model)
+    model.compile("sgd", "mse")
+    compile_loss = internals.compile_loss(model)
+    assert callable(compile_loss.build) and hasattr(compile_loss, "_flat_losses")
+    data = np.ones((4, 3), "float32"), np.zeros((4, 1), "float32")
+    want = model.evaluate(*data, verbose=0)
+    global_batch_losses(model)
+    assert model.evaluate(*data, verbose=0) == pytest.approx(want)
+    assert all(isinstance(fn, GlobalBatchLoss) for _, fn, *_ in compile_loss._flat_losses)
+
+
+def test_a_model_without_the_compiled_loss_attribute_is_refused():
+    class Odd:
+        compiled = True
+
+    with pytest.raises(InternalsChangedError, match="_compile_loss"):
+        internals.compile_loss(Odd())
+
+
 def test_flatten_layers_finds_layers_inside_nested_models_and_custom_layers():
     class Holder(keras.layers.Layer):
         def __init__(self):

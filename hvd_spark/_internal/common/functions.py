@@ -10,19 +10,24 @@ inside the custom objects) under a name of its own, ``hvd_spark_fn>...``:
 - on the driver, the model is saved with those names registered (:func:`names_registered`), so its
   compile configuration names each closure apart;
 - where a file is loaded (:func:`resolve_lambdas`), every ``__lambda__`` entry that the driver wrote
-  for a shipped lambda (matched by its bytecode as the driver saw it) is replaced by a reference to the
-  shipped function: no code from the file runs, and Keras' safe mode stays on;
+  for a shipped lambda (matched by its bytecode as the driver's Python wrote it) is replaced by a
+  reference to the shipped function: no code from the file runs, and Keras' safe mode stays on;
 - in a process that trains and saves (a rank), the shipped copies take their names
-  (:func:`adopt`), so what it saves names them and loads anywhere they are shipped.
+  (:func:`adopt`), so what it saves names them and loads anywhere they are shipped. Elsewhere (the
+  driver, ``transform``'s workers) the names are only keys of the custom objects given to each load:
+  nothing of the user's is registered in Keras' registry.
+
+A name holds a digest of the function, so one name is one function in every fit and every process.
 """
 
 import contextlib
 import inspect
 import json
+import threading
 from typing import Any
 
 PACKAGE = "hvd_spark_fn"
-LAMBDA_CODES = "__hvd_spark_lambda_codes__"  # {name: the lambda's saved form}: a custom object of no class
+LAMBDA_CODES = "__hvd_spark_lambda_codes__"  # {name: the lambda's saved bytecode}: a custom object of no class
 
 
 def is_lambda(obj) -> bool:
@@ -46,74 +51,90 @@ def lambda_layer_functions(model) -> list:
 
 def unique_names(functions: list, taken: dict[str, Any]) -> dict[int, str]:
     """Names for the functions that Keras' own name would not tell apart: every lambda, and every
-    function whose name another one (in ``functions`` or ``taken``) already has. ``{id(fn): name}``."""
+    function whose name another one (in ``functions`` or ``taken``) already has. ``{id(fn): name}``.
+
+    A name holds a digest of the function's pickled form (code, closure, defaults, the globals it
+    reads): one name is one function in every process and every fit, so models of several fits load
+    side by side (a name counted per fit would give a second model the first one's function)."""
     names: dict[int, str] = {}
     owners: dict[str, int] = {k: id(v) for k, v in taken.items()}
-    count = 0
     for fn in functions:
         if id(fn) in names:
             continue
         own = getattr(fn, "__name__", "")
         if not is_lambda(fn) and owners.setdefault(own, id(fn)) == id(fn):
             continue
-        base = "lambda" if is_lambda(fn) else own
-        while f"{PACKAGE}>{base}_{count}" in taken:
-            count += 1
-        names[id(fn)] = f"{PACKAGE}>{base}_{count}"
-        count += 1
+        names[id(fn)] = f"{PACKAGE}>{'lambda' if is_lambda(fn) else own}_{_digest(fn)}"
     return names
 
 
-def saved_form(fn) -> list:
-    """A lambda as Keras writes it into a model's config.json: ``[code, defaults, closure]``."""
+def _digest(fn) -> str:
+    import hashlib
+
+    import cloudpickle
+
+    try:
+        data = cloudpickle.dumps(fn)
+    except Exception:  # not picklable: checks._check_shipped names it; any distinct name serves meanwhile
+        data = repr((fn.__module__, fn.__qualname__, id(fn))).encode()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def lambda_codes(named: dict[str, Any]) -> dict[str, str]:
+    """The bytecode Keras saves for each shipped lambda (``func_dump``'s base64 code, as the driver's
+    Python writes it), by its name: what :func:`resolve_lambdas` matches."""
     from keras.src.utils import python_utils
 
-    return json.loads(json.dumps(list(python_utils.func_dump(fn)), default=str))
+    return {name: python_utils.func_dump(fn)[0] for name, fn in named.items() if is_lambda(fn)}
 
 
-def lambda_codes(named: dict[str, Any]) -> dict[str, list]:
-    """The saved form of each shipped lambda, by its name (what :func:`resolve_lambdas` matches)."""
-    codes = {}
-    for name, fn in named.items():
-        if is_lambda(fn):
-            with contextlib.suppress(Exception):  # a closure over a value JSON cannot hold: not matchable
-                codes[name] = saved_form(fn)
-    return codes
+_REGISTRY_LOCK = threading.RLock()  # fits on threads of one driver (CrossValidator's parallelism) save alike
 
 
 @contextlib.contextmanager
 def names_registered(custom_objects: dict[str, Any] | None):
-    """Within the block, Keras saves each shipped function (a ``hvd_spark_fn>`` name) by that name."""
+    """Within the block, Keras saves each shipped function (a ``hvd_spark_fn>`` name) by that name.
+    Other threads' saves wait (Keras' registry is one dict of the process)."""
     from keras.src.saving import object_registration
 
     names = object_registration.GLOBAL_CUSTOM_NAMES
-    added = [
-        fn
-        for key, fn in (custom_objects or {}).items()
-        if key.startswith(PACKAGE + ">") and inspect.isfunction(fn) and fn not in names
-    ]
-    for fn in added:
-        names[fn] = next(k for k, v in custom_objects.items() if v is fn)  # type: ignore[union-attr]
-    try:
-        yield
-    finally:
-        for fn in added:
-            names.pop(fn, None)
+    shipped = {key: fn for key, fn in (custom_objects or {}).items() if key.startswith(PACKAGE + ">")}
+    with _REGISTRY_LOCK:
+        before = {fn: names[fn] for fn in shipped.values() if fn in names}
+        for key, fn in shipped.items():
+            names[fn] = key
+        try:
+            yield
+        finally:
+            for fn in shipped.values():
+                names.pop(fn, None)
+            names.update(before)
 
 
 def adopt(custom_objects: dict[str, Any] | None) -> None:
-    """Gives the shipped copies in this process their names (a lambda is renamed: Keras saves a
-    function named ``<lambda>`` as bytecode); registering them is ``serde.register_custom_objects``'."""
+    """In a process that trains and saves (a rank): the shipped copies take their names, so what it
+    saves names them (a lambda is renamed too: Keras saves a function named ``<lambda>`` as bytecode).
+    Registered in this process's Keras registry, over any earlier entry of the name."""
+    from keras.src.saving import object_registration
+
     for key, fn in (custom_objects or {}).items():
-        if key.startswith(PACKAGE + ">") and is_lambda(fn):
+        if not key.startswith(PACKAGE + ">") or not inspect.isfunction(fn):
+            continue
+        if is_lambda(fn):
             fn.__name__ = fn.__qualname__ = key.split(">", 1)[1]
+        object_registration.GLOBAL_CUSTOM_OBJECTS[key] = fn
+        object_registration.GLOBAL_CUSTOM_NAMES[fn] = key
 
 
 def resolve_lambdas(config, custom_objects: dict[str, Any] | None) -> int:
-    """Replaces, in a model's parsed config.json, every ``__lambda__`` entry whose saved form is that of
-    a shipped lambda by a reference to it (by name, through the custom objects). Returns how many."""
-    codes = (custom_objects or {}).get(LAMBDA_CODES) or {}
-    by_form = {json.dumps(form): name for name, form in codes.items()}
+    """Replaces, in a model's parsed config.json, every ``__lambda__`` entry whose bytecode is that of a
+    shipped lambda by a reference to it (by name, through the custom objects). Returns how many.
+
+    Lambdas of one code (a factory's) differ by their closures: where several shipped lambdas have an
+    entry's code, the closure and defaults decide, compared as Keras writes them (JSON); an entry that
+    matches none, or more than one, is left as it is (Keras' safe mode refuses it, naming the way out)."""
+    shipped = custom_objects or {}
+    codes = shipped.get(LAMBDA_CODES) or {}
     replaced = 0
     stack = [config]
     while stack:
@@ -124,13 +145,7 @@ def resolve_lambdas(config, custom_objects: dict[str, Any] | None) -> int:
         if not isinstance(item, dict):
             continue
         if item.get("class_name") == "__lambda__" and isinstance(item.get("config"), dict):
-            inner = item["config"]
-            form = (
-                inner.get("value")
-                if "value" in inner
-                else [inner.get("code"), inner.get("defaults"), inner.get("closure")]
-            )
-            name = by_form.get(json.dumps(form))
+            name = _match(item["config"], codes, shipped)
             if name is not None:
                 item.clear()
                 item.update({"module": "builtins", "class_name": "function", "config": name, "registered_name": name})
@@ -138,3 +153,35 @@ def resolve_lambdas(config, custom_objects: dict[str, Any] | None) -> int:
                 continue
         stack.extend(item.values())
     return replaced
+
+
+def _match(inner: dict, codes: dict[str, str], shipped: dict[str, Any]) -> str | None:
+    """The shipped lambda a saved ``__lambda__`` config is (``{"value": [code, defaults, closure]}``
+    for a serialized function, ``{"code", "defaults", "closure"}`` for a Lambda layer's), or None."""
+    value = inner["value"] if "value" in inner else [inner.get("code"), inner.get("defaults"), inner.get("closure")]
+    if not isinstance(value, (list, tuple)) or len(value) != 3:
+        return None
+    candidates = [name for name, code in codes.items() if code == value[0]]
+    if len(candidates) > 1:
+        saved = _comparable(value[1:])
+        candidates = [n for n in candidates if _comparable(_parts(shipped.get(n))) == saved]
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def _parts(fn) -> list:
+    """A lambda's defaults and closure values as Keras' saving writes them."""
+    from keras.src.saving import serialization_lib
+    from keras.src.utils import python_utils
+
+    try:
+        _, defaults, closure = python_utils.func_dump(fn)
+        return [serialization_lib.serialize_keras_object(defaults), serialization_lib.serialize_keras_object(closure)]
+    except Exception:  # not a lambda Keras can describe: matches nothing
+        return [object()]
+
+
+def _comparable(parts) -> str:
+    try:
+        return json.dumps(parts, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return repr(parts)

@@ -174,6 +174,26 @@ def _steps(optimizer) -> int | None:
     return int(optimizer.iterations.numpy())
 
 
+def compile_loss(model):
+    """The ``CompileLoss`` Keras built for a compiled ``model`` (its private ``_compile_loss``), whose
+    per-output losses hvd_spark reduces over the global batch (``rank/losses.py``), or None when the
+    model was compiled without a loss.
+
+    Raises:
+        InternalsChangedError: this Keras keeps its compiled losses elsewhere (no ``_compile_loss`` with
+            ``build`` and ``_flat_losses``): masked losses would be normalised per rank, silently.
+    """
+    check_version("keras")
+    if not hasattr(model, "_compile_loss"):
+        raise _changed("keras", "Model._compile_loss", "losses cannot be reduced over the global batch")
+    loss = model._compile_loss
+    if loss is None:
+        return None
+    if not callable(getattr(loss, "build", None)) or not hasattr(loss, "_flat_losses"):
+        raise _changed("keras", "CompileLoss.build / _flat_losses", "losses cannot be reduced over the global batch")
+    return loss
+
+
 def flatten_layers(model) -> list:
     """Every layer inside ``model`` (nested models and layers held by custom layers included), in
     Keras' tracking order, without ``model`` itself (Keras' private ``Layer._flatten_layers``)."""

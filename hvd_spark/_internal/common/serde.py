@@ -179,6 +179,8 @@ def register_custom_objects(custom_objects: dict[str, Any] | None) -> None:
     import keras
 
     for key, obj in (custom_objects or {}).items():
+        if key.startswith(functions.PACKAGE + ">"):
+            continue  # keys of each load's custom objects only (a rank registers them: functions.adopt)
         if ">" in key and key not in keras.saving.get_custom_objects():
             package, name = key.split(">", 1)
             with contextlib.suppress(ValueError):  # not a serializable class (no get_config): leave it
@@ -269,6 +271,7 @@ def _with_shipped_lambdas(path: str, custom_objects: dict[str, Any] | None, out:
     """``path``, or a copy at ``out`` whose config.json refers to the shipped lambdas in place of the
     bytecode the driver saved for them (``functions.resolve_lambdas``)."""
     import json
+    import shutil
     import zipfile
 
     with zipfile.ZipFile(path) as z:
@@ -277,6 +280,9 @@ def _with_shipped_lambdas(path: str, custom_objects: dict[str, Any] | None, out:
             return path
         with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as w:
             for info in z.infolist():
-                data = json.dumps(config).encode() if info.filename == "config.json" else z.read(info.filename)
-                w.writestr(info, data)
+                if info.filename == "config.json":
+                    w.writestr(info, json.dumps(config).encode())
+                    continue
+                with z.open(info) as src, w.open(info, "w") as dst:  # the weights streamed, not held
+                    shutil.copyfileobj(src, dst, 8 << 20)
     return out

@@ -255,6 +255,13 @@ DATA_TRACE = _setting(
     "yields, the epoch, the step and the first feature column's values (as JSON lines, one file per "
     "rank process). For proving which rows were trained (the elastic tests); costs a write per batch.",
 )  # fmt: skip
+SPARSE_AS_DENSE = _setting(
+    "sparse_as_dense", "HVD_SPARK_SPARSE_AS_DENSE", None, "bool", False, ("rank",),
+    "1: a fit's ranks reduce an `IndexedSlices` gradient (an `Embedding`'s) as a dense tensor of the whole "
+    "table (Horovod's `sparse_as_dense`): fewer bytes when a step looks up more rows than the table has "
+    "(gathered, the rows of all ranks arrive at every rank), but the optimizer then takes its dense update, "
+    "not plain Keras' at the global batch. Set it with `backend_env`. 0: gathered as `IndexedSlices`.",
+)  # fmt: skip
 WARM = _setting(
     "warm", "HVD_SPARK_WARM", "spark.hvd_spark.warm", "bool", True, ("driver", "task"),
     "Ranks forked by the host's warm server (Gloo, no GPUs); 0: fresh processes. Read on the driver "

@@ -8,7 +8,7 @@ Where it logs:
 - no active run: nothing with ``mlflow="auto"``; a new run, ended with the fit, with ``"on"``.
 
 What it logs: the estimator's params (objects by class and config, not by ``repr``), tags with
-hvd_spark's run id and store paths, each epoch's rank-averaged metrics as rank 0 reports them
+hvd_spark's run id and store paths, each epoch's metrics (over all ranks' rows) as rank 0 reports them
 (``step`` = epoch), a fit summary (seconds, restarts), and the trained model as an MLflow Keras
 model with a signature from the model's input and output specs.
 

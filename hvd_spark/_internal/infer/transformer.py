@@ -227,7 +227,7 @@ class TFTransformer(
 
     # --- getters ---
     def getHistory(self) -> dict[str, list[float]]:
-        """Metric name -> list of per-epoch values (train and ``val_`` metrics), averaged over ranks."""
+        """Metric name -> list of per-epoch values (train and ``val_`` metrics), over all ranks' rows."""
         return dict(self.getOrDefault(self.history) or {})
 
     def getModelUrl(self) -> str:

@@ -316,5 +316,5 @@ class EstimatorParams(ColumnParams):
         "mlflow",
         "MLflow tracking of the fit (extra 'mlflow'): 'auto' (default: when an MLflow run is active on "
         "the driver), 'on' (also starts a run when none is active) or 'off'. Logs the params, each "
-        "epoch's rank-averaged metrics as they arrive, the run id and store paths, and the model.",
+        "epoch's metrics (over all ranks' rows) as they arrive, the run id and store paths, and the model.",
     )

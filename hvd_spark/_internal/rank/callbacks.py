@@ -1,5 +1,5 @@
-"""The Keras callbacks every rank runs during ``HorovodEstimator.fit``: metrics averaged over the
-ranks, validation with every row counted once, random streams of their own per rank, and progress
+"""The Keras callbacks every rank runs during ``HorovodEstimator.fit``: metrics over all ranks' rows
+(their states summed), validation with every row counted once, random streams of their own per rank, and progress
 events for the driver."""
 
 import time
@@ -109,7 +109,6 @@ class ExactValidationCallback(keras.callbacks.Callback):
         return self.batches if self.steps is None else min(self.steps, self.batches)
 
     def on_epoch_end(self, epoch, logs=None):
-
         if not self._due(epoch):
             return
         model = self.model

@@ -14,6 +14,10 @@ between ranks (no mask, no weighted mean) are left as they are, with no collecti
 
 Validation (``test_step``) is left to Keras: each rank's validation batches are reduced as Keras
 reduces them in ``evaluate``, and their states are summed over the ranks.
+
+The mask is the one Keras takes from the model's output (``y_pred``); a custom ``Loss.call`` that
+returns a masked tensor of its own is reduced by Keras with that mask too, but its denominator here is
+the output's (or none): such a loss is normalised per rank as before.
 """
 
 import contextvars
@@ -32,6 +36,8 @@ class GlobalBatchLoss:
         self.inner, self.index = inner, index
 
     def __getattr__(self, name):  # Keras reads the loss's name, dtype, reduction ...
+        if name == "inner":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     def __call__(self, y_true, y_pred, sample_weight=None):
@@ -62,14 +68,18 @@ def local_denominator(loss, y_pred, sample_weight, dtype):
 
 
 def rescale(value, loss, y_pred, sample_weight, name: str):
-    """``value`` (this rank's reduced loss) times ``N * local / total`` (``N`` for ``"sum"``)."""
+    """``value`` (this rank's reduced loss) times ``N * local / total`` (``N`` for ``"sum"``); an
+    unreduced loss (``reduction=None``: one value per row, whose gradient is that of their sum) keeps its
+    values and gets ``N`` times their gradient."""
     import horovod.tensorflow as hvd
 
     size = hvd.size()
+    n = tf.cast(size, value.dtype)
+    if size > 1 and getattr(loss, "reduction", "sum_over_batch_size") in (None, "none"):
+        return value * n - tf.stop_gradient(value * (n - 1))  # the values as they are, N x their gradient
     local = local_denominator(loss, y_pred, sample_weight, value.dtype)
     if size == 1 or local is None:
         return value
-    n = tf.cast(size, value.dtype)
     if getattr(loss, "reduction", None) == "sum":
         return value * n
     total = hvd.allreduce(tf.stop_gradient(local), op=hvd.Sum, name=name)
@@ -83,8 +93,14 @@ def global_batch_losses(model) -> None:
     for the model (``CompileLoss``) are wrapped when Keras builds them, and ``train_step`` marks the
     training calls (a user's ``train_step`` that calls ``self.compute_loss`` too).
     """
-    compile_loss = getattr(model, "_compile_loss", None)
-    if compile_loss is None or getattr(model, _ATTR, False):
+    from hvd_spark._internal.common import internals
+
+    if getattr(model, _ATTR, False):
+        return
+    if not getattr(model, "compiled", False):
+        raise ValueError("global_batch_losses(model) needs a compiled model: call it after model.compile(...).")
+    compile_loss = internals.compile_loss(model)
+    if compile_loss is None:  # compiled without a loss (a custom train_step computing its own)
         return
     build = compile_loss.build
 

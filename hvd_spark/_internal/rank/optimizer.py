@@ -97,7 +97,11 @@ def average_gradients(grads, *, compression=None, sparse_as_dense: bool = False)
         return grads
     comp = compression or hvd.Compression.none
     sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices) and not sparse_as_dense]
-    dense = [i for i, g in enumerate(grads) if g is not None and i not in sparse]
+    dense = [
+        i
+        for i, g in enumerate(grads)
+        if g is not None and not (isinstance(g, tf.IndexedSlices) and not sparse_as_dense)
+    ]
     if dense:
         reduced = hvd.grouped_allreduce(
             [tf.convert_to_tensor(grads[i]) for i in dense], op=hvd.Average, compression=comp

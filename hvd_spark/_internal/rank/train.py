@@ -83,7 +83,10 @@ def train(cfg: RunConfig) -> dict:
     if cfg.compile.get("learning_rate") is not None:
         model.optimizer.learning_rate = float(cfg.compile["learning_rate"])  # the fit's own, also after a resume
     make_distributed(
-        model.optimizer, compression=cfg.compression, backward_passes_per_step=cfg.backward_passes_per_step
+        model.optimizer,
+        compression=cfg.compression,
+        backward_passes_per_step=cfg.backward_passes_per_step,
+        sparse_as_dense=settings.SPARSE_AS_DENSE.get(),
     )
     global_batch_losses(model)  # masked and weighted-mean losses: one denominator for the global batch
     synced = synchronize_batch_norm(model)
