@@ -45,13 +45,15 @@ def decode(frame):
     return frame
 
 
-def write_pngs(folder: str) -> int:
-    """The digits as 16x16 grey PNG files named <label>_<index>.png; returns how many."""
+def write_pngs(folder: str, limit: int | None = None) -> int:
+    """The digits (the first ``limit``, or all) as 16x16 grey PNG files named <label>_<index>.png;
+    returns how many."""
     import numpy as np
     import tensorflow as tf
     from sklearn.datasets import load_digits
 
     x, y = load_digits(return_X_y=True)
+    x, y = x[:limit], y[:limit]
     for i, (pixels, label) in enumerate(zip(x, y)):
         img = np.kron(pixels.reshape(8, 8), np.ones((2, 2))) * (255 / 16)  # 8x8 in [0, 16] -> 16x16 bytes
         png = tf.io.encode_png(img.astype(np.uint8)[..., None]).numpy()

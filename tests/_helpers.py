@@ -56,6 +56,31 @@ def xor_estimator(store, **params):
     return HorovodEstimator(**params)
 
 
+def fit_in_place(spark, store, path, model, features, labels, *, num_proc, batch, epochs, **params):
+    """A fit of ``model`` on the Parquet table at ``path`` read in place, unshuffled, validated on its
+    ``is_val`` column at ``batch`` rows; checks that every rank ended with the same weights."""
+    from hvd_spark import HorovodEstimator
+
+    est = HorovodEstimator(
+        num_proc=num_proc,
+        store=str(store),
+        model=model,
+        feature_cols=features,
+        label_cols=labels,
+        validation="is_val",
+        batch_size=batch,
+        val_batch_size=batch,
+        epochs=epochs,
+        shuffle=False,
+        materialize="never",
+        verbose=0,
+        **params,
+    )
+    fitted = est.fit(spark.read.parquet(path))
+    assert len({r.weights_digest for r in fitted.getFitSummary().ranks}) == 1, fitted.getFitSummary().ranks
+    return fitted
+
+
 def run_result_script(script: str, *args: str, cwd, env=None, timeout: float = 600) -> dict:
     """Runs ``script`` in a fresh Python (a SparkContext per process) with ``args`` and returns the JSON of
     its last ``RESULT `` line; fails the test with its output when it exits non-zero or prints none."""

@@ -2,7 +2,6 @@
 the bytes on the ranks and in transform; without one the column is refused before any work. Real Spark,
 2 ranks on local[2]; PNG images made from scikit-learn's digits (no download)."""
 
-import io
 import math
 import os
 import sys
@@ -10,49 +9,31 @@ import sys
 import numpy as np
 import pytest
 
-SIDE = 16  # the digits' 8x8 images, upscaled
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+import images_binaryfile as example  # noqa: E402
+
+SIDE = example.SIDE  # the digits' 8x8 images, upscaled
 
 
 @pytest.fixture(autouse=True)
 def _by_value():
     import cloudpickle
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    for module in (sys.modules[__name__], example):  # the ranks and transform's workers import neither
+        cloudpickle.register_pickle_by_value(module)
     yield
-    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    for module in (sys.modules[__name__], example):
+        cloudpickle.unregister_pickle_by_value(module)
 
 
-def decode_png(data: bytes) -> np.ndarray:
-    """A grey PNG's pixels in [0, 1], shape (SIDE, SIDE): Pillow where installed, else TensorFlow."""
-    try:
-        from PIL import Image
-
-        pixels = np.asarray(Image.open(io.BytesIO(data)))
-    except ImportError:
-        import tensorflow as tf
-
-        pixels = tf.io.decode_png(data, channels=1).numpy()[..., 0]
-    return (pixels / 255.0).astype(np.float32)
-
-
-def decode(frame):
-    """The transformation_fn: each image's bytes become a (16, 16) array (the input takes (16, 16, 1))."""
-    frame["content"] = [decode_png(b) for b in frame["content"]]
-    return frame
+decode_png, decode = example.decode_png, example.decode  # the example's transformation_fn
 
 
 @pytest.fixture(scope="module")
 def image_dir(tmp_path_factory):
     """48 PNG files named <label>_<index>.png: digits upscaled to 16x16 grey images."""
-    import tensorflow as tf
-    from sklearn.datasets import load_digits
-
     folder = tmp_path_factory.mktemp("pngs")
-    x, y = load_digits(return_X_y=True)
-    for i in range(48):
-        img = np.kron(x[i].reshape(8, 8), np.ones((2, 2))) * (255 / 16)
-        png = tf.io.encode_png(img.astype(np.uint8)[..., None]).numpy()
-        (folder / f"{y[i]}_{i:03d}.png").write_bytes(png)
+    example.write_pngs(str(folder), limit=48)
     return folder
 
 

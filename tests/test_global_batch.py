@@ -20,8 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from hvd_spark import HorovodEstimator
+from _helpers import fit_in_place
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # model factories and closures travel by value
 
@@ -83,24 +82,9 @@ def _plain(make, columns, features, labels, epochs, *, weight=None):
 
 
 def _two_ranks(spark, tmp_path, path, make, features, labels, epochs, **params):
-    est = HorovodEstimator(
-        num_proc=2,
-        store=str(tmp_path / "store"),
-        model=make(),
-        feature_cols=features,
-        label_cols=labels,
-        validation="is_val",
-        batch_size=B,
-        val_batch_size=B,
-        epochs=epochs,
-        shuffle=False,
-        materialize="never",
-        verbose=0,
-        **params,
+    return fit_in_place(
+        spark, tmp_path / "store", path, make(), features, labels, num_proc=2, batch=B, epochs=epochs, **params
     )
-    fitted = est.fit(spark.read.parquet(path))
-    assert len({r.weights_digest for r in fitted.getFitSummary().ranks}) == 1
-    return fitted
 
 
 def global_batch(spark, tmp_path, make, columns, features, labels, *, epochs=2, weight=None, make_plain=None, **params):

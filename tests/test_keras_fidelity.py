@@ -25,8 +25,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from _helpers import fit_in_place
 
-from hvd_spark import HorovodEstimator, RankFailedError
+from hvd_spark import RankFailedError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the callbacks and model classes travel by value
 
@@ -99,25 +100,9 @@ def _evaluate(model, data, features, labels, weight=None) -> dict[str, float]:
 
 
 def _hvd_fit(spark, store, path, make_model, features, labels, *, num_proc, epochs, **params):
-    est = HorovodEstimator(
-        num_proc=num_proc,
-        store=str(store),
-        model=make_model(),
-        feature_cols=features,
-        label_cols=labels,
-        validation="is_val",
-        batch_size=BATCH,
-        val_batch_size=BATCH,
-        epochs=epochs,
-        shuffle=False,
-        materialize="never",
-        verbose=0,
-        **params,
+    return fit_in_place(
+        spark, store, path, make_model(), features, labels, num_proc=num_proc, batch=BATCH, epochs=epochs, **params
     )
-    fitted = est.fit(spark.read.parquet(path))
-    summary = fitted.getFitSummary()
-    assert len({r.weights_digest for r in summary.ranks}) == 1, summary.ranks
-    return fitted
 
 
 def _assert_history_equal(got: dict, want: dict, what: str) -> None:
