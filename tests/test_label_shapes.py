@@ -127,6 +127,33 @@ def test_label_shapes_of_per_step_labels_and_a_wrong_length(spark, tmp_path):
         _estimator(tmp_path / "s4", _tagger(), ["tokens"], ["tags"]).fit(spark.read.parquet(bad))
 
 
+def smoothed_sparse_loss(y_true, y_pred):
+    """A user's own sparse loss (not Keras' by name): class ids in, per-step probabilities out."""
+    ids = keras.ops.cast(y_true, "int32")
+    picked = keras.ops.take_along_axis(y_pred, keras.ops.expand_dims(ids, -1), axis=-1)[..., 0]
+    return -keras.ops.mean(keras.ops.log(0.9 * picked + 0.1 / TAGS), axis=-1)
+
+
+def test_a_custom_sparse_loss_opts_in_with_label_shapes(spark, tmp_path):
+    """hvd_spark knows Keras' sparse losses by name; a user's own takes per-step ids when label_shapes gives
+    the ids' shape ((12,) for the output (12, 3)); without it the 12 ids are refused (12 or 36 values)."""
+    path = str(tmp_path / "tags.parquet")
+    tokens, tags, is_val = _tagging_table(path)
+
+    def tagger():
+        model = _tagger()
+        model.compile(keras.optimizers.Adam(0.01), smoothed_sparse_loss)
+        return model
+
+    with pytest.raises(ValueError, match=r"label column 'tags' has 12 values per row"):
+        _estimator(tmp_path / "s1", tagger(), ["tokens"], ["tags"]).fit(spark.read.parquet(path))
+    fitted = _estimator(
+        tmp_path / "s2", tagger(), ["tokens"], ["tags"], validation="is_val", label_shapes=[[STEPS]]
+    ).fit(spark.read.parquet(path))
+    evaluated = fitted.getModel().evaluate(tokens[is_val], tags[is_val], batch_size=BATCH, verbose=0, return_dict=True)
+    np.testing.assert_allclose(fitted.getHistory()["val_loss"][-1], evaluated["loss"], rtol=RTOL, atol=ATOL)
+
+
 def test_per_pixel_sparse_labels(spark, tmp_path):
     """A per-pixel output (None, 4, 4, 3) with an array of 16 class ids per row, and label_shapes=[[4, 4]]."""
     rng = np.random.default_rng(1)

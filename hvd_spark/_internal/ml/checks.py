@@ -238,7 +238,8 @@ def _check_shipped(p: FitParams, model, outputs) -> dict | None:
     if p.label_shapes is not None:
         from hvd_spark._internal.ml.model_info import class_index_outputs
 
-        sparse = class_index_outputs(p.loss if p.loss is not None else getattr(model, "loss", None), outputs)
+        loss = p.loss if p.loss is not None else getattr(model, "loss", None)
+        sparse = class_index_outputs(loss, outputs, p.label_shapes)
         _check_label_shapes(p.label_shapes, p.label_cols, outputs, sparse)
     if p.transformation_fn is not None and p.reader != "arrow":
         raise ValueError("transformation_fn needs reader='arrow' (the rank applies it to the rows it reads).")

@@ -274,18 +274,26 @@ CLASSIFICATION_LOSSES = {
 SPARSE_LOSSES = ("sparse_categorical_crossentropy", "sparse_categorical_focal_crossentropy")
 
 
-def class_index_outputs(loss, outputs: list[TensorSpec]) -> list[bool]:
-    """Per output: whether its loss is a sparse cross-entropy, whose labels are class indices. ``loss``
-    is one loss for every output, a list in the outputs' order or a dict by output name (or key)."""
+def class_index_outputs(loss, outputs: list[TensorSpec], label_shapes=None) -> list[bool]:
+    """Per output: whether its labels are class indices: its loss is a sparse cross-entropy, or
+    ``label_shapes`` (horovod.spark's Param) gives its label exactly the output's shape without its class
+    axis, for an output of several axes (``(12,)`` for ``(12, 3)``): the user's own sparse loss opts in so.
+    ``loss`` is one loss for every output, a list in the outputs' order or a dict by output name (or key)."""
+    from hvd_spark._internal.common.specs import class_index_shape
 
     def sparse(one) -> bool:
         return loss_identity(one)[0] in SPARSE_LOSSES
 
     if isinstance(loss, dict):
-        return [sparse(loss.get(s.key or "", loss.get(s.name))) for s in outputs]
-    if isinstance(loss, (list, tuple)):
-        return [sparse(loss[i]) if i < len(loss) else False for i in range(len(outputs))]
-    return [sparse(loss)] * len(outputs)
+        found = [sparse(loss.get(s.key or "", loss.get(s.name))) for s in outputs]
+    elif isinstance(loss, (list, tuple)):
+        found = [sparse(loss[i]) if i < len(loss) else False for i in range(len(outputs))]
+    else:
+        found = [sparse(loss)] * len(outputs)
+    for i, (spec, shape) in enumerate(zip(outputs, label_shapes or ())):
+        if len(spec.shape) > 1 and class_index_shape(spec) is not None and tuple(shape) == class_index_shape(spec):
+            found[i] = True
+    return found
 
 
 def loss_identity(loss) -> tuple[str | None, bool]:

@@ -274,7 +274,7 @@ def materialize(data: FitInput, c: Checked, plan: plan_mod.ResumePlan, ident: Id
     from hvd_spark._internal.ml.model_info import class_index_outputs
 
     loss = c.p.loss if c.p.loss is not None else getattr(c.model, "loss", None)
-    indices = class_index_outputs(loss, c.outputs)
+    indices = class_index_outputs(loss, c.outputs, c.p.label_shapes)
     shapes = label_shapes(c.p.label_shapes, c.outputs, indices)  # per-step class indices: (12,) for (12, 3)
     spec = DataSpec(tuple(f_infos), tuple(l_infos), w_info, tuple(c.inputs), tuple(c.outputs), shapes)
 
