@@ -436,6 +436,18 @@ def remove_commits_before(store: Store, run_id: str, epoch: int, step: int) -> N
                     store.files.rm(path)
 
 
+def remove_checkpoints_after(store: Store, run_id: str, after: Checkpoint | None) -> None:
+    """Removes the run's checkpoints and commits written after ``after`` (None: all of them), in
+    training order: epoch ``e``'s checkpoint ``(e, 0)``, then the commits inside epoch ``e + 1``
+    (``epoch-000e-step-N``: ``(e, N)``), then epoch ``e + 1``'s checkpoint."""
+    start = (after.epoch, after.step) if after is not None else (-1, 0)
+    for c in store.checkpoints(run_id):
+        if (c.epoch, c.step) > start:
+            for path in (c.meta_path, c.model_path):  # the JSON first: never a JSON without its model
+                with contextlib.suppress(FileNotFoundError):
+                    store.files.rm(path)
+
+
 def checkpoint_damage(store: Store, ckpt: Checkpoint, deep: bool) -> str | None:
     """What is wrong with ``ckpt``'s files, or None. Errors of an unreachable store are raised
     (StoreUnavailableError), never taken for damage."""

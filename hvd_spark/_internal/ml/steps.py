@@ -569,15 +569,8 @@ def _drop_fit(store: Store, plan: plan_mod.ResumePlan) -> None:
 
 
 def _drop_checkpoints_after(store: Store, plan: plan_mod.ResumePlan) -> None:
-    """Removes the checkpoints and commits a fit wrote (those after the epoch it resumed from): they hold
-    a model trained on a table that changed under it."""
+    """Removes the checkpoints and commits a fit wrote (those after the checkpoint it resumed from): they
+    hold a model trained on a table that changed under it."""
+    from hvd_spark._internal.data.store import remove_checkpoints_after
 
-    def order(c) -> tuple[int, float]:  # an epoch's commits come before its end's checkpoint
-        return (c.epoch, c.step or float("inf"))
-
-    start = order(plan.resume) if plan.resume else (-1, 0.0)
-    for c in store.checkpoints(plan.run_id):
-        if order(c) > start:
-            for path in (c.meta_path, c.model_path):  # the JSON first: never a JSON without its model
-                with contextlib.suppress(FileNotFoundError):
-                    store.files.rm(path)
+    remove_checkpoints_after(store, plan.run_id, plan.resume)
