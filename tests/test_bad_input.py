@@ -147,6 +147,20 @@ def test_unwritable_store(df, tmp_path):
         ).fit(df)
 
 
+def test_a_pandas_frame_is_refused_with_the_conversion(tmp_path):
+    """Issue 47.3: fit(pandas_df) failed with AttributeError: 'DataFrame' object has no attribute 'sparkSession'."""
+    import pandas as pd
+
+    est = HorovodEstimator(
+        num_proc=1, store=str(tmp_path), model=_model(), feature_cols=["features"], label_cols=["label"]
+    )
+    with pytest.raises(
+        TypeError, match=r"Spark DataFrame\. Received: a pandas\.core\.frame\.DataFrame\..*createDataFrame"
+    ):
+        est.fit(pd.DataFrame({"features": [[0.0, 1.0]], "label": [1.0]}))
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
 def test_wrong_param_types_fail_at_construction():
     with pytest.raises(TypeError, match="feature_cols must be a column name, a list of column names or a dict"):
         HorovodEstimator(feature_cols=[1, 2])

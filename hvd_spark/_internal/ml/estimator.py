@@ -254,6 +254,15 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         ``batch_size``, ``x``, ...) raise ``TypeError`` naming the Param that does their work."""
         if kwargs:
             raise fit_arguments_error(kwargs)
+        if not (hasattr(dataset, "sparkSession") and hasattr(dataset, "schema")):  # classic or Connect
+            kind = f"{type(dataset).__module__}.{type(dataset).__name__}"
+            how = (
+                "Convert it first: est.fit(spark.createDataFrame(frame)), or write it to Parquet and fit "
+                "spark.read.parquet(path) (read in place, no copy)."
+                if kind.startswith("pandas.")
+                else "Read your data with Spark first (spark.read.parquet(path), spark.table(name), ...)."
+            )
+            raise TypeError(f"fit takes a Spark DataFrame. Received: a {kind}. {how}")
         return super().fit(dataset, params)
 
     def _fit(self, dataset):
