@@ -82,7 +82,10 @@ steps.run = lambda data, p, backend: runs.append((data, p, backend)) or "model"
 given = FitInput(None, inplace.Scan((tmp + "/t/part-0.parquet",), {"x": "x"}, "t", "t"))
 fit_data.parquet_input = lambda path, val, store: given
 est = estimator_mod.HorovodEstimator(store=tmp + "/s", model=Model(), feature_cols=["x"], label_cols=["y"])
-frame = object()
+class Frame:  # a DataFrame's stand-in: fit looks for a Spark DataFrame's sparkSession and schema
+    sparkSession = schema = None
+
+frame = Frame()
 assert est.fit(frame) == "model"  # the steps are stood in for: any frame
 assert est.fit_on_parquet(tmp + "/t", params={est.epochs: 3}) == "model"
 (fit, fit_p, _), (on_parquet, on_parquet_p, _) = runs
