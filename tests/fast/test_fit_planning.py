@@ -5,6 +5,8 @@ process (``InProcessBackend``) by a rank function that writes checkpoints into a
 
 import json
 import logging
+import os
+import tempfile
 import time
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from hvd_spark._internal.common.contracts import DataSpec, RunConfig
 from hvd_spark._internal.common.outcomes import TASK_LOST
 from hvd_spark._internal.data.leases import Lease
+from hvd_spark._internal.data.stops import write_end_record
 from hvd_spark._internal.data.store import Store, checkpoint_names
 from hvd_spark._internal.ml import controller, plan
 from hvd_spark._internal.ml.backend import InProcessBackend, fit_backend, in_process_rank
@@ -41,8 +44,9 @@ class EpochWriter:
     to ``(rank, exception)``: that rank raises it while training that epoch (once), and the ranks
     played before it stop there, as a real job's ranks wait in the epoch's allreduce."""
 
-    def __init__(self, fail: dict | None = None):
+    def __init__(self, fail: dict | None = None, stop: int | None = None):
         self.fail = dict(fail or {})
+        self.stop = stop  # the epoch (1-based) after which the callbacks stop training, as EarlyStopping does
         self.seen: list[RunConfig] = []
 
     def __call__(self, cfg: RunConfig) -> dict:
@@ -65,23 +69,35 @@ class EpochWriter:
                 folder = store.checkpoints_path(cfg.run_id)
                 weights = f"weights after epoch {epoch}".encode()
                 store.files.write_bytes(f"{folder}/{model_name}", weights)
-                store.files.write_json(
-                    f"{folder}/{meta_name}",
-                    {
-                        "epoch": epoch,
-                        "logs": logs,
-                        "history": history,
-                        "time": time.time(),
-                        "model_bytes": len(weights),
-                    },
-                )
+                meta = {
+                    "epoch": epoch,
+                    "logs": logs,
+                    "history": history,
+                    "time": time.time(),
+                    "model_bytes": len(weights),
+                }
+                if epoch == self.stop:
+                    meta["stopped"] = {"epoch": epoch, "epochs": cfg.epochs, "by": "EarlyStopping"}
+                store.files.write_json(f"{folder}/{meta_name}", meta)
+            if epoch == self.stop:
+                break
         if self.fail.get("final") is not None and me.rank == 0:  # trained, then died before the final model
             raise self.fail.pop("final")
         result = {"rank": me.rank, "weights_digest": "same", "size": me.size}
         if me.rank == 0:
             store.files.write_bytes(cfg.final_model, b"final model")
+            if self.stop is not None and cfg.initial_epoch < self.stop <= cfg.epochs:  # rank/train.py's end record
+                local = tmp_local(b"final model")
+                write_end_record(store, cfg.run_id, self.stop, cfg.final_model, local)
             result["epoch_logs"] = history
         return result
+
+
+def tmp_local(data: bytes) -> str:
+    fd, path = tempfile.mkstemp()
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return path
 
 
 def _config(store: Store, run_id: str, epochs: int) -> RunConfig:

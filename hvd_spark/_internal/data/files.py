@@ -227,6 +227,11 @@ class StoreFiles:
         """Copies a local file to ``path`` atomically."""
         self.atomic(path, lambda tmp: self.fs.put_file(local, tmp))
 
+    def copy_file(self, src: str, path: str) -> None:
+        """Copies the store's file ``src`` to ``path`` atomically, within the store (on an object store, a
+        copy the server makes): no local temporary file."""
+        self.atomic(path, lambda tmp: self.fs.copy(src, tmp))
+
     def download_file(self, path: str, local: str) -> str:
         self.retrying(f"downloading {self.rel(path)}", lambda: self.fs.get_file(path, local))
         return local

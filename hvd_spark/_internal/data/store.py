@@ -439,13 +439,19 @@ def remove_commits_before(store: Store, run_id: str, epoch: int, step: int) -> N
 def remove_checkpoints_after(store: Store, run_id: str, after: Checkpoint | None) -> None:
     """Removes the run's checkpoints and commits written after ``after`` (None: all of them), in
     training order: epoch ``e``'s checkpoint ``(e, 0)``, then the commits inside epoch ``e + 1``
-    (``epoch-000e-step-N``: ``(e, N)``), then epoch ``e + 1``'s checkpoint."""
+    (``epoch-000e-step-N``: ``(e, N)``), then epoch ``e + 1``'s checkpoint (with its end record)."""
     start = (after.epoch, after.step) if after is not None else (-1, 0)
     for c in store.checkpoints(run_id):
         if (c.epoch, c.step) > start:
-            for path in (c.meta_path, c.model_path):  # the JSON first: never a JSON without its model
+            end = () if c.step else (end_record_path(store, run_id, c.epoch),)
+            for path in (*end, c.meta_path, c.model_path):  # the JSONs first: never a JSON without its model
                 with contextlib.suppress(FileNotFoundError):
                     store.files.rm(path)
+
+
+def end_record_path(store: Store, run_id: str, epoch: int) -> str:
+    """``checkpoints/epoch-NNNN-end.json``: the model a run stopped early at epoch ``NNNN`` ends with."""
+    return posixpath.join(store.checkpoints_path(run_id), f"epoch-{epoch:04d}-end.json")
 
 
 def checkpoint_damage(store: Store, ckpt: Checkpoint, deep: bool) -> str | None:

@@ -19,6 +19,7 @@ from typing import Any
 from hvd_spark._internal.common.contracts import Recovery, RunConfig
 from hvd_spark._internal.common.restarts import RESTARTABLE
 from hvd_spark._internal.data.leases import Lease
+from hvd_spark._internal.data.stops import stopped_model
 from hvd_spark._internal.data.store import Checkpoint, Store
 from hvd_spark._internal.ml.policies import (
     Elastic,
@@ -183,6 +184,7 @@ class Controller:
         self.lost_hosts: set[str] = set()  # hosts whose executor or network went away in a failed attempt
         self.results: list[dict] = []
         self._cached_model: bytes | None = None
+        self._stop: dict | None = None  # the early stop recorded with the checkpoint the next attempt starts from
         self._error: BaseException | None = None  # the failure RESTARTING decides on
         self._failed_at = 0.0  # when it happened: a recovery's time runs from there (slot waits included)
 
@@ -226,6 +228,7 @@ class Controller:
         elif self._cached_model is None:
             self._cached_model = self.model_bytes()
         meta = store.files.read_json(resume.meta_path) if resume else {}
+        self._stop = meta.get("stopped") if resume is not None and not resume.step else None
         cfg = dataclasses.replace(
             cfg,
             initial_epoch=resume.epoch if resume else 0,
@@ -240,10 +243,21 @@ class Controller:
     def _run_attempt(self) -> State:
         cfg, resume = self._attempt_config()
         self.cfg = cfg
-        if resume is not None and resume.epoch >= cfg.epochs:
-            # The failed attempt had finished training; only the final model was missing.
-            self.store.files.upload_file(self.store.files.local_copy(resume.model_path), cfg.final_model)
-            self.results = [{"rank": 0, "weights_digest": "", "epoch_logs": list(cfg.history_so_far)}]
+        if resume is not None and (resume.epoch >= cfg.epochs or self._stop):
+            # The attempt before had finished training (all its epochs, or stopped early by its callbacks:
+            # the run's stop, data/stops.py); only the final model was missing.
+            source = stopped_model(self.store, cfg.run_id, resume) if self._stop else resume.model_path
+            if self._stop:
+                logger.info(
+                    "run '%s' was stopped at %s by %s: no more training",
+                    cfg.run_id,
+                    resume.position,
+                    self._stop.get("by"),
+                )
+            self.store.files.copy_file(source, cfg.final_model)
+            self.results = [
+                {"rank": 0, "weights_digest": "", "epoch_logs": list(cfg.history_so_far), "stopped": self._stop}
+            ]
             return State.FINISHED
         self.probe.new_attempt()
         if cfg.resize_marker:  # a request left by an earlier attempt (or fit) is not this attempt's

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from hvd_spark._internal.data.stops import stopped_model
 from hvd_spark._internal.data.store import Checkpoint, Store, checkpoint_damage, epoch_checkpoints
 from hvd_spark._internal.ml.model_info import architecture_diff
 
@@ -42,10 +43,12 @@ class ResumePlan:
     architecture: dict | None = None
     fit_id: str = ""  # this fit's own name: its final model is runs/<run_id>/models/<fit_id>.keras
     run_data: dict | None = None  # a resumed run's data record (run.json's "data"; None: recorded before them)
+    stopped: dict | None = None  # the early stop recorded with ``resume`` (data/stops.py): the run trains no more
 
     def finished(self, epochs: int) -> bool:
-        """Whether the run already has ``epochs`` epochs: the fit returns its model without training."""
-        return self.resume is not None and self.resume.epoch >= epochs
+        """Whether the run already has ``epochs`` epochs, or was stopped early by its callbacks: the fit
+        returns its model without training."""
+        return self.resume is not None and (self.resume.epoch >= epochs or self.stopped is not None)
 
 
 def plan_resume(
@@ -101,13 +104,13 @@ def plan_resume(
                 "model.set_weights(old.get_weights()) (where the shapes agree), then fit with a new run_id."
             )
         resume = latest
-        history = store.files.read_json(resume.meta_path)["history"]
-        run_data = info.get("data")
+        meta = store.files.read_json(resume.meta_path)
+        history, run_data = meta["history"], info.get("data")
+        stopped = meta.get("stopped") if not resume.step and isinstance(meta.get("stopped"), dict) else None
     else:
-        run_data = None
-    return ResumePlan(
-        run_id, fingerprint, run_json, resume, history, architecture, fit_id or new_fit_id(), run_data=run_data
-    )
+        run_data = stopped = None
+    fit_id = fit_id or new_fit_id()
+    return ResumePlan(run_id, fingerprint, run_json, resume, history, architecture, fit_id, run_data, stopped)
 
 
 def model_path_of(store: Store, plan: ResumePlan, epochs: int) -> str:
@@ -115,6 +118,8 @@ def model_path_of(store: Store, plan: ResumePlan, epochs: int) -> str:
     asked epoch (never rewritten; the latest one when that epoch's is gone)."""
     if plan.finished(epochs):
         assert plan.resume is not None
+        if plan.stopped is not None and epochs >= plan.resume.epoch:  # what the stopped fit returned
+            return stopped_model(store, plan.run_id, plan.resume)
         at_epoch = {ck.epoch: ck for ck in epoch_checkpoints(store, plan.run_id)}
         asked = at_epoch.get(epochs)
         damage = checkpoint_damage(store, asked, deep=True) if asked is not None else "it is gone"

@@ -248,13 +248,23 @@ def _identify(data: FitInput, c: Checked) -> Identified:
 def finished_run(c: Checked, plan: plan_mod.ResumePlan) -> TFTransformer:
     """A run that already has the requested epochs: its model, without training."""
     assert plan.resume is not None
-    epochs = c.p.epochs
-    logger.info(
-        "run '%s' already has %d of %d epochs; returning its model without training",
-        plan.run_id,
-        plan.resume.epoch,
-        epochs,
-    )
+    epochs, stop = c.p.epochs, plan.stopped
+    if stop is not None and epochs >= plan.resume.epoch:
+        logger.info(
+            "run '%s' was stopped early at epoch %d of %s by %s; returning the model it ended with, without "
+            "training (a new run_id trains again)",
+            plan.run_id,
+            plan.resume.epoch,
+            stop.get("epochs"),
+            stop.get("by"),
+        )
+    else:
+        logger.info(
+            "run '%s' already has %d of %d epochs; returning its model without training",
+            plan.run_id,
+            plan.resume.epoch,
+            epochs,
+        )
     model_path = plan_mod.model_path_of(c.store, plan, epochs)  # the asked epoch's checkpoint: never rewritten
     return _transformer(c, model_path, plan.run_id, plan.history[:epochs])
 

@@ -2,7 +2,9 @@
 (their states summed), validation with every row counted once, random streams of their own per rank, and progress
 events for the driver."""
 
+import math
 import time
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf
@@ -163,6 +165,20 @@ class StopAgreementCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._agree()
+
+
+def stop_reason(callbacks) -> Callable[[int, dict], str]:
+    """What names the callback that stopped training after an epoch: an EarlyStopping whose
+    ``stopped_epoch`` is that epoch, a TerminateOnNaN that met a loss that is not finite, else
+    ``model.stop_training`` (a callback of the user's own)."""
+
+    def reason(epoch: int, logs: dict) -> str:
+        names = [type(cb).__name__ for cb in callbacks if getattr(cb, "stopped_epoch", None) == epoch and epoch]
+        if not names and not math.isfinite(float(logs.get("loss", 0.0))):
+            names = [type(cb).__name__ for cb in callbacks if isinstance(cb, keras.callbacks.TerminateOnNaN)]
+        return ", ".join(names) or "model.stop_training"
+
+    return reason
 
 
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")

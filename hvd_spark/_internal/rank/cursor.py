@@ -125,7 +125,7 @@ class ResizeCheck(keras.callbacks.Callback):
         self.stopped = False
 
     def on_epoch_end(self, epoch, logs=None):
-        if epoch + 1 >= self.epochs:
+        if epoch + 1 >= self.epochs or self.model.stop_training:  # the ranks agreed: training ends here anyway
             return
         import horovod.tensorflow as hvd
         import tensorflow as tf

@@ -5,7 +5,7 @@ run's checkpoints in the store."""
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -142,6 +142,8 @@ class CheckpointCallback(keras.callbacks.Callback):
     the run's writer lease must still be this fit's (``lease``: its path and token) and the
     checkpoint must not exist: a fit that lost its run to another (a stalled or cancelled one) stops
     with ``RunInUseError`` instead of writing into it, and a run never holds more epochs than asked.
+    An epoch after which the callbacks stopped training (EarlyStopping, TerminateOnNaN, the user's
+    ``model.stop_training``) is recorded as the run's stop (``stopped``; ``data/stops.py``).
     Commits fall on multiples of ``step_multiple`` steps (``backward_passes_per_step``: never between
     the batches of one update).
     """
@@ -159,8 +161,11 @@ class CheckpointCallback(keras.callbacks.Callback):
         every_steps: int | None = None,
         every_seconds: float | None = None,
         step_multiple: int = 1,
+        stop_reason: Callable[[int, dict], str] | None = None,
     ):
         super().__init__()
+        self.stop_reason = stop_reason  # which callback stopped training at an epoch (recorded with its checkpoint)
+        self.stopped: dict[str, Any] | None = None  # the early stop this fit recorded
         self.store, self.run_id, self.tmp = store, run_id, tmp
         self.lease, self.epochs = lease, epochs
         self.history: list[dict] = [dict(h) for h in history_so_far]
@@ -242,4 +247,8 @@ class CheckpointCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = {k: float(v) for k, v in (logs or {}).items() if is_number(v)}
         self.history = self.history[:epoch] + [logs]
-        self._write(epoch + 1, 0, {"logs": logs, "history": self.history})
+        meta: dict[str, Any] = {"logs": logs, "history": self.history}
+        if self.model.stop_training:  # the ranks agreed on it (StopAgreementCallback); a resize's stop comes later
+            by = self.stop_reason(epoch, logs) if self.stop_reason is not None else "model.stop_training"
+            self.stopped = meta["stopped"] = {"epoch": epoch + 1, "epochs": self.epochs, "by": by}
+        self._write(epoch + 1, 0, meta)

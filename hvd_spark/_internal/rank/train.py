@@ -68,6 +68,7 @@ def train(cfg: RunConfig) -> dict:
         UpdateCheckCallback,
         acts_on_steps,
         rank_callbacks,
+        stop_reason,
     )
     from hvd_spark._internal.rank.cursor import DataPlan, PositionCallback, ResizeCheck, Segment
     from hvd_spark._internal.rank.losses import global_batch_losses
@@ -153,6 +154,7 @@ def train(cfg: RunConfig) -> dict:
                     every_steps=cfg.checkpoint_steps,
                     every_seconds=cfg.checkpoint_seconds,
                     step_multiple=cfg.backward_passes_per_step,
+                    stop_reason=stop_reason(all_user_callbacks),
                 )
                 callbacks.append(ckpt_cb)
                 best = best_checkpoint(cfg, tmp)
@@ -217,7 +219,12 @@ def train(cfg: RunConfig) -> dict:
                 if final != best_file:
                     save_model_file(model, final)
                 store.files.upload_file(final, cfg.final_model)
+                if ckpt_cb.stopped is not None:  # later attempts and fits of the run return this model
+                    from hvd_spark._internal.data.stops import write_end_record
+
+                    write_end_record(store, cfg.run_id, ckpt_cb.stopped["epoch"], cfg.final_model, final)
             result["epoch_logs"] = ckpt_cb.history
+            result["stopped"] = ckpt_cb.stopped
         return result
     finally:
         os.chdir(cwd)

@@ -1,0 +1,105 @@
+"""An early stop as part of a run's state (data/stops.py): recorded with the epoch checkpoint, honoured
+by a restart, a resize and a later fit of the run, which return the model the stopped fit ended with.
+The ranks are played in process (``EpochWriter`` writes what rank/train.py writes; the rank side is
+tested with real ranks in tests/test_early_stop.py)."""
+
+import logging
+
+import pytest
+
+from hvd_spark._internal.data.stops import early_stop, stopped_model, write_end_record
+from hvd_spark._internal.data.store import Store, end_record_path, remove_checkpoints_after
+from hvd_spark._internal.ml import plan
+from hvd_spark._internal.ml.backend import InProcessBackend
+from hvd_spark._internal.ml.controller import Controller, State
+from hvd_spark._internal.ml.policies import FailurePolicy, FixedScaling
+from tests.fast.test_fit_planning import EpochWriter, _config, _fit, _ModelBytes, _plan, _train, tmp_local
+
+
+@pytest.fixture
+def store(tmp_path):
+    return Store(str(tmp_path / "store"))
+
+
+def test_a_stopped_run_is_finished_for_a_later_fit_which_returns_the_model_it_ended_with(store):
+    _, trained, _ = _fit(store, "r1", 12, EpochWriter(stop=3))
+    assert [h["loss"] for h in trained.results[0]["epoch_logs"]] == [1.0, 0.5, 1 / 3]
+    p = _plan(store, "r1")
+    assert p.stopped == {"epoch": 3, "epochs": 12, "by": "EarlyStopping"}
+    assert p.finished(12) and p.finished(20) and p.finished(3) and p.finished(2)
+    # the fit's own model (e.g. EarlyStopping's restored best weights), never the checkpoint's
+    assert plan.model_path_of(store, p, 12) == store.model_path("r1", "fit-test")
+    assert plan.model_path_of(store, p, 2).endswith("checkpoints/epoch-0002.keras")  # fewer epochs: as before
+    writer = EpochWriter()
+    trained, backend = _train(store, "r1", 12, writer)  # the controller, asked again: no training job
+    assert backend.calls == 0 and writer.seen == []
+    assert len(trained.results[0]["epoch_logs"]) == 3
+
+
+def test_a_restart_after_an_early_stop_trains_no_more(store, caplog):
+    writer = EpochWriter(stop=3, fail={"final": OSError("the store went away before the final model")})
+    with caplog.at_level(logging.WARNING, logger="hvd_spark"):
+        _, trained, backend = _fit(store, "r1", 12, writer, max_restarts=1)
+    assert backend.calls == 1 and trained.restarts == 1  # the restart found the stop: no second training job
+    assert [c.epoch for c in store.checkpoints("r1")] == [1, 2, 3]
+    assert len(trained.results[0]["epoch_logs"]) == 3 and trained.results[0]["stopped"]["by"] == "EarlyStopping"
+    # no end record (the fit failed before its model): the epoch's checkpoint, said so
+    assert store.files.read_bytes(store.model_path("r1", "fit-test")) == b"weights after epoch 3"
+    assert "stopped early at epoch 3" in caplog.text and "the fit ended before writing it" in caplog.text
+
+
+def test_a_resize_asked_for_at_the_stop_trains_no_more(store):
+    """An attempt whose ranks stopped to grow at the epoch the callbacks stopped (as before rank/cursor.py's
+    ResizeCheck deferred to the stop): the next attempt finds the stop and trains nothing."""
+
+    class ResizeAtStop(EpochWriter):
+        def __call__(self, cfg):
+            result = super().__call__(cfg)
+            return {**result, "stopped_for_resize": True} if cfg.initial_epoch == 0 else result
+
+    class Growing(FixedScaling):
+        resizes = True
+
+        def after_stop(self, backend, size):
+            return size
+
+    writer = ResizeAtStop(stop=2)
+    cfg = _config(store, "r1", 6)
+    c = Controller(
+        InProcessBackend(2, rank_fn=writer),
+        writer,
+        cfg,
+        store,
+        failure=FailurePolicy(0),
+        scaling=Growing(),
+        model_bytes=_ModelBytes(),
+    )
+    trained = c.run()
+    assert c.states == [State.SCHEDULING, State.RUNNING, State.RESIZING, State.RUNNING, State.FINISHED]
+    assert len(writer.seen) == 1  # one training job
+    assert [c.epoch for c in store.checkpoints("r1")] == [1, 2]
+    assert len(trained.results[0]["epoch_logs"]) == 2
+
+
+def test_the_end_record_is_checked_and_a_damaged_one_falls_back_to_the_checkpoint(store, caplog):
+    _fit(store, "r1", 12, EpochWriter(stop=2))
+    ckpt = store.checkpoints("r1")[-1]
+    assert early_stop(store, ckpt)["by"] == "EarlyStopping"
+    assert early_stop(store, store.checkpoints("r1")[0]) is None
+    assert stopped_model(store, "r1", ckpt) == store.model_path("r1", "fit-test")
+    store.files.write_bytes(store.model_path("r1", "fit-test"), b"another model of another size")
+    with caplog.at_level(logging.WARNING, logger="hvd_spark"):
+        assert stopped_model(store, "r1", ckpt) == ckpt.model_path
+    assert "holds 29 bytes, 11 were written" in caplog.text
+    write_end_record(store, "r1", 2, store.model_path("r1", "fit-2"), tmp_local(b"m"))
+    store.files.write_bytes(store.model_path("r1", "fit-2"), b"m")
+    assert stopped_model(store, "r1", ckpt) == store.model_path("r1", "fit-2")
+
+
+def test_removing_checkpoints_after_one_removes_their_end_records(store):
+    _fit(store, "r1", 12, EpochWriter(stop=3))
+    assert store.files.exists(end_record_path(store, "r1", 3))
+    remove_checkpoints_after(store, "r1", store.checkpoints("r1")[1])
+    assert [c.epoch for c in store.checkpoints("r1")] == [1, 2]
+    assert not store.files.exists(end_record_path(store, "r1", 3))
+    assert not _plan(store, "r1").finished(12)  # the stop went with its epoch: the run trains on
