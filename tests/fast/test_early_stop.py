@@ -103,3 +103,22 @@ def test_removing_checkpoints_after_one_removes_their_end_records(store):
     assert [c.epoch for c in store.checkpoints("r1")] == [1, 2]
     assert not store.files.exists(end_record_path(store, "r1", 3))
     assert not _plan(store, "r1").finished(12)  # the stop went with its epoch: the run trains on
+
+
+def test_the_final_model_recovery_copies_within_the_store_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """An object store (fsspec's memory filesystem: not local): the recovery of a fit that trained every
+    epoch and failed before its model copies the last checkpoint within the store; it used to download
+    it to a temporary file it never removed."""
+    import tempfile
+    import uuid
+
+    local_tmp = tmp_path / "tmp"
+    local_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(local_tmp))
+    store = Store(f"memory://bucket/{uuid.uuid4().hex}")
+    assert not store.files.is_local
+    writer = EpochWriter(fail={"final": OSError("killed before the final model")})
+    _, trained, backend = _fit(store, "r1", 2, writer, max_restarts=1)
+    assert backend.calls == 1 and trained.restarts == 1
+    assert store.files.read_bytes(store.model_path("r1", "fit-test")) == b"weights after epoch 2"
+    assert list(local_tmp.iterdir()) == []
