@@ -13,7 +13,7 @@ Public API:
     run: run any Horovod function on Spark barrier tasks.
     local_session: a SparkSession for one machine, set up for barrier jobs.
     FitSummary, RankSummary, Recovery: what ``TFTransformer.getFitSummary()`` reports about the fit.
-    HvdSparkError, RankFailedError, JobTimeoutError, RankStalledError, NotEnoughSlotsError,
+    HvdSparkError, RankFailedError, JobTimeoutError, JobDeadlineError, RankStalledError, NotEnoughSlotsError,
         LaunchError, RunInUseError, JobCancelledError, DataChangedError, StoreUnavailableError,
         DataPreparationError: run-time errors.
     mark_progress: for functions run with ``run``: tells the stall watchdog this rank progresses.
@@ -36,6 +36,7 @@ from hvd_spark.errors import (
     DataPreparationError,
     HvdSparkError,
     JobCancelledError,
+    JobDeadlineError,
     JobTimeoutError,
     LaunchError,
     NotEnoughSlotsError,
@@ -87,6 +88,7 @@ __all__ = [
     "DataPreparationError",
     "RankFailedError",
     "JobTimeoutError",
+    "JobDeadlineError",
     "RankStalledError",
     "NotEnoughSlotsError",
     "mark_progress",

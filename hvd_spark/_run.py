@@ -153,59 +153,48 @@ def run(
 def _run_with_restarts(
     fn, args, kwargs, num_proc, env, launch_kwargs, max_restarts, min_num_proc, max_num_proc, elastic_timeout
 ):
-    """Attempts of ``fn`` until one succeeds or no restart is left, each from rank 0's latest commit;
-    elastic attempts sized by the task slots there are."""
-    import logging
-
+    """Attempts of ``fn`` until one succeeds or no restart is left, each from rank 0's latest commit:
+    the fit's controller and policies (``ml/controller.py``), with ``hvd_spark.run``'s job; elastic
+    attempts sized by the task slots there are, a lost executor dropped from the next attempt."""
     from hvd_spark._internal.common import settings
-    from hvd_spark._internal.common.commits import CommitKeeper, Restoring
-    from hvd_spark._internal.common.restarts import RESTARTABLE
+    from hvd_spark._internal.common.commits import CommitKeeper
     from hvd_spark._internal.ml.backend import SparkBackend
-    from hvd_spark._internal.ml.policies import Elastic, ElasticScaling, FailureDecision, FailurePolicy, wait_for_slots
+    from hvd_spark._internal.ml.controller import Controller, RunJob
+    from hvd_spark._internal.ml.policies import Elastic, ElasticScaling, FailurePolicy, FixedScaling
 
-    logger = logging.getLogger(__name__)
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be an integer >= 0. Received: max_restarts={max_restarts!r}.")
     elastic = None
     if min_num_proc is not None or max_num_proc is not None:
         low = 1 if min_num_proc is None else min_num_proc
-        for name, value in (("min_num_proc", low), ("max_num_proc", max_num_proc)):
+        for name, value in (("min_num_proc", low), ("max_num_proc", max_num_proc), ("num_proc", num_proc)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}.")
         if max_num_proc is not None and low > max_num_proc:
             raise ValueError(f"min_num_proc must be at most max_num_proc. Received: {low} > {max_num_proc}.")
+        if num_proc is not None and not low <= num_proc <= (max_num_proc or num_proc):
+            raise ValueError(
+                "num_proc (the first attempt's ranks) must be within min_num_proc and max_num_proc. Received: "
+                f"num_proc={num_proc}, min_num_proc={low}, max_num_proc={max_num_proc}."
+            )
         if max_restarts < 1:
             raise ValueError(
                 "min_num_proc / max_num_proc need max_restarts >= 1: going on after a lost rank is a restart "
                 f"on the slots left. Received: max_restarts={max_restarts}."
             )
         elastic = Elastic(
-            low, max_num_proc, settings.ELASTIC_TIMEOUT.get(elastic_timeout), poll=settings.ELASTIC_POLL.get()
+            low,
+            max_num_proc,
+            settings.ELASTIC_TIMEOUT.get(elastic_timeout),
+            poll=settings.ELASTIC_POLL.get(),
+            initial=num_proc,
         )
     keeper = CommitKeeper()
-    spark_backend = SparkBackend(num_proc=num_proc, env=env, on_event=keeper, **launch_kwargs)
-    if elastic is not None:
-        size = num_proc or wait_for_slots(spark_backend, elastic, "starting")
-    else:
-        size = num_proc
-    restarts = 0
-    failure = FailurePolicy(max_restarts, holds_run=False)  # run() holds no run lease
-    while True:
-        attempt = spark_backend.with_num_proc(size) if size is not None else spark_backend
-        try:
-            return attempt.run(Restoring(fn, keeper.state), args, kwargs)
-        except RESTARTABLE as e:
-            if failure.decide(e, restarts) is not FailureDecision.RESTART:
-                raise
-            restarts += 1
-            if elastic is not None:
-                size = ElasticScaling(elastic).after_failure(spark_backend, size or 0, None, restarts)
-            logger.warning(
-                "attempt %d failed (%s); restarting (%d of max_restarts=%d) on %s ranks from %s",
-                restarts,
-                str(e).splitlines()[0],
-                restarts,
-                max_restarts,
-                size if size is not None else "all",
-                f"commit {keeper.commits}" if keeper.state is not None else "the start (nothing committed)",
-            )
+    backend = SparkBackend(num_proc=num_proc, env=env, on_event=keeper, **launch_kwargs)
+    controller = Controller(
+        backend,
+        failure=FailurePolicy(max_restarts, holds_run=False),  # run() holds no run lease
+        scaling=ElasticScaling(elastic) if elastic is not None else FixedScaling(),
+        job=RunJob(fn, args, kwargs, keeper),
+    )
+    return controller.run().results

@@ -100,6 +100,14 @@ class RankFailedError(HvdSparkError):
     def __reduce__(self):
         return (type(self), (self.rank, self.exc_type, self.remote_message, self.remote_traceback, self.host))
 
+    def raised(self, error_type: type[BaseException]) -> bool:
+        """Whether the rank's code raised an ``error_type``: the rank's own exception (this error's
+        ``__cause__``, when it unpickled on the driver) is one, or its type is that very class (by its
+        qualified name: an error that crossed a process without its exception object)."""
+        if isinstance(self.__cause__, error_type):
+            return True
+        return self.exc_type == f"{error_type.__module__}.{error_type.__qualname__}"
+
 
 class JobTimeoutError(HvdSparkError):
     """A wait on other processes ran out of time. ``ranks`` lists the ranks (or tasks) that did not answer."""
@@ -110,6 +118,12 @@ class JobTimeoutError(HvdSparkError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.ranks))
+
+
+class JobDeadlineError(JobTimeoutError):
+    """The job ran past its whole-job ``timeout``: never restarted (the time was the caller's to give;
+    ``max_restarts`` more attempts would take it again each), unlike tasks that did not start in time or a
+    stall. ``ranks``: those that had not finished."""
 
 
 class RankStalledError(JobTimeoutError):

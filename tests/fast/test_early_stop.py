@@ -3,6 +3,7 @@ by a restart, a resize and a later fit of the run, which return the model the st
 The ranks are played in process (``EpochWriter`` writes what rank/train.py writes; the rank side is
 tested with real ranks in tests/test_early_stop.py)."""
 
+import dataclasses
 import logging
 
 import pytest
@@ -64,7 +65,7 @@ def test_a_resize_asked_for_at_the_stop_trains_no_more(store):
             return size
 
     writer = ResizeAtStop(stop=2)
-    cfg = _config(store, "r1", 6)
+    cfg = dataclasses.replace(_config(store, "r1", 6), resize_marker=f"{store.run_path('r1')}/_resize.json")
     c = Controller(
         InProcessBackend(2, rank_fn=writer),
         writer,

@@ -30,7 +30,7 @@ from hvd_spark._internal.common.outcomes import (
     pick_failure,
 )
 from hvd_spark._internal.common.service import KIND, Kind
-from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError, RankStalledError
+from hvd_spark.errors import JobDeadlineError, JobTimeoutError, LaunchError, RankFailedError, RankStalledError
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +46,13 @@ class Problem:
     ranks: list[int]
     stalled_hosts: dict[int, str] | None = None  # a stall (rank -> host), not a timeout
     counts: dict[int, int] | None = None  # a stall: rank -> its progress marks (steps done) at the stall
+    deadline: bool = False  # the whole job's timeout (never restarted), not the tasks' start
 
     def error(self, message: str | None = None) -> JobTimeoutError:
         if self.stalled_hosts is not None:
             return RankStalledError(message or self.message, ranks=self.ranks, hosts=self.stalled_hosts)
+        if self.deadline:
+            return JobDeadlineError(message or self.message, ranks=self.ranks)
         return JobTimeoutError(message or self.message, ranks=self.ranks)
 
 
@@ -140,6 +143,7 @@ class Supervisor:
             self.problem = Problem(
                 f"the job did not finish within timeout={opts.timeout:g}s; ranks {missing} had not finished.",
                 missing,
+                deadline=True,
             )
         if self.problem is None and opts.stall_timeout is not None and self.aborted_at is None:
             self.problem = self._stall(opts.stall_timeout)

@@ -29,7 +29,7 @@ from hvd_spark._internal.ml.policies import (
     FixedScaling,
     ScalingPolicy,
 )
-from hvd_spark.errors import JobTimeoutError, RankStalledError, RunInUseError
+from hvd_spark.errors import JobDeadlineError, JobTimeoutError, RankStalledError, RunInUseError
 
 logger = logging.getLogger(__name__)
 
@@ -90,17 +90,18 @@ class RecoveryLog:
         cause: str,
         from_size: int,
         to_size: int,
-        latest: Checkpoint | None,
+        resumed_from: str,
         failed_at: float | None = None,
         **more,
     ) -> None:
-        """``failed_at``: when the attempt failed or stopped (None: now); the recovery's time runs from it."""
+        """``resumed_from``: the checkpoint's position (or "the start", a commit); ``failed_at``: when the
+        attempt failed or stopped (None: now); the recovery's time runs from it."""
         self._pending = dict(
             kind=kind,
             cause=cause,
             from_size=from_size,
             to_size=to_size,
-            resumed_from=latest.position if latest else "the start",
+            resumed_from=resumed_from,
             failed_at=time.time() if failed_at is None else failed_at,
             **more,
         )
@@ -153,9 +154,118 @@ def commit_iterations(store: Store, ckpt: Checkpoint | None) -> int:
         return 0
 
 
+class FitJob:
+    """A fit's training attempts, as the :class:`Controller` runs them: each one ``rank_fn(cfg)`` from the
+    run's latest complete checkpoint or commit (none: from the user's model, ``model_bytes()``); an
+    attempt after the run's last epoch, or after its early stop (``data/stops.py``), only puts the model
+    the run ended with in place."""
+
+    def __init__(self, rank_fn: Callable[..., Any], cfg: RunConfig, store: Store, model_bytes: Callable[[], bytes]):
+        self.rank_fn, self.cfg, self.store, self.model_bytes = rank_fn, cfg, store, model_bytes
+        self.label = f"run '{cfg.run_id}'"
+        self.resize_marker = cfg.resize_marker
+        self._cached_model: bytes | None = None
+        self._stop: dict | None = None  # the early stop recorded with the checkpoint the next attempt starts from
+
+    def size_to(self, size: int) -> None:
+        self.cfg = sized(self.cfg, size) if self.cfg.train_table else self.cfg
+
+    def next_attempt(self) -> tuple[Callable[..., Any], tuple, dict] | list[dict]:
+        """The next attempt's rank function and arguments; or, when no training is left, the results."""
+        cfg, resume = self._attempt_config()
+        self.cfg = cfg
+        if resume is not None and (resume.epoch >= cfg.epochs or self._stop):
+            # The attempt before had finished training (all its epochs, or stopped early by its callbacks:
+            # the run's stop); only the final model was missing.
+            source = stopped_model(self.store, cfg.run_id, resume) if self._stop else resume.model_path
+            if self._stop:
+                logger.info(
+                    "%s was stopped at %s by %s: no more training", self.label, resume.position, self._stop.get("by")
+                )
+            self.store.files.copy_file(source, cfg.final_model)
+            return [{"rank": 0, "weights_digest": "", "epoch_logs": list(cfg.history_so_far), "stopped": self._stop}]
+        return self.rank_fn, (cfg,), {}
+
+    def _attempt_config(self) -> tuple[RunConfig, Checkpoint | None]:
+        """The next attempt's configuration: from the latest checkpoint (damaged ones set aside: this fit
+        holds the run), else from the user's model."""
+        store, cfg = self.store, self.cfg
+        resume = store.latest_checkpoint(cfg.run_id, set_aside=True)
+        if resume is not None:
+            logger.info("resuming run '%s' from %s of %d epochs", cfg.run_id, resume.position, cfg.epochs)
+        elif self._cached_model is None:
+            self._cached_model = self.model_bytes()
+        meta = store.files.read_json(resume.meta_path) if resume else {}
+        self._stop = meta.get("stopped") if resume is not None and not resume.step else None
+        cfg = dataclasses.replace(
+            cfg,
+            initial_epoch=resume.epoch if resume else 0,
+            resume_ckpt=resume.model_path if resume else None,
+            history_so_far=tuple(meta.get("history", ())) if resume else (),
+            model_bytes=None if resume else self._cached_model,
+            resume_step=resume.step if resume else 0,
+            resume_cursor=meta.get("cursor") if resume else None,
+        )
+        return cfg, resume
+
+    def resume_point(self) -> tuple[str, str, int]:
+        """Where the next attempt starts: for the log, for the recovery's record, and the optimizer steps
+        done by then."""
+        latest = self.store.latest_checkpoint(self.cfg.run_id)
+        if latest is None:
+            return "the start", "the start", 0
+        return f"the checkpoint of {latest.position}", latest.position, commit_iterations(self.store, latest)
+
+    def taken_over(self, e: BaseException) -> RunInUseError:
+        run_id, store = self.cfg.run_id, self.store
+        return RunInUseError(
+            f"run_id '{run_id}' in {store.prefix} was taken over by another fit while this one trained "
+            f"(its writer lease {store.run_path(run_id)}/_writer.json is no longer this fit's); this fit "
+            f"stopped before writing another checkpoint. Cause: {str(e).splitlines()[0]}",
+            run_id=run_id,
+        )
+
+    def clear_marker(self) -> None:
+        if self.resize_marker:  # a request left by an earlier attempt (or fit) is not this attempt's
+            self.store.files.rm(self.resize_marker)
+
+
+class RunJob:
+    """``hvd_spark.run``'s attempts, as the :class:`Controller` runs them: each calls ``fn`` anew on every
+    rank, where :func:`hvd_spark.committed_state` returns what rank 0 last committed (``keeper``, the
+    backend's ``on_event`` listener)."""
+
+    label = "hvd_spark.run"
+    store = None
+    resize_marker = None  # an attempt is never asked to stop to grow: it runs to its end
+
+    def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict | None, keeper: Any):
+        self.fn, self.args, self.kwargs, self.keeper = fn, tuple(args), dict(kwargs or {}), keeper
+
+    def size_to(self, size: int) -> None:
+        pass
+
+    def next_attempt(self) -> tuple[Callable[..., Any], tuple, dict]:
+        from hvd_spark._internal.common.commits import Restoring
+
+        return Restoring(self.fn, self.keeper.state), self.args, self.kwargs
+
+    def resume_point(self) -> tuple[str, str, int]:
+        if self.keeper.state is None:
+            return "the start (nothing committed)", "the start", 0
+        return f"commit {self.keeper.commits}", f"commit {self.keeper.commits}", 0
+
+    def taken_over(self, e: BaseException) -> BaseException:
+        raise AssertionError("hvd_spark.run holds no run: its failure policy (holds_run=False) never decides so")
+
+    def clear_marker(self) -> None:
+        pass
+
+
 class Controller:
-    """Runs a fit's training attempts: one ``backend.run(rank_fn, args=(cfg,))`` per attempt, each from
-    the latest complete checkpoint or commit (none: from the user's model, ``model_bytes()``).
+    """Runs a job's attempts (``job``: a fit's, :class:`FitJob`, made from ``rank_fn``, ``cfg``, ``store``
+    and ``model_bytes``; or ``hvd_spark.run``'s, ``ml/jobs.py``'s ``RunJob``): one ``backend.run`` per
+    attempt, until one finishes or the failure policy says no.
 
     ``states`` lists the states it went through, in order (the tests read it).
     """
@@ -163,30 +273,31 @@ class Controller:
     def __init__(
         self,
         backend: Any,
-        rank_fn: Callable[..., Any],
-        cfg: RunConfig,
-        store: Store,
+        rank_fn: Callable[..., Any] | None = None,
+        cfg: RunConfig | None = None,
+        store: Store | None = None,
         *,
         failure: FailurePolicy,
         scaling: ScalingPolicy,
-        model_bytes: Callable[[], bytes],
+        model_bytes: Callable[[], bytes] | None = None,
         lease: Lease | None = None,
         probe: AttemptProbe | None = None,
+        job: Any = None,
     ):
-        self.backend, self.rank_fn, self.cfg, self.store = backend, rank_fn, cfg, store
-        self.failure, self.scaling = failure, scaling
-        self.model_bytes, self.lease = model_bytes, lease
+        if job is None:
+            assert rank_fn is not None and cfg is not None and store is not None and model_bytes is not None
+            job = FitJob(rank_fn, cfg, store, model_bytes)
+        self.backend, self.job = backend, job
+        self.failure, self.scaling, self.lease = failure, scaling, lease
         self.probe = probe or AttemptProbe()
         self.recoveries = RecoveryLog(self.probe)
         self.states: list[State] = []
         self.restarts = 0
         self.size = 0
         self.lost_hosts: set[str] = set()  # hosts whose executor or network went away in a failed attempt
-        self.results: list[dict] = []
-        self._cached_model: bytes | None = None
-        self._stop: dict | None = None  # the early stop recorded with the checkpoint the next attempt starts from
+        self.results: list = []
         self._error: BaseException | None = None  # the failure RESTARTING decides on
-        self._failed_at = 0.0  # when it happened: a recovery's time runs from there (slot waits included)
+        self._failed_at = 0.0  # when it happened (or the ranks stopped to grow): a recovery's time runs from there
 
     def run(self) -> Trained:
         """Raises what :func:`train_with_restarts` documents."""
@@ -212,62 +323,26 @@ class Controller:
     def _size_to(self, size: int) -> None:
         self.size = size
         self.backend = self.scaling.backend_for(self.backend, size)
-        self.cfg = sized(self.cfg, size) if self.cfg.train_table else self.cfg
+        self.job.size_to(size)
 
     def _schedule(self) -> State:
         self._size_to(self.scaling.first_size(self.backend))
         return State.RUNNING
 
-    def _attempt_config(self) -> tuple[RunConfig, Checkpoint | None]:
-        """The next attempt's configuration: from the latest checkpoint (damaged ones set aside: this fit
-        holds the run), else from the user's model."""
-        store, cfg = self.store, self.cfg
-        resume = store.latest_checkpoint(cfg.run_id, set_aside=True)
-        if resume is not None:
-            logger.info("resuming run '%s' from %s of %d epochs", cfg.run_id, resume.position, cfg.epochs)
-        elif self._cached_model is None:
-            self._cached_model = self.model_bytes()
-        meta = store.files.read_json(resume.meta_path) if resume else {}
-        self._stop = meta.get("stopped") if resume is not None and not resume.step else None
-        cfg = dataclasses.replace(
-            cfg,
-            initial_epoch=resume.epoch if resume else 0,
-            resume_ckpt=resume.model_path if resume else None,
-            history_so_far=tuple(meta.get("history", ())) if resume else (),
-            model_bytes=None if resume else self._cached_model,
-            resume_step=resume.step if resume else 0,
-            resume_cursor=meta.get("cursor") if resume else None,
-        )
-        return cfg, resume
-
     def _run_attempt(self) -> State:
-        cfg, resume = self._attempt_config()
-        self.cfg = cfg
-        if resume is not None and (resume.epoch >= cfg.epochs or self._stop):
-            # The attempt before had finished training (all its epochs, or stopped early by its callbacks:
-            # the run's stop, data/stops.py); only the final model was missing.
-            source = stopped_model(self.store, cfg.run_id, resume) if self._stop else resume.model_path
-            if self._stop:
-                logger.info(
-                    "run '%s' was stopped at %s by %s: no more training",
-                    cfg.run_id,
-                    resume.position,
-                    self._stop.get("by"),
-                )
-            self.store.files.copy_file(source, cfg.final_model)
-            self.results = [
-                {"rank": 0, "weights_digest": "", "epoch_logs": list(cfg.history_so_far), "stopped": self._stop}
-            ]
+        attempt = self.job.next_attempt()
+        if isinstance(attempt, list):  # nothing left to train
+            self.results = attempt
             return State.FINISHED
+        fn, args, kwargs = attempt
         self.probe.new_attempt()
-        if cfg.resize_marker:  # a request left by an earlier attempt (or fit) is not this attempt's
-            self.store.files.rm(cfg.resize_marker)
+        self.job.clear_marker()
         try:
-            with self.scaling.watch(self.backend, self.store, cfg.resize_marker, self.size):
-                results = list(self.backend.run(self.rank_fn, args=(cfg,)))
+            with self.scaling.watch(self.backend, self.job.store, self.job.resize_marker, self.size):
+                results = list(self.backend.run(fn, args=args, kwargs=kwargs))
         except JobTimeoutError as e:
             self._failed_at = time.time()
-            if not self.lost_hosts or isinstance(e, RankStalledError):
+            if not self.lost_hosts or isinstance(e, RankStalledError | JobDeadlineError):
                 self._error = e
             else:
                 self._error = JobTimeoutError(
@@ -283,7 +358,8 @@ class Controller:
             return State.RESTARTING
         self.recoveries.close()
         self.results = results
-        if self.scaling.resizes and any(r.get("stopped_for_resize") for r in results):
+        if self.job.resize_marker and self.scaling.resizes and any(r.get("stopped_for_resize") for r in results):
+            self._failed_at = time.time()  # the ranks stopped: the slot wait counts in the resize's time
             return State.RESIZING
         return State.FINISHED
 
@@ -292,13 +368,7 @@ class Controller:
         assert e is not None
         decision = self.failure.decide(e, self.restarts, lease_lost=self.lease is not None and self.lease.lost.is_set())
         if decision is FailureDecision.TAKEN_OVER:
-            run_id, store = self.cfg.run_id, self.store
-            raise RunInUseError(
-                f"run_id '{run_id}' in {store.prefix} was taken over by another fit while this one trained "
-                f"(its writer lease {store.run_path(run_id)}/_writer.json is no longer this fit's); this fit "
-                f"stopped before writing another checkpoint. Cause: {str(e).splitlines()[0]}",
-                run_id=run_id,
-            ) from e
+            raise self.job.taken_over(e) from e
         lost = self.failure.lost_host(e)
         if lost:
             self.lost_hosts.add(lost)
@@ -314,28 +384,29 @@ class Controller:
     def _start_again(self, e: BaseException, lost: str | None) -> State:
         self.recoveries.close()  # the recovery before this attempt
         self.restarts += 1
-        latest = self.store.latest_checkpoint(self.cfg.run_id)
+        said, resumed_from, committed = self.job.resume_point()
         reached = self.probe.iterations
-        redone = max(0, reached - commit_iterations(self.store, latest)) if reached is not None else None
+        redone = max(0, reached - committed) if reached is not None else None
+        size = self.size
+        new_size = self.scaling.after_failure(self.backend, size, lost, self.restarts)
         logger.warning(
-            "training attempt %d of run '%s' failed (%s); restarting (%d of max_restarts=%d) from %s",
+            "attempt %d of %s failed (%s); restarting (%d of max_restarts=%d) on %d ranks from %s",
             self.restarts,
-            self.cfg.run_id,
+            self.job.label,
             # a timeout's or stall's whole report (where each rank was); a failure's first line
             str(e) if isinstance(e, JobTimeoutError) else str(e).splitlines()[0],
             self.restarts,
             self.failure.max_restarts,
-            f"the checkpoint of {latest.position}" if latest else "the start",
+            new_size,
+            said,
         )
-        size = self.size
-        new_size = self.scaling.after_failure(self.backend, size, lost, self.restarts)
         kind = "restart" if new_size == size else ("shrink" if new_size < size else "grow")
         self.recoveries.begin(
             kind,
             str(e).splitlines()[0][:300],
             size,
             new_size,
-            latest,
+            resumed_from,
             failed_at=self._failed_at,
             steps_redone=redone,
             lost_hosts=(lost,) if lost else (),
@@ -345,11 +416,17 @@ class Controller:
         return State.RUNNING
 
     def _resize(self) -> State:
-        latest = self.store.latest_checkpoint(self.cfg.run_id)
+        _, resumed_from, _ = self.job.resume_point()
         new_size = self.scaling.after_stop(self.backend, self.size)
         kind = "grow" if new_size > self.size else "restart"
         self.recoveries.begin(
-            kind, f"task slots came back ({new_size} usable)", self.size, new_size, latest, steps_redone=0
+            kind,
+            f"task slots came back ({new_size} usable)",
+            self.size,
+            new_size,
+            resumed_from,
+            failed_at=self._failed_at,
+            steps_redone=0,
         )
         self._size_to(new_size)
         return State.RUNNING

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from hvd_spark._internal.common import retry
 from hvd_spark._internal.common.restarts import LOST_HOST_TYPES, should_restart
 from hvd_spark._internal.data.store import Store
-from hvd_spark.errors import NotEnoughSlotsError, RankFailedError
+from hvd_spark.errors import NotEnoughSlotsError, RankFailedError, RunInUseError
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class FailurePolicy:
 
     def decide(self, error: BaseException, restarts_so_far: int, lease_lost: bool = False) -> FailureDecision:
         """``lease_lost``: this fit's writer lease on the run was lost while the attempt ran."""
-        taken = lease_lost or (isinstance(error, RankFailedError) and error.exc_type.endswith("RunInUseError"))
+        taken = lease_lost or (isinstance(error, RankFailedError) and error.raised(RunInUseError))
         if self.holds_run and taken:
             return FailureDecision.TAKEN_OVER
         if should_restart(error, restarts_so_far, self.max_restarts):

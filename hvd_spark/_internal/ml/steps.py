@@ -137,7 +137,7 @@ def _train_run(
 
                 check_unchanged(written.meta["files"], written.source)
         except (RankFailedError, DataChangedError) as e:
-            changed = isinstance(e, DataChangedError) or e.exc_type.endswith("DataChangedError")
+            changed = isinstance(e, DataChangedError) or e.raised(DataChangedError)
             if not changed:
                 raise
             try:
