@@ -2,16 +2,22 @@
 benchmarks.run --report`` alone (issue 47.7: running a benchmark rewrote the tracked README, whose
 table then differed from the committed results in 171 lines). No benchmark runs here."""
 
+import importlib
 import os
 
 import pytest
 
-from benchmarks import run
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_the_readme_is_what_the_report_step_makes_of_the_committed_results():
+@pytest.fixture
+def run(monkeypatch):
+    """``benchmarks/run.py`` (a package at the repository's root, importable from any working folder)."""
+    monkeypatch.syspath_prepend(ROOT)
+    return importlib.import_module("benchmarks.run")
+
+
+def test_the_readme_is_what_the_report_step_makes_of_the_committed_results(run):
     with open(os.path.join(ROOT, "benchmarks", "README.md")) as f:
         text = f.read()
     expected = run.readme_with(run.report(), text)
@@ -27,7 +33,7 @@ def test_the_readme_is_what_the_report_step_makes_of_the_committed_results():
         )
 
 
-def test_running_benchmarks_leaves_the_readme_to_the_report_step(tmp_path, monkeypatch):
+def test_running_benchmarks_leaves_the_readme_to_the_report_step(run, tmp_path, monkeypatch):
     """``python -m benchmarks.run`` runs the scripts (each writes its own results file) and nothing else."""
     calls = []
     monkeypatch.setattr(run.subprocess, "call", lambda cmd, cwd: calls.append(cmd) or 0)
