@@ -1,9 +1,12 @@
-"""Runs the benchmark suite and writes results/<name>.json, results/summary.md and PNG plots.
+"""Runs the benchmark suite; rebuilds benchmarks/README.md's results from results/ in a separate step.
 
-    .venv/bin/python -m benchmarks.run [--quick] [--only comm,ps,...] [--report-only]
+    .venv/bin/python -m benchmarks.run [--quick] [--only comm,ps,...]   # writes results/<name>.json only
+    .venv/bin/python -m benchmarks.run --report                          # the README's table and the plots
 
-Each benchmark runs in its own process (one SparkContext per process). The table is copied into
-benchmarks/README.md between the RESULTS markers.
+Each benchmark runs in its own process (one SparkContext per process) and writes only its own
+results file. ``--report`` rebuilds, from the results files alone, the table of benchmarks/README.md
+between the RESULTS markers and the PNG plots; tests/fast/test_benchmarks_report.py checks that the
+committed README is what ``--report`` makes of the committed results.
 """
 
 import argparse
@@ -781,15 +784,29 @@ def plots() -> None:
         plt.close(fig)
 
 
-def update_readme(table: str) -> None:
-    path = os.path.join(HERE, "README.md")
-    with open(path) as f:
+START, END = "<!-- RESULTS START -->", "<!-- RESULTS END -->"
+README = os.path.join(HERE, "README.md")
+
+
+def readme_with(table: str, text: str) -> str:
+    """``text`` (benchmarks/README.md) with ``table`` between the RESULTS markers."""
+    if START not in text or END not in text:
+        raise ValueError(f"benchmarks/README.md has no {START} ... {END} markers to put the results between")
+    return text[: text.index(START) + len(START)] + "\n" + table + "\n" + text[text.index(END) :]
+
+
+def write_report() -> str:
+    """The ``--report`` step: the README's table and the plots, from results/ alone. Returns the table."""
+    table = report()
+    with open(README) as f:
         text = f.read()
-    start, end = "<!-- RESULTS START -->", "<!-- RESULTS END -->"
-    if start in text and end in text:
-        text = text[: text.index(start) + len(start)] + "\n" + table + "\n" + text[text.index(end) :]
-        with open(path, "w") as f:
-            f.write(text)
+    with open(README, "w") as f:
+        f.write(readme_with(table, text))
+    try:
+        plots()
+    except ModuleNotFoundError as e:  # matplotlib: the bench extra
+        print(f"plots not redrawn ({e}): pip install '.[bench]'", file=sys.stderr)
+    return table
 
 
 def main():
@@ -798,22 +815,23 @@ def main():
     p.add_argument(
         "--only", default=",".join(ORDER), help=f"comma-separated subset of {ORDER + ROOT_ONLY} (default: {ORDER})"
     )
-    p.add_argument("--report-only", action="store_true", help="rebuild the table and plots from results/")
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="run nothing: rebuild README.md's results table and the plots from results/",
+    )
     a = p.parse_args()
+    if a.report:
+        print(write_report())
+        return
     root = os.path.dirname(HERE)
-    if not a.report_only:
-        for name in [n for n in ORDER + ROOT_ONLY if n in a.only.split(",")]:
-            t0 = time.time()
-            cmd = [sys.executable, "-m", f"benchmarks.{MODULES[name]}"] + (["--quick"] if a.quick else [])
-            print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
-            rc = subprocess.call(cmd, cwd=root)
-            print(f"== {name}: exit {rc} in {time.time() - t0:.0f}s", flush=True)
-    table = report()
-    with open(os.path.join(RESULTS, "summary.md"), "w") as f:
-        f.write(table + "\n")
-    plots()
-    update_readme(table)
-    print(table)
+    for name in [n for n in ORDER + ROOT_ONLY if n in a.only.split(",")]:
+        t0 = time.time()
+        cmd = [sys.executable, "-m", f"benchmarks.{MODULES[name]}"] + (["--quick"] if a.quick else [])
+        print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
+        rc = subprocess.call(cmd, cwd=root)
+        print(f"== {name}: exit {rc} in {time.time() - t0:.0f}s", flush=True)
+    print("results written to benchmarks/results/; python -m benchmarks.run --report rebuilds README.md from them")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 and ``fit_on_parquet`` both hand it their data as an argument, ``fit_on_parquet``'s files given rather
 than found in a query plan (no Spark: the files are written with pyarrow, the steps stood in for)."""
 
+import logging
+import socket
 import subprocess
 import sys
 
@@ -105,3 +107,71 @@ print("ok")
 def test_fit_and_fit_on_parquet_call_the_steps_with_their_data(tmp_path):
     out = subprocess.run([sys.executable, "-c", _ENTRIES, str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.split()[-1:] == ["ok"], out.stderr[-3000:]
+
+
+def _refused() -> ConnectionRefusedError:
+    """A real refused connection: a port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError as e:
+        return e
+    raise AssertionError("a closed port accepted a connection")
+
+
+def _a_plain_scan(monkeypatch, urls):
+    """``fit(df)`` of a plain Parquet scan: the query plan's verdict (Spark's, not in this tier) stood in for."""
+    scan = inplace.Scan(tuple(urls), {"x": "x", "y": "y", "z": "z"}, "t", "")
+    monkeypatch.setattr(inplace, "read_plan", lambda frame, needed: inplace.Decision(scan, "it is a plain scan of t"))
+    return FitInput(object())
+
+
+@pytest.mark.parametrize("failing", ["info", "open"])
+def test_an_outage_while_planning_fails_the_fit_instead_of_copying(tmp_path, monkeypatch, caplog, failing):
+    """Issue 47.5: the table's filesystem refusing while step 1 lists the files or reads the first footer was
+    caught as "cannot be read in place", and the fit copied the whole table (the cause an INFO line), so a
+    resumed run in place was then refused as trained on other data. Now the one retry policy retries it and,
+    past the window, the fit fails with StoreUnavailableError before anything is written."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    from hvd_spark.errors import StoreUnavailableError
+
+    urls = _files(tmp_path)
+    store = Store.create(str(tmp_path / "store"))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    data = _a_plain_scan(monkeypatch, urls)
+    calls = []
+    real = getattr(LocalFileSystem, failing)
+
+    def refusing(self, path, *args, **kw):
+        if str(path).startswith(str(tmp_path / "t")):
+            calls.append(path)
+            raise _refused()
+        return real(self, path, *args, **kw)
+
+    monkeypatch.setattr(LocalFileSystem, failing, refusing)
+    monkeypatch.setenv("HVD_SPARK_STORE_RETRY_WINDOW", "1")  # one retry 0.5 s after the first try, then past it
+    caplog.set_level(logging.INFO, logger="hvd_spark")
+    with pytest.raises(StoreUnavailableError) as info:
+        fit_data.read_in_place(data, [X], [Y], None, None, store, reader="arrow", materialize="auto", seed=0)
+    message = str(info.value)
+    assert "\n" not in message and "ConnectionRefusedError" in message and str(tmp_path / "t") in message, message
+    assert info.value.tries == 2 and len(calls) >= 2  # retried, not taken for a file that cannot be read
+    assert "copying the data" not in caplog.text
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_a_file_that_cannot_be_read_in_place_is_still_copied(tmp_path, monkeypatch, caplog):
+    """Only a reason of the files themselves (here a column missing from the first file) makes ``auto`` copy."""
+    urls = _files(tmp_path)
+    store = Store.create(str(tmp_path / "store"))
+    data = _a_plain_scan(monkeypatch, urls)
+    caplog.set_level(logging.INFO, logger="hvd_spark")
+    missing = ColumnInfo("z", "scalar", "double", False)
+    found, reason = fit_data.read_in_place(
+        data, [missing], [Y], None, None, store, reader="arrow", materialize="auto", seed=0
+    )
+    assert found is None and reason.startswith("ValueError: column 'z' is not in the Parquet file"), reason
+    assert "copying the data to the store: it cannot be read in place because ValueError" in caplog.text

@@ -18,6 +18,7 @@ from hvd_spark._internal.data import leases
 from hvd_spark._internal.data import materialize as data_mod
 from hvd_spark._internal.data.identity import data_identity, dataset_key
 from hvd_spark._internal.data.store import Store, data_path
+from hvd_spark.errors import StoreUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,8 @@ def read_in_place(
             source = table_source(found, named_f, named_l, named_w, validation, seed)
             inplace.check_first_file(source, scan.files[0])
         except Exception as e:  # noqa: BLE001 - a file Spark lists but the ranks cannot read: copy it
+            if isinstance(e, StoreUnavailableError) or retry.is_transient(e):
+                raise  # an outage (retried for the whole window), not a property of the files: never a copy
             if data.given:
                 raise ValueError(f"fit_on_parquet: {data.scan.table!r} cannot be trained on: {e}") from e
             decision = inplace.Decision(None, f"{type(e).__name__}: {e}")

@@ -231,12 +231,20 @@ def list_status(files: Sequence[str], storage_options: dict | None) -> list[tupl
 
 
 def check_first_file(source: sources.TableSource, url: str) -> None:
-    """The first file's schema against the columns (one footer read, before any work)."""
+    """The first file's schema against the columns (one footer read, before any work; the read is
+    retried on transient errors, ``common/retry.py``)."""
     fs, path = sources.file_system(url, source.storage_options)
     import pyarrow.parquet as pq
 
-    with fs.open(path, "rb") as f:
-        sources.check_file_schema(source, url, pq.ParquetFile(f).schema_arrow)
+    from hvd_spark._internal.common import retry
+    from hvd_spark._internal.common.secrets import url_without_credentials
+
+    def schema():
+        with fs.open(path, "rb") as f:
+            return pq.ParquetFile(f).schema_arrow
+
+    found = retry.call(url_without_credentials(url), "reading the first file's schema", schema)
+    sources.check_file_schema(source, url, found)
 
 
 def table_key(files: Sequence[str], source: sources.TableSource) -> str:
