@@ -132,3 +132,20 @@ def test_a_resizes_time_counts_the_slot_wait(tmp_path):
     (grow,) = c.run().recoveries
     assert grow.kind == "grow" and writer.sizes == [2, 3]
     assert grow.seconds is not None and grow.seconds >= 0.3  # before: from after the settle wait, ~0 s
+
+
+def test_two_elastic_jobs_of_one_driver_size_themselves_by_what_the_other_leaves(monkeypatch):
+    """Before, each counted every slot of the application: two elastic fits side by side both sized
+    themselves to all of them, and the second waited for the first in the slot pool (or timed out)."""
+    from hvd_spark._internal.driver import sessions
+    from hvd_spark._internal.driver.slots import SLOTS
+
+    monkeypatch.setattr(sessions, "application_id", lambda spark: "app-two-fits")
+    backend = backend_mod.SparkBackend(spark=object())
+    monkeypatch.setattr(backend, "_registered_slots", lambda: 4)
+    assert backend.available_slots() == 4
+    with SLOTS.claim("app-two-fits", 3, 4, "the other fit"):
+        assert backend.available_slots() == 1  # the other fit's 3 are not this one's to take
+        assert backend.available_slots(holding=3) == 4  # a running attempt's own slots are its own
+        assert policies.slots_of(backend, holding=1) == 2
+    assert backend.available_slots() == 4

@@ -41,6 +41,11 @@ class _SlotPool:
         self._cond = threading.Condition()
         self._used: dict[str, int] = {}
 
+    def held(self, app: str) -> int:
+        """The slots of application ``app`` that this driver's jobs hold now."""
+        with self._cond:
+            return self._used.get(app, 0)
+
     @contextlib.contextmanager
     def claim(self, app: str, n: int, total: int, description: str):
         t0 = last_log = time.monotonic()

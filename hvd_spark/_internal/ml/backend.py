@@ -226,9 +226,27 @@ class SparkBackend(Backend):
         spark = self._kwargs.get("spark") or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
         return resolve_launch_options(spark, num_proc=None).num_proc
 
-    def available_slots(self) -> int:
-        """The barrier task slots of the executors registered now (elastic training sizes its attempts by
-        them). A classic session only: Spark Connect does not show its executors to the client."""
+    def available_slots(self, holding: int = 0) -> int:
+        """The barrier task slots of the executors registered now that no other hvd_spark job of this
+        driver holds (elastic training sizes its attempts by them; ``holding``: the slots the caller's
+        own running attempt holds, counted as its own). A classic session only: Spark Connect does not
+        show its executors to the client."""
+        return max(0, self._registered_slots() - max(0, self._held_slots() - holding))
+
+    def _held_slots(self) -> int:
+        """The slots this driver's hvd_spark jobs hold now (``driver/slots.py``'s pool): two elastic fits
+        side by side each size themselves by what the other leaves."""
+        from hvd_spark._internal.driver.sessions import application_id
+        from hvd_spark._internal.driver.slots import SLOTS
+
+        spark = self._kwargs.get("spark")
+        if spark is None:
+            from pyspark.sql import SparkSession
+
+            spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+        return SLOTS.held(application_id(spark))
+
+    def _registered_slots(self) -> int:
         from pyspark.sql import SparkSession
 
         from hvd_spark._internal.common import internals
@@ -395,7 +413,7 @@ class InProcessBackend(Backend):
     def num_processes(self) -> int:
         return self._num_proc
 
-    def available_slots(self) -> int:
+    def available_slots(self, holding: int = 0) -> int:
         return int(self.slots() if callable(self.slots) else self.slots)
 
     def with_num_proc(self, num_proc: int) -> "InProcessBackend":

@@ -150,14 +150,15 @@ class ElasticScaling:
         return GrowWatch(backend, self.elastic, store, marker, size) if marker else contextlib.nullcontext()
 
 
-def slots_of(backend: Any) -> int:
+def slots_of(backend: Any, holding: int = 0) -> int:
+    """The task slots the next attempt may have (``holding``: those the caller's running attempt holds)."""
     count = getattr(backend, "available_slots", None)
     if count is None:
         raise NotImplementedError(
             f"elastic training needs a backend that counts its task slots (available_slots()); "
             f"{type(backend).__name__} has none."
         )
-    return int(count())
+    return int(count(holding=holding)) if holding else int(count())
 
 
 def wait_for_slots(backend: Any, elastic: Elastic, why: str, sleep: Callable[[float], None] = time.sleep) -> int:
@@ -234,7 +235,7 @@ class GrowWatch:
         failed: set[str] = set()  # the store's errors already logged: one warning each, not one per poll
         while not self._stop.wait(self.elastic.poll):
             try:
-                target = self.elastic.size_for(slots_of(self.backend))
+                target = self.elastic.size_for(slots_of(self.backend, holding=self.size))
             except Exception as e:  # counting failed this time: try again at the next poll
                 logger.debug("counting task slots failed: %s", e)
                 continue
