@@ -10,7 +10,7 @@ import pytest
 from _helpers import horovod_mpi_built
 
 import hvd_spark
-from hvd_spark import JobTimeoutError, RankFailedError
+from hvd_spark import JobDeadlineError, JobTimeoutError, RankFailedError
 from hvd_spark._internal.common.logs import is_tf_notice
 
 # The functions below run in the ranks' processes, which cannot import this test module.
@@ -162,21 +162,26 @@ def test_rank_process_dying_without_exception(spark):
         hvd_spark.run(crash_rank_zero, num_proc=2, spark=spark)
 
 
-def stall_rank_one():
+def stall_rank_one(attempts=None):
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
     hvd.init()
+    if attempts and hvd.rank() == 0:
+        with open(attempts, "a") as f:
+            f.write("attempt\n")
     if hvd.rank() == 1:
         time.sleep(600)  # never joins the collective
     return hvd.allreduce(tf.constant([1.0])).numpy().tolist()
 
 
 @pytest.mark.timeout(240)
-def test_stalled_collective_is_reported_by_rank(spark):
-    with pytest.raises(JobTimeoutError, match=r"ranks \[0, 1\] had not finished") as info:
-        hvd_spark.run(stall_rank_one, num_proc=2, spark=spark, timeout=40)
-    assert info.value.ranks == [0, 1]
+def test_stalled_collective_is_reported_by_rank(spark, tmp_path):
+    attempts = tmp_path / "attempts"
+    with pytest.raises(JobDeadlineError, match=r"ranks \[0, 1\] had not finished") as info:
+        hvd_spark.run(stall_rank_one, args=(str(attempts),), num_proc=2, spark=spark, timeout=40, max_restarts=2)
+    assert attempts.read_text().splitlines() == ["attempt"]  # the whole job's time is spent: no restart
+    assert isinstance(info.value, JobTimeoutError) and info.value.ranks == [0, 1]
     where = {int(line.split()[1]): line for line in str(info.value).splitlines() if line.startswith("  rank ")}
     # Rank 0 waits inside Horovod's allreduce; rank 1 never left its own code (the sleep).
     assert "allreduce" in where[0] and "stall_rank_one" in where[0]
