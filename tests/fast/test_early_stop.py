@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from hvd_spark._internal.data.stops import early_stop, stopped_model, write_end_record
+from hvd_spark._internal.data.stops import early_stop, ended_model, write_end_record
 from hvd_spark._internal.data.store import Store, end_record_path, remove_checkpoints_after
 from hvd_spark._internal.ml import plan
 from hvd_spark._internal.ml.backend import InProcessBackend
@@ -46,7 +46,7 @@ def test_a_restart_after_an_early_stop_trains_no_more(store, caplog):
     assert len(trained.results[0]["epoch_logs"]) == 3 and trained.results[0]["stopped"]["by"] == "EarlyStopping"
     # no end record (the fit failed before its model): the epoch's checkpoint, said so
     assert store.files.read_bytes(store.model_path("r1", "fit-test")) == b"weights after epoch 3"
-    assert "stopped early at epoch 3" in caplog.text and "the fit ended before writing it" in caplog.text
+    assert "ended at epoch 3" in caplog.text and "the fit ended before writing it" in caplog.text
 
 
 def test_a_resize_asked_for_at_the_stop_trains_no_more(store):
@@ -87,14 +87,14 @@ def test_the_end_record_is_checked_and_a_damaged_one_falls_back_to_the_checkpoin
     ckpt = store.checkpoints("r1")[-1]
     assert early_stop(store, ckpt)["by"] == "EarlyStopping"
     assert early_stop(store, store.checkpoints("r1")[0]) is None
-    assert stopped_model(store, "r1", ckpt) == store.model_path("r1", "fit-test")
+    assert ended_model(store, "r1", ckpt, stopped=True) == store.model_path("r1", "fit-test")
     store.files.write_bytes(store.model_path("r1", "fit-test"), b"another model of another size")
     with caplog.at_level(logging.WARNING, logger="hvd_spark"):
-        assert stopped_model(store, "r1", ckpt) == ckpt.model_path
+        assert ended_model(store, "r1", ckpt, stopped=True) == ckpt.model_path
     assert "holds 29 bytes, 11 were written" in caplog.text
     write_end_record(store, "r1", 2, store.model_path("r1", "fit-2"), tmp_local(b"m"))
     store.files.write_bytes(store.model_path("r1", "fit-2"), b"m")
-    assert stopped_model(store, "r1", ckpt) == store.model_path("r1", "fit-2")
+    assert ended_model(store, "r1", ckpt, stopped=True) == store.model_path("r1", "fit-2")
 
 
 def test_removing_checkpoints_after_one_removes_their_end_records(store):

@@ -86,9 +86,8 @@ class EpochWriter:
         result = {"rank": me.rank, "weights_digest": "same", "size": me.size}
         if me.rank == 0:
             store.files.write_bytes(cfg.final_model, b"final model")
-            if self.stop is not None and cfg.initial_epoch < self.stop <= cfg.epochs:  # rank/train.py's end record
-                local = tmp_local(b"final model")
-                write_end_record(store, cfg.run_id, self.stop, cfg.final_model, local)
+            end = self.stop if self.stop is not None and cfg.initial_epoch < self.stop <= cfg.epochs else cfg.epochs
+            write_end_record(store, cfg.run_id, end, cfg.final_model, tmp_local(b"final model"))  # rank/train.py's
             result["epoch_logs"] = history
         return result
 
@@ -302,7 +301,7 @@ def test_a_finished_run_is_detected_and_not_retrained(store):
     assert p.finished(3) and p.finished(2) and not p.finished(4)
     # the model a finished run returns: the asked epoch's checkpoint, never rewritten
     assert plan.model_path_of(store, p, 2).endswith("checkpoints/epoch-0002.keras")
-    assert plan.model_path_of(store, p, 3) == p.resume.model_path
+    assert plan.model_path_of(store, p, 3) == store.model_path("r1", "fit-test")  # what the fit returned
     assert plan.model_path_of(store, p, 4) == store.model_path("r1", p.fit_id)
     writer = EpochWriter()
     trained, backend = _train(store, "r1", 3, writer)

@@ -168,6 +168,8 @@ class RunConfig:
     model_bytes: bytes | None = None  # the user's model as a .keras file, when not resuming
     resume_step: int = 0  # steps of epoch initial_epoch + 1 the resumed commit holds (0: an epoch end)
     resume_cursor: dict | None = None  # that commit's data cursor (dataplan.Cursor.to_json())
+    # the user's stateful callbacks as that checkpoint recorded them (rank/carried.py's capture)
+    callback_states: tuple | None = None
 
 
 def history_from(logs_per_epoch: list[dict[str, float]]) -> dict[str, list[float]]:

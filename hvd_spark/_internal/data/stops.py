@@ -1,8 +1,10 @@
-"""An early stop as part of a run's state. When EarlyStopping, TerminateOnNaN or a user's
+"""How a run ended, as part of its state. When EarlyStopping, TerminateOnNaN or a user's
 ``model.stop_training`` ends training, rank 0 records the stop with that epoch's checkpoint (its JSON's
-``stopped``) and, once the fit's model is uploaded, an end record naming it
-(``checkpoints/epoch-NNNN-end.json``). A restart, a resize or a later fit of the run that finds the stop
-trains no further and returns that model (``ml/controller.py``, ``ml/plan.py``)."""
+``stopped``). Once a fit that trained to its end (its epochs, or the stop) uploaded its model, rank 0
+writes an end record naming it (``checkpoints/epoch-NNNN-end.json``): the model as the callbacks left it
+at the end of training (EarlyStopping's restored best weights, ``checkpoint_callback``'s best), which
+differs from the epoch's checkpoint. A restart, a resize or a later fit that finds the stop trains no
+further, and a later fit of the finished run returns that model (``ml/controller.py``, ``ml/plan.py``)."""
 
 import logging
 import posixpath
@@ -24,17 +26,17 @@ def early_stop(store: Store, ckpt: Checkpoint | None) -> dict[str, Any] | None:
 
 
 def write_end_record(store: Store, run_id: str, epoch: int, model_path: str, local: str) -> None:
-    """Rank 0, after a fit stopped early at ``epoch`` uploaded its model (``local``, now at
+    """Rank 0, after a fit that trained to its end at ``epoch`` uploaded its model (``local``, now at
     ``model_path``: the callbacks' choice at the end of training, e.g. EarlyStopping's restored best
     weights): the record that makes later attempts and fits of the run return that model."""
     rel = posixpath.relpath(model_path, store.run_path(run_id))
     store.files.write_json(end_record_path(store, run_id, epoch), dict(epoch=epoch, model=rel, **file_digest(local)))
 
 
-def stopped_model(store: Store, run_id: str, ckpt: Checkpoint) -> str:
-    """The model a run stopped early at ``ckpt`` ends with: the one its end record names, when whole;
-    else (the fit failed between the checkpoint and its model, or the file is damaged) the
-    checkpoint's own model, with a warning."""
+def ended_model(store: Store, run_id: str, ckpt: Checkpoint, *, stopped: bool) -> str:
+    """The model a run that ended at ``ckpt`` (its last epoch, or its early stop) returns: the one its
+    end record names, when whole; else (a run of an earlier version, a fit that failed between the
+    checkpoint and its model, a damaged file) the checkpoint's own model, with a warning for a stop."""
     path = end_record_path(store, run_id, ckpt.epoch)
     try:
         rel = store.files.read_json(path).get("model")
@@ -48,13 +50,29 @@ def stopped_model(store: Store, run_id: str, ckpt: Checkpoint) -> str:
         damage = checkpoint_damage(store, Checkpoint(ckpt.epoch, model, path), deep=True)
         if damage is None:
             return model
-    logger.warning(
-        "run '%s' stopped early at epoch %d; the model it ended with is not available (%s in %s): "
-        "returning the epoch's checkpoint (without the callbacks' changes at the end of training, "
-        "e.g. EarlyStopping's restore_best_weights)",
+    best = _best_checkpoint(store, run_id, ckpt)
+    (logger.warning if stopped else logger.info)(
+        "run '%s' ended at epoch %d; the model its fit returned is not available (%s in %s): returning %s",
         run_id,
         ckpt.epoch,
         damage,
         posixpath.basename(path),
+        f"the checkpoint of EarlyStopping's best epoch, {best.epoch}, as restore_best_weights does"
+        if best is not None
+        else "the epoch's checkpoint (without the callbacks' changes at the end of training)",
     )
-    return ckpt.model_path
+    return best.model_path if best is not None else ckpt.model_path
+
+
+def _best_checkpoint(store: Store, run_id: str, ckpt: Checkpoint) -> Checkpoint | None:
+    """The checkpoint whose weights an EarlyStopping with ``restore_best_weights`` restores at the end of
+    training (its ``best_epoch``, recorded with ``ckpt``: rank/carried.py), when whole; else None."""
+    records = store.files.read_json(ckpt.meta_path).get("callbacks") or ()
+    for record in records:
+        state = (record or {}).get("state") or {}
+        if state.get("restore_best_weights") and state.get("best") is not None:
+            epoch = int(state.get("best_epoch") or 0) + 1
+            found = [c for c in store.checkpoints(run_id) if c.epoch == epoch and not c.step]
+            if found and checkpoint_damage(store, found[0], deep=True) is None:
+                return found[0]
+    return None

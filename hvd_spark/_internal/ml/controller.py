@@ -19,7 +19,7 @@ from typing import Any
 from hvd_spark._internal.common.contracts import Recovery, RunConfig
 from hvd_spark._internal.common.restarts import RESTARTABLE
 from hvd_spark._internal.data.leases import Lease
-from hvd_spark._internal.data.stops import stopped_model
+from hvd_spark._internal.data.stops import ended_model
 from hvd_spark._internal.data.store import Checkpoint, Store
 from hvd_spark._internal.ml.policies import (
     Elastic,
@@ -177,7 +177,7 @@ class FitJob:
         if resume is not None and (resume.epoch >= cfg.epochs or self._stop):
             # The attempt before had finished training (all its epochs, or stopped early by its callbacks:
             # the run's stop); only the final model was missing.
-            source = stopped_model(self.store, cfg.run_id, resume) if self._stop else resume.model_path
+            source = ended_model(self.store, cfg.run_id, resume, stopped=True) if self._stop else resume.model_path
             if self._stop:
                 logger.info(
                     "%s was stopped at %s by %s: no more training", self.label, resume.position, self._stop.get("by")
@@ -205,6 +205,7 @@ class FitJob:
             model_bytes=None if resume else self._cached_model,
             resume_step=resume.step if resume else 0,
             resume_cursor=meta.get("cursor") if resume else None,
+            callback_states=tuple(meta["callbacks"]) if resume and meta.get("callbacks") else None,
         )
         return cfg, resume
 

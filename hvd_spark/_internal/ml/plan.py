@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from hvd_spark._internal.data.stops import stopped_model
+from hvd_spark._internal.data.stops import ended_model
 from hvd_spark._internal.data.store import Checkpoint, Store, checkpoint_damage, epoch_checkpoints
 from hvd_spark._internal.ml.model_info import architecture_diff
 
@@ -114,12 +114,13 @@ def plan_resume(
 
 
 def model_path_of(store: Store, plan: ResumePlan, epochs: int) -> str:
-    """Where the model a fit returns lives: its own file, or for a finished run the checkpoint of the
-    asked epoch (never rewritten; the latest one when that epoch's is gone)."""
+    """Where the model a fit returns lives: its own file, or for a finished run the model the fit that
+    ended it returned (its end record: data/stops.py), or for fewer epochs the checkpoint of the asked
+    epoch (never rewritten; the latest one when that epoch's is gone)."""
     if plan.finished(epochs):
         assert plan.resume is not None
-        if plan.stopped is not None and epochs >= plan.resume.epoch:  # what the stopped fit returned
-            return stopped_model(store, plan.run_id, plan.resume)
+        if epochs >= plan.resume.epoch and not plan.resume.step:  # the model the fit that ended the run returned
+            return ended_model(store, plan.run_id, plan.resume, stopped=plan.stopped is not None)
         at_epoch = {ck.epoch: ck for ck in epoch_checkpoints(store, plan.run_id)}
         asked = at_epoch.get(epochs)
         damage = checkpoint_damage(store, asked, deep=True) if asked is not None else "it is gone"

@@ -162,8 +162,10 @@ class CheckpointCallback(keras.callbacks.Callback):
         every_seconds: float | None = None,
         step_multiple: int = 1,
         stop_reason: Callable[[int, dict], str] | None = None,
+        callback_states: Callable[[], list] | None = None,
     ):
         super().__init__()
+        self.callback_states = callback_states  # the user's stateful callbacks' state (rank/carried.py)
         self.stop_reason = stop_reason  # which callback stopped training at an epoch (recorded with its checkpoint)
         self.stopped: dict[str, Any] | None = None  # the early stop this fit recorded
         self.store, self.run_id, self.tmp = store, run_id, tmp
@@ -217,6 +219,8 @@ class CheckpointCallback(keras.callbacks.Callback):
             meta = dict(
                 meta, epoch=epoch, step=step, iterations=int(self.model.optimizer.iterations.numpy()), **written
             )
+            if self.callback_states is not None:
+                meta["callbacks"] = self.callback_states()
             self.store.files.write_json(f"{ckpt_dir}/{meta_name}", dict(meta, time=time.time()))
             os.remove(local)
             remove_commits_before(self.store, self.run_id, epoch, step)

@@ -68,6 +68,30 @@ def build_model(cfg: RunConfig, custom_objects):
     return model
 
 
+def checkpoint_weights(cfg: RunConfig, custom_objects, epoch: int) -> list | None:
+    """The weights of the run's checkpoint after ``epoch`` epochs (EarlyStopping's best weights after a
+    restart or resize: rank/carried.py); None, with a warning, when it is gone."""
+    from hvd_spark._internal.common.serde import load_model_file
+    from hvd_spark._internal.data.store import Store, checkpoint_names
+
+    store = Store.from_config(cfg.store)
+    path = f"{store.checkpoints_path(cfg.run_id)}/{checkpoint_names(epoch)[0]}"
+    if not store.files.exists(path):
+        logger.warning(
+            "the checkpoint of epoch %d is gone: EarlyStopping(restore_best_weights=True) restores the best "
+            "weights of the epochs from here on only",
+            epoch,
+        )
+        return None
+    model = store.files.retrying(
+        f"loading the checkpoint {store.files.rel(path)}",
+        lambda: load_model_file(
+            store.files.url(path), custom_objects, compile=False, storage_options=store.storage_options
+        ),
+    )
+    return model.get_weights()
+
+
 def _compile_config(model, custom_objects) -> dict:
     """``compile``'s arguments as the model was compiled (all of them but ``auto_scale_loss``, which
     Keras does not keep), with the loaded optimizer itself (its state) in place of its config."""

@@ -17,6 +17,7 @@ import keras
 from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.contracts import RunConfig
 from hvd_spark._internal.common.events import busy
+from hvd_spark._internal.rank.carried import CarriedState, capture
 from hvd_spark._internal.rank.fit_callbacks import (
     CheckpointCallback,
     FirstStep,
@@ -26,7 +27,7 @@ from hvd_spark._internal.rank.fit_callbacks import (
     tensorboard,
 )
 from hvd_spark._internal.rank.inputs import maybe_val, source_errors, train_data, user_transformation, val_batches
-from hvd_spark._internal.rank.model import build_model, weights_digest
+from hvd_spark._internal.rank.model import build_model, checkpoint_weights, weights_digest
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +138,10 @@ def train(cfg: RunConfig) -> dict:
                 callbacks.append(
                     ExactValidationCallback(val_ds, steps, [ticks], batches=batches, freq=cfg.validation_freq)
                 )
-            callbacks += user_callbacks
+            carried = CarriedState(
+                all_user_callbacks, cfg.callback_states, lambda e: checkpoint_weights(cfg, custom_objects, e)
+            )
+            callbacks += [carried.guard, *user_callbacks, carried]  # their state across attempts and fit calls
             callbacks.append(StopAgreementCallback(step_stops))  # any rank's stop stops all
             if rank == 0:  # after the user's callbacks: what they wrote this epoch
                 callbacks.append(OutputsSync(store, outputs, store.outputs_path(cfg.run_id)))
@@ -155,6 +159,7 @@ def train(cfg: RunConfig) -> dict:
                     every_seconds=cfg.checkpoint_seconds,
                     step_multiple=cfg.backward_passes_per_step,
                     stop_reason=stop_reason(all_user_callbacks),
+                    callback_states=lambda: capture(all_user_callbacks),
                 )
                 callbacks.append(ckpt_cb)
                 best = best_checkpoint(cfg, tmp)
@@ -173,6 +178,7 @@ def train(cfg: RunConfig) -> dict:
             t0 = time.time()
             start_iterations = int(model.optimizer.iterations.numpy())
             for seg in segments:
+                carried.final = seg is segments[-1]
                 if ckpt_cb is not None:
                     ckpt_cb.segment = seg
                 with train_data(cfg, rank, data, seg, data_kw) as train_ds, source_errors():
@@ -219,10 +225,10 @@ def train(cfg: RunConfig) -> dict:
                 if final != best_file:
                     save_model_file(model, final)
                 store.files.upload_file(final, cfg.final_model)
-                if ckpt_cb.stopped is not None:  # later attempts and fits of the run return this model
-                    from hvd_spark._internal.data.stops import write_end_record
+                from hvd_spark._internal.data.stops import write_end_record
 
-                    write_end_record(store, cfg.run_id, ckpt_cb.stopped["epoch"], cfg.final_model, final)
+                end = ckpt_cb.stopped["epoch"] if ckpt_cb.stopped is not None else len(ckpt_cb.history)
+                write_end_record(store, cfg.run_id, end, cfg.final_model, final)  # what later fits of the run return
             result["epoch_logs"] = ckpt_cb.history
             result["stopped"] = ckpt_cb.stopped
         return result
