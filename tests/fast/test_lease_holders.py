@@ -80,7 +80,7 @@ def test_a_data_lease_whose_holder_died_on_this_host_is_not_live(tmp_path):
 
 
 def _doc(**changes):
-    doc = dict(leases._holder(), heartbeat=time.time(), token="t")
+    doc = dict(leases.holder_record(), heartbeat=time.time(), token="t")
     doc.update(changes)
     return doc
 
@@ -90,13 +90,13 @@ def test_which_holders_are_judged_by_their_process():
     gone.wait(timeout=30)
     assert not leases.holder_gone(_doc())  # this process
     assert leases.holder_gone(_doc(pid=gone.pid))  # dead here
-    if leases._pid_started(os.getpid()) is not None:  # a pid reused by a later process (Linux)
+    if leases.pid_started_at(os.getpid()) is not None:  # a pid reused by a later process (Linux)
         assert leases.holder_gone(_doc(pid_started="1"))
     # Not known to be gone: the heartbeat decides.
     assert not leases.holder_gone(_doc(pid=gone.pid, host="elsewhere"))
     assert not leases.holder_gone(_doc(pid=gone.pid, pidns="pid:[1]"))  # another container, same host name
     assert not leases.holder_gone(_doc(pid=gone.pid, boot="another-boot"))
-    assert not leases.holder_gone({"host": leases._holder()["host"], "pid": gone.pid, "heartbeat": time.time()})
+    assert not leases.holder_gone({"host": leases.holder_record()["host"], "pid": gone.pid, "heartbeat": time.time()})
 
 
 def test_a_fresh_lease_of_another_host_keeps_the_heartbeat_rule(tmp_path):
@@ -110,4 +110,4 @@ def test_a_fresh_lease_of_another_host_keeps_the_heartbeat_rule(tmp_path):
             pass
     store.files.write_json(path, _doc(pid=gone.pid, host="elsewhere", heartbeat=time.time() - 61))
     with leases.exclusive_lease(store.files, path, heartbeat=1, stale=60):
-        assert store.files.read_json(path)["host"] == leases._holder()["host"]
+        assert store.files.read_json(path)["host"] == leases.holder_record()["host"]

@@ -9,7 +9,7 @@ Two kinds:
   run at a time), taken over once its holder stopped beating.
 
 :func:`live_leases` reads them: a lease whose heartbeat is older than its staleness is a holder that
-died. A lease records its holder's process too (:func:`_holder`: host, boot, pid namespace, pid and the
+died. A lease records its holder's process too (:func:`holder_record`: host, boot, pid namespace, pid and the
 process's start time): on the holder's own host (same boot and pid namespace), a lease whose process
 is gone (its pid dead, or reused by a later process) is dead at once, whatever its heartbeat's age
 (:func:`holder_gone`). Every read and write goes through the store's files (``data/files.py``), under
@@ -44,7 +44,7 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _pid_started(pid: int) -> str | None:
+def pid_started_at(pid: int) -> str | None:
     """The start time of process ``pid`` (clock ticks after boot, from ``/proc/<pid>/stat``), or None
     (no such process, or no ``/proc``)."""
     stat = _read(f"/proc/{pid}/stat")
@@ -61,7 +61,7 @@ def _pid_namespace() -> str | None:
         return None
 
 
-def _holder() -> dict[str, Any]:
+def holder_record() -> dict[str, Any]:
     """This process as a lease records it. ``boot`` and ``pidns`` tell this host's processes from
     those of another container with the same host name (another pid namespace) or of a reboot."""
     pid = os.getpid()
@@ -70,7 +70,7 @@ def _holder() -> dict[str, Any]:
         "pid": pid,
         "boot": _read("/proc/sys/kernel/random/boot_id"),
         "pidns": _pid_namespace(),
-        "pid_started": _pid_started(pid),
+        "pid_started": pid_started_at(pid),
     }
 
 
@@ -78,14 +78,14 @@ def holder_gone(doc: dict[str, Any]) -> bool:
     """Whether the process that holds the lease ``doc`` is known to be gone: it ran on this host (the
     same host name, boot and pid namespace) and its pid is dead, or now belongs to a process started
     later. A lease from another host, or one that does not say, is judged by its heartbeat only."""
-    here = _holder()
+    here = holder_record()
     if any(doc.get(k) is None or doc.get(k) != here[k] for k in ("host", "boot", "pidns")):
         return False
     try:
         pid = int(doc["pid"])
     except (KeyError, TypeError, ValueError):
         return False
-    started = _pid_started(pid)
+    started = pid_started_at(pid)
     if started is None:
         try:
             os.kill(pid, 0)
@@ -131,7 +131,7 @@ def lease(files: StoreFiles, path: str, heartbeat: float, **info):
     Others read it with :func:`live_leases` to tell a writer in progress from one that died
     (whose heartbeat stops).
     """
-    doc = dict(info, **_holder(), started=time.time())
+    doc = dict(info, **holder_record(), started=time.time())
 
     def beat() -> bool:
         with contextlib.suppress(Exception), retry.at_most(heartbeat):  # a missed one: the next retries
@@ -182,7 +182,7 @@ def exclusive_lease(files: StoreFiles, path: str, heartbeat: float, stale: float
     over after a long stall) never removes its successor's.
     """
     token = uuid.uuid4().hex
-    doc = dict(info, **_holder(), started=time.time(), token=token)
+    doc = dict(info, **holder_record(), started=time.time(), token=token)
 
     def current() -> dict[str, Any] | None:
         try:
