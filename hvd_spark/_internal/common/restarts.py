@@ -11,6 +11,9 @@ RESTARTABLE = (RankFailedError, LaunchError, JobTimeoutError)
 # Failure types that mean a rank's host (or its executor) went away, not that the rank's code failed.
 LOST_HOST_TYPES = (TASK_LOST, HOST_UNREACHABLE)
 
+# A rank's errors that another attempt would meet again: a file of the data changed, or damaged.
+_READS_THE_SAME = ("DataChangedError", "DamagedFileError")
+
 
 def should_restart(error: BaseException, restarts_so_far: int, max_restarts: int) -> bool:
     """Whether the fit starts another training attempt after ``error``.
@@ -20,6 +23,6 @@ def should_restart(error: BaseException, restarts_so_far: int, max_restarts: int
         restarts_so_far: attempts already restarted in this fit.
         max_restarts: the estimator's ``max_restarts`` (0: never).
     """
-    if isinstance(error, RankFailedError) and error.exc_type.rsplit(".", 1)[-1] == "DataChangedError":
-        return False  # the table changed under the fit: another attempt would read the changed files too
+    if isinstance(error, RankFailedError) and error.exc_type.rsplit(".", 1)[-1] in _READS_THE_SAME:
+        return False  # a file changed or damaged under the fit: another attempt would read the same bytes
     return isinstance(error, RESTARTABLE) and restarts_so_far < max_restarts

@@ -305,7 +305,7 @@ def materialize(data: FitInput, c: Checked, plan: plan_mod.ResumePlan, ident: Id
             )
         except inplace.NotReadableInPlace as e:
             if c.p.materialize == "never" or data.given:
-                raise ValueError(f"The table cannot be read in place: {e}.") from None
+                raise ValueError(f"The table cannot be read in place: {str(e).rstrip('.')}.") from None
             logger.warning("copying the data to the store: it cannot be read in place because %s", e)
             c = dataclasses.replace(c, source=None, copy_reason=str(e))
             ident = _identify(data, c)
