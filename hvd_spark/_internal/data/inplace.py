@@ -236,7 +236,13 @@ def check_first_file(source: sources.TableSource, url: str) -> None:
     import pyarrow.parquet as pq
 
     with fs.open(path, "rb") as f:
-        sources.check_file_schema(source, url, pq.ParquetFile(f).schema_arrow)
+        try:
+            schema = pq.ParquetFile(f).schema_arrow
+        except Exception as e:
+            if sources.undecodable(e):
+                raise sources.damaged_file(url, "its footer", e) from e
+            raise
+        sources.check_file_schema(source, url, schema)
 
 
 def table_key(files: Sequence[str], source: sources.TableSource) -> str:
