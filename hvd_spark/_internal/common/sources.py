@@ -162,21 +162,16 @@ def undecodable(error: BaseException) -> bool:
     return any(c.__name__ in ("ArrowInvalid", "ArrowSerializationError") for c in type(error).__mro__)
 
 
-def damaged_file(url: str, where: str, error: BaseException, listed: bool = True) -> DamagedFileError:
+def damaged_file(url: str, where: str, error: BaseException) -> DamagedFileError:
     """The error of a file that does not decode (:func:`undecodable`): one short line naming the file
     (without credentials) and ``where`` in it (``"row group 3"``), the reader's error, what to do."""
     from hvd_spark._internal.common.secrets import url_without_credentials
 
-    cause = " ".join(str(error).split())[:200]
-    why = (
-        "It still has the size and modification time the fit listed, so its bytes were damaged in place or it "
-        "was written badly"
-        if listed
-        else "It is damaged"
-    )
+    cause = "".join(c if c.isprintable() else " " for c in " ".join(str(error).split()))[:200].strip().rstrip(".")
     return DamagedFileError(
-        f"{url_without_credentials(url)} ({where}) cannot be decoded: {type(error).__name__}: {cause}. {why}: "
-        "rewrite it (or remove it from the table) and fit again."
+        f"{url_without_credentials(url)} ({where}) cannot be decoded: {type(error).__name__}: {cause}. The file is "
+        "damaged or was written badly (its size and modification time do not show it): rewrite it (or remove it "
+        "from the table) and fit again."
     )
 
 

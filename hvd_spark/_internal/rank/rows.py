@@ -166,7 +166,7 @@ class ParquetSet:
         except Exception as e:
             if sources.undecodable(e):
                 where = f"row group {unit.group}"
-                raise sources.damaged_file(self.files[unit.file], where, e, self.source is not None) from e
+                raise sources.damaged_file(self.files[unit.file], where, e) from e
             raise
 
     def _decode_unit(self, unit, names: Sequence[str]) -> dict[str, np.ndarray]:
