@@ -4,8 +4,10 @@ from collections.abc import Callable
 from typing import Any
 
 from hvd_spark._internal.driver.launcher import launch
+from hvd_spark._internal.driver.signals import ends_on_sigterm
 
 
+@ends_on_sigterm("hvd_spark.run")  # SIGTERM: the cancel's clean-up, then the process ends (driver/signals.py)
 def run(
     fn: Callable,
     args=(),

@@ -16,6 +16,13 @@ class DataChangedError(HvdSparkError):
     half-old, half-new data. Never restarted: fit again to train on the table as it is now."""
 
 
+class DamagedFileError(HvdSparkError):
+    """A rank could not decode a Parquet file of its training data (a table read in place, or the store's
+    copy) although the file still has the size and modification time the fit listed: its bytes were
+    damaged in place (a disk or copy fault, a restored backup) or it was written badly. The message's
+    first line names the file and the row group. Never restarted: another attempt reads the same bytes."""
+
+
 class StoreUnavailableError(HvdSparkError):
     """An operation on the store kept failing with transient errors (connection refused or reset,
     timeouts, 5xx answers, throttling) for longer than the retry window (``store_retry_window``).

@@ -1,14 +1,16 @@
 """Faults that break things for real: a rank that stalls (SIGSTOP of its process, a
 collective that one rank never joins) is found by the stall watchdog, reported with its host and
 where each rank was, and then restarted from the last checkpoint or failed; crash points: a rank
-dying between a checkpoint's model file and its JSON, and the driver killed (kill -9) mid-fit; a
-store too small for the data's copy (a 2 MB tmpfs) and a user's UDF failing in the copy, whose
-errors' first lines name what hvd_spark was doing and the root cause."""
+dying between a checkpoint's model file and its JSON, and the driver killed (kill -9) mid-fit (the
+next fit takes its run over at once: its process is gone); a store too small for the data's copy
+(a 2 MB tmpfs) and a user's UDF failing in the copy, whose errors' first lines name what hvd_spark
+was doing and the root cause."""
 
 import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -156,7 +158,7 @@ from _helpers import xor_estimator, xor_frame
 
 spark = hvd_spark.local_session("local[2]", app_name="driver-to-kill")
 spark.sparkContext.setLogLevel("ERROR")
-xor_estimator({store!r}, epochs=500, run_id="killed", verbose=0).fit(xor_frame(spark, 2048))
+xor_estimator({store!r}, epochs=500, run_id={run_id!r}, verbose=0).fit(xor_frame(spark, 2048))
 """
 
 
@@ -176,50 +178,82 @@ def _job_processes(root: int) -> dict[int, str]:
     return found
 
 
-def test_a_driver_killed_mid_fit_leaves_no_process_and_its_run_resumes(spark, tmp_path, monkeypatch, caplog):
-    store = str(tmp_path / "store")
+def _driver_stopped_mid_fit(store: str, run_id: str, script, sig: int) -> tuple[subprocess.Popen, int, float]:
+    """A driver process fitting ``run_id`` on ``local[2]``, sent ``sig`` once it wrote 2 checkpoints; returns
+    once it and every process of its job ended: the driver, how many of those there were, and the seconds
+    from the signal to the driver's exit."""
     before = set(_job_processes(os.getpid()))
-    script = tmp_path / "driver.py"
-    script.write_text(_DRIVER.format(tests=os.path.dirname(__file__), store=store))
+    script.write_text(_DRIVER.format(tests=os.path.dirname(__file__), store=store, run_id=run_id))
     driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
-        while len(Store(store).checkpoints("killed")) < 2:
-            assert driver.poll() is None, "the driver ended before it was killed"
+        while len(Store(store).checkpoints(run_id)) < 2:
+            assert driver.poll() is None, "the driver ended before it was signalled"
             assert time.monotonic() < deadline, "the fit made no checkpoint in 300 s"
             time.sleep(0.5)
         job = {pid: cmd for pid, cmd in _job_processes(driver.pid).items() if pid not in before}
         assert any("hvd_spark._internal" in cmd or "rank" in cmd for cmd in job.values())  # ranks were running
-        driver.kill()  # kill -9 of the driver process
-        driver.wait()
-        t_kill = time.monotonic()
+        t_signal = time.monotonic()
+        driver.send_signal(sig)
+        driver.wait(timeout=120)
+        exited = time.monotonic() - t_signal
         while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in job):
-            if time.monotonic() - t_kill > 120:
+            if time.monotonic() - t_signal > 120:
                 break
             time.sleep(0.5)
         left = {pid: cmd for pid, cmd in job.items() if psutil.pid_exists(pid)}
         left = {pid: cmd for pid, cmd in left.items() if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
-        assert not left, f"processes of the killed driver's job still alive 120 s later: {left}"
+        assert not left, f"processes of the stopped driver's job still alive 120 s after {sig!r}: {left}"
         print(
-            f"all {len(job)} processes of the killed driver's job gone {time.monotonic() - t_kill:.1f} s after kill -9"
+            f"{sig!r}: the driver exited {exited:.1f} s after it, all {len(job)} processes of its job gone "
+            f"{time.monotonic() - t_signal:.1f} s after it"
         )
+        return driver, len(job), exited
     finally:
         if driver.poll() is None:
             driver.kill()
-    # The killed driver's lease on the run is still fresh: a new fit is refused, naming it...
+
+
+def test_a_driver_killed_mid_fit_leaves_no_process_and_its_run_resumes(spark, tmp_path, caplog):
+    store = str(tmp_path / "store")
+    driver, _, _ = _driver_stopped_mid_fit(store, "killed", tmp_path / "driver.py", signal.SIGKILL)
+    # The killed driver's lease on the run is still fresh, but its process is gone from this host: the
+    # next fit takes the run over at once (issue 47.4; it was refused until the lease's 60 s expired)
+    # and resumes where the killed fit left it.
     done = len(Store(store).checkpoints("killed"))
-    with pytest.raises(hvd_spark.RunInUseError, match=f"pid {driver.pid}"):
-        xor_estimator(store, epochs=done + 1, run_id="killed", verbose=0).fit(xor_frame(spark, 2048))
-    # ...until it expires (20 s here), and then the run resumes where the killed fit left it.
-    monkeypatch.setenv("HVD_SPARK_RUN_LEASE_STALE", "20")
-    lease = os.path.join(store, "runs", "killed", "_writer.json")
-    while time.time() - float(json.load(open(lease))["heartbeat"]) < 21:
-        time.sleep(1)
+    lease = json.load(open(os.path.join(store, "runs", "killed", "_writer.json")))
+    assert lease["pid"] == driver.pid and time.time() - float(lease["heartbeat"]) < 60
     with caplog.at_level(logging.INFO, logger="hvd_spark"):
         model = xor_estimator(store, epochs=done + 1, run_id="killed", verbose=0).fit(xor_frame(spark, 2048))
+    assert f"(pid {driver.pid}): its process is gone from this host" in caplog.text
     assert f"resuming run 'killed' from epoch {done} of {done + 1}" in caplog.text
     assert len(model.getHistory()["loss"]) == done + 1
     assert [c.epoch for c in Store(store).checkpoints("killed")] == list(range(1, done + 2))
+
+
+def test_a_driver_stopped_with_sigterm_cleans_up_and_the_next_fit_takes_the_run_over_at_once(spark, tmp_path, caplog):
+    """SIGTERM (what YARN, Kubernetes and spot reclaims send first) ends the fit as a cancel does: its ranks
+    stop, its leases (the run's, the data's reading lease) are released and its temporary data removed
+    before the process exits with SIGTERM's status (issue 47.4: it left its lease, and the next driver was
+    refused 22 times over 60.8 s)."""
+    store = str(tmp_path / "store")
+    driver, _, _ = _driver_stopped_mid_fit(store, "termed", tmp_path / "driver.py", signal.SIGTERM)
+    assert driver.returncode == -signal.SIGTERM  # the usual status (a shell's 143)
+    leases = [
+        os.path.relpath(os.path.join(root, name), store)
+        for root, _, names in os.walk(store)
+        for name in names
+        if name.startswith(("_writer", "_reading-", "_writing-"))
+    ]
+    assert leases == [], f"leases left by the driver stopped with SIGTERM: {leases}"
+    done = len(Store(store).checkpoints("termed"))
+    t0 = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="hvd_spark"):
+        model = xor_estimator(store, epochs=done + 1, run_id="termed", verbose=0).fit(xor_frame(spark, 2048))
+    print(f"the next fit of the run took it over at once and finished in {time.monotonic() - t0:.1f} s")
+    assert "taking over" not in caplog.text  # nothing was left to take over
+    assert f"resuming run 'termed' from epoch {done} of {done + 1}" in caplog.text
+    assert len(model.getHistory()["loss"]) == done + 1
 
 
 @pytest.fixture

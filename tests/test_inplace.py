@@ -426,3 +426,87 @@ def test_the_portable_query_names_the_whole_computation(spark, tmp_path):
     assert not data_identity(src.select(plus("c0"))).portable  # a UDF prints its name only
     assert not data_identity(spark.read.csv(str(tmp_path / "csv"), header=True)).portable  # options unprinted
     assert not data_identity(spark.createDataFrame([(1,)], "a int")).portable
+
+
+def _integer_table(spark, path, n=600):
+    """An xor-like table of integer columns (``a``, ``b``, the label ``y``): its footers give every
+    statistic, so the scan reads no row group and only the ranks decode the pages."""
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(-5, 5, n).astype("int32"), rng.integers(-5, 5, n).astype("int32")
+    pdf = pd.DataFrame({"a": a, "b": b, "y": ((a * b) > 0).astype("int32")})
+    spark.createDataFrame(pdf, "a int, b int, y int").repartition(2).write.parquet(str(path))
+    return sorted(str(p) for p in path.glob("part-*.parquet"))
+
+
+def _garbage(path, footer: bool) -> None:
+    """Random bytes over the file's pages (``footer``: over its footer's metadata instead), its size and
+    modification time put back, so that every identity check passes (a file copied back from a damaged
+    disk: no checksum file beside it)."""
+    import struct
+
+    st = os.stat(path)
+    with open(path, "rb") as f:
+        f.seek(st.st_size - 8)
+        footer_len = struct.unpack("<i", f.read(4))[0]
+    start = st.st_size - 8 - footer_len
+    where, size = (start + 4, footer_len - 8) if footer else (4, start - 4)
+    with open(path, "r+b") as f:
+        f.seek(where)
+        f.write(np.random.default_rng(0).bytes(size))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size
+    crc = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.crc")
+    if os.path.exists(crc):  # Hadoop's local filesystem would find the damage by its checksum file
+        os.remove(crc)
+
+
+def test_a_damaged_footer_of_a_table_read_in_place_is_named(spark, tmp_path):
+    """Issue 47.4: a footer that does not decode (its size and modification time put back) refuses the fit
+    with materialize="never" before training, naming the file (before: "... cannot be read in place because
+    OSError: Couldn't deserialize thrift: ..." without it)."""
+    files = _integer_table(spark, tmp_path / "t")
+    _garbage(files[1], footer=True)
+    est = xor_estimator(tmp_path / "store", feature_cols=["a", "b"], epochs=1, materialize="never", verbose=0)
+    with pytest.raises(ValueError) as refused:
+        est.fit(spark.read.parquet(str(tmp_path / "t")))
+    first = str(refused.value).splitlines()[0]
+    print(f"damaged footer, materialize='never': {first}")
+    assert "cannot be read in place" in first and os.path.basename(files[1]) in first
+
+
+def test_damaged_pages_of_a_table_read_in_place_are_named_and_not_retried(spark, tmp_path):
+    """Issue 47.4: pages that do not decode (the footer intact, so the scan passes from the footers; the
+    file's size and modification time put back): the rank's read is neither retried as a store outage nor
+    restarted, and the error's first line names the file (before: 8,983 characters without its name)."""
+    files = _integer_table(spark, tmp_path / "u")
+    _garbage(files[0], footer=False)
+    est = xor_estimator(tmp_path / "store", feature_cols=["a", "b"], epochs=2, max_restarts=2, verbose=0)
+    logs = _Lines()
+    logging.getLogger("hvd_spark").addHandler(logs)
+    try:
+        with pytest.raises(Exception) as failed:  # noqa: PT011 - the type is checked below
+            est.fit(spark.read.parquet(str(tmp_path / "u")))
+    finally:
+        logging.getLogger("hvd_spark").removeHandler(logs)
+    text = str(failed.value)
+    first = text.splitlines()[0]
+    retried = [m for m in logs.lines if "retrying for up to" in m or "restarting" in m]
+    print(
+        f"damaged pages: {type(failed.value).__name__} of {len(text)} characters, first line of {len(first)}, "
+        f"{len(retried)} retries/restarts logged: {first}"
+    )
+    assert "DamagedFileError" in first and os.path.basename(files[0]) in first and len(first) < 600
+    assert not retried, retried
+
+
+class _Lines(logging.Handler):
+    """The log records of every level of hvd_spark's loggers (the ranks' lines included)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())

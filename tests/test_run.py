@@ -280,3 +280,62 @@ def test_elastic_run_arguments_are_checked_before_any_work(spark):
     # local[2] has two slots for good: waiting elastic_timeout for a third would be pointless
     with pytest.raises(ValueError, match=r"min_num_proc=3 is more than the 2 task slots of this local master"):
         hvd_spark.run(collectives, min_num_proc=3, max_restarts=1)
+
+
+def sleeps_after_marking(marker):
+    import pathlib
+
+    pathlib.Path(f"{marker}-{os.environ.get('HVD_SPARK_RANK', '?')}").touch()
+    time.sleep(300)
+    return "slept"
+
+
+@pytest.mark.parametrize("mark", ["group", "tag"])
+def test_cancelling_the_users_job_group_or_tag_stops_a_run(spark, tmp_path, mark):
+    """A run started on a thread under the user's job group (or job tag) stops when the user cancels that
+    group (tag): the barrier stage keeps the caller's group and tags and adds its own tag (issue 47.5:
+    the stage replaced the user's group, so cancelJobGroup missed the training). The caller's group is
+    its own again after the run."""
+    import threading
+
+    from _helpers import rank_processes
+
+    from hvd_spark import JobCancelledError
+
+    sc = spark.sparkContext
+    name = f"users-{mark}-{tmp_path.name}"
+    outcome: list = []
+    seen: dict = {}
+
+    def users_thread():
+        if mark == "group":
+            sc.setJobGroup(name, "the user's work", interruptOnCancel=False)
+        else:
+            sc.addJobTag(name)
+        try:
+            outcome.append(hvd_spark.run(sleeps_after_marking, args=(str(tmp_path / "started"),), num_proc=2))
+        except BaseException as e:  # noqa: BLE001 - checked below
+            outcome.append(e)
+        seen["group"], seen["tags"] = sc.getLocalProperty("spark.jobGroup.id"), set(sc.getJobTags())
+
+    thread = threading.Thread(target=users_thread)  # a plain thread: pinned to a JVM thread of its own
+    thread.start()
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(tmp_path.glob("started-*"))) < 2:
+            assert thread.is_alive() and time.monotonic() < deadline, f"the ranks did not start in 240 s: {outcome}"
+            time.sleep(0.2)
+        t_cancel = time.monotonic()
+        sc.cancelJobGroup(name) if mark == "group" else sc.cancelJobsWithTag(name)
+        thread.join(90)
+        stopped = time.monotonic() - t_cancel
+        assert not thread.is_alive(), f"the run went on 90 s after the user's job {mark} was cancelled"
+    finally:
+        if thread.is_alive():  # (the old behaviour) stop it for the tests after this one
+            sc.cancelAllJobs()
+            thread.join(120)
+    print(f"the run raised {stopped:.1f} s after the user's job {mark} was cancelled")
+    assert len(outcome) == 1 and isinstance(outcome[0], JobCancelledError), outcome
+    assert str(outcome[0]).splitlines()[0].startswith("the Spark job of hvd_spark.run was cancelled")
+    assert rank_processes() == []
+    assert seen == ({"group": name, "tags": set()} if mark == "group" else {"group": None, "tags": {name}})

@@ -163,6 +163,31 @@ def test_a_changed_file_is_reported_not_read(tmp_path):
         ParquetSet([path], source=source).read(Unit(0, 0, 100), ["c0"])
 
 
+def test_pages_that_do_not_decode_are_named_and_not_retried(tmp_path, caplog):
+    """Garbage over a file's pages, its size and modification time put back (issue 47.4): the read fails at
+    once (no retry as a store fault) with one short line naming the file and the row group."""
+    import errno
+
+    from hvd_spark.errors import DamagedFileError
+
+    path = _write(tmp_path / "part-0.parquet", 1000, groups=1)
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(4)
+        f.write(np.random.default_rng(0).bytes(st.st_size // 2))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    source = sources.TableSource((_col("c0", "scalar", ["x"], "float64"),), (), (sources.file_status(path, None),))
+    for data in (ParquetSet([path], source=source), ParquetSet([path])):  # in place; the store's copy
+        with pytest.raises(DamagedFileError) as err:
+            data.read(Unit(0, 0, 1000), ["c0"] if data.source else ["x"])
+        first = str(err.value).splitlines()[0]
+        assert first.startswith(f"{path} (row group 0) cannot be decoded: OSError: ") and len(first) < 500, first
+    assert "retrying" not in caplog.text
+    assert not sources.undecodable(ConnectionResetError(errno.ECONNRESET, "reset"))  # a fault of the way
+    assert not sources.undecodable(FileNotFoundError(errno.ENOENT, "gone"))
+    assert not sources.undecodable(DataChangedError("changed"))
+
+
 def test_missing_and_unreadable_columns_name_the_file():
     schema = pa.schema([("x", pa.float64()), ("s", pa.string())])
     with pytest.raises(ValueError, match="column 'p' is not in the Parquet file f.parquet .a partition column"):

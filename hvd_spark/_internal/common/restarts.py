@@ -1,7 +1,14 @@
 """The restart policy of a fit: which failed training attempts start again, from the latest checkpoint."""
 
 from hvd_spark._internal.common.outcomes import HOST_UNREACHABLE, TASK_LOST
-from hvd_spark.errors import DataChangedError, JobDeadlineError, JobTimeoutError, LaunchError, RankFailedError
+from hvd_spark.errors import (
+    DamagedFileError,
+    DataChangedError,
+    JobDeadlineError,
+    JobTimeoutError,
+    LaunchError,
+    RankFailedError,
+)
 
 # Failures of the distributed job itself: a rank that raised or whose process died, tasks that did
 # not start or a launch that broke, a job past its timeout. A new attempt may succeed (a lost
@@ -20,8 +27,8 @@ def should_restart(error: BaseException, restarts_so_far: int, max_restarts: int
         restarts_so_far: attempts already restarted in this fit.
         max_restarts: the estimator's ``max_restarts`` (0: never).
     """
-    if isinstance(error, RankFailedError) and error.raised(DataChangedError):
-        return False  # the table changed under the fit: another attempt would read the changed files too
+    if isinstance(error, RankFailedError) and any(error.raised(t) for t in (DataChangedError, DamagedFileError)):
+        return False  # a file changed or damaged under the fit: another attempt would read the same bytes
     if isinstance(error, JobDeadlineError):
         return False  # the whole job's time is spent: another attempt would have none
     return isinstance(error, RESTARTABLE) and restarts_so_far < max_restarts

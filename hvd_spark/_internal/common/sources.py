@@ -18,7 +18,7 @@ import numpy as np
 SIDES = ("train", "val")
 
 
-from hvd_spark.errors import DataChangedError  # noqa: E402 - raised by ranks and the driver's checks
+from hvd_spark.errors import DamagedFileError, DataChangedError  # noqa: E402 - raised by ranks and the driver's checks
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,33 @@ def open_checked(url: str, storage_options: dict | None, expected: tuple[int, in
             "table as it is now."
         )
     return parquet_file(*file_system(url, storage_options))
+
+
+def undecodable(error: BaseException) -> bool:
+    """Whether ``error``, raised by pyarrow's Parquet reader, says that the file's bytes do not decode
+    (garbage in a page or the footer: a bare ``OSError`` such as "Corrupt snappy compressed data" or
+    "Couldn't deserialize thrift", or an ``ArrowInvalid``), not that they could not be fetched (a
+    transient fault, a missing file: ``common/retry.py``'s rules)."""
+    from hvd_spark._internal.common import retry
+
+    if isinstance(error, (DataChangedError, DamagedFileError)) or retry.is_transient(error):
+        return False
+    if type(error) is OSError and error.errno is None:
+        return True
+    return any(c.__name__ in ("ArrowInvalid", "ArrowSerializationError") for c in type(error).__mro__)
+
+
+def damaged_file(url: str, where: str, error: BaseException) -> DamagedFileError:
+    """The error of a file that does not decode (:func:`undecodable`): one short line naming the file
+    (without credentials) and ``where`` in it (``"row group 3"``), the reader's error, what to do."""
+    from hvd_spark._internal.common.secrets import url_without_credentials
+
+    cause = "".join(c if c.isprintable() else " " for c in " ".join(str(error).split()))[:200].strip().rstrip(".")
+    return DamagedFileError(
+        f"{url_without_credentials(url)} ({where}) cannot be decoded: {type(error).__name__}: {cause}. The file is "
+        "damaged or was written badly (its size and modification time do not show it): rewrite it (or remove it "
+        "from the table) and fit again."
+    )
 
 
 def parquet_file(fs, path: str):

@@ -122,9 +122,9 @@ def read_in_place(
     if found is None:
         if materialize == "never":
             raise ValueError(
-                f"materialize='never': the DataFrame cannot be read in place because {decision.reason}. Ranks read "
-                "a plain scan of Parquet files (a path or a catalog table, columns selected, renamed or cast "
-                "between numbers). Use materialize='auto' to copy it to the store."
+                f"materialize='never': the DataFrame cannot be read in place because {decision.reason.rstrip('.')}. "
+                "Ranks read a plain scan of Parquet files (a path or a catalog table, columns selected, renamed or "
+                "cast between numbers). Use materialize='auto' to copy it to the store."
             )
         logger.info("copying the data to the store: it cannot be read in place because %s", decision.reason)
         return None, decision.reason

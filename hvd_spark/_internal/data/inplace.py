@@ -241,7 +241,12 @@ def check_first_file(source: sources.TableSource, url: str) -> None:
 
     def schema():
         with fs.open(path, "rb") as f:
-            return pq.ParquetFile(f).schema_arrow
+            try:
+                return pq.ParquetFile(f).schema_arrow
+            except Exception as e:
+                if sources.undecodable(e):
+                    raise sources.damaged_file(url, "its footer", e) from e
+                raise
 
     found = retry.call(url_without_credentials(url), "reading the first file's schema", schema)
     sources.check_file_schema(source, url, found)
@@ -287,11 +292,21 @@ def scan_file(config: sources.TableSource, i: int, url: str, use_footers: bool =
             stats = _group_stats(pf, config, url, g, first, footer)
             records.append((i, g, stats["rows"], stats["val_rows"], json.dumps(stats), ""))
     except Exception as e:  # noqa: BLE001 - reported by the driver, naming the file
+        if sources.undecodable(e):
+            e = sources.damaged_file(url, "its footer or a row group", e)
         records = [(i, -1, 0, 0, "", f"{type(e).__name__}: {e}")]
     return records
 
 
 _RECORD = ("file", "group", "rows", "val", "stats", "error")
+
+
+def _naming(url: str, problem: str) -> str:
+    """``problem`` of the file at ``url``, with the file's name first unless it names it already."""
+    from hvd_spark._internal.common.secrets import url_without_credentials
+
+    name = url_without_credentials(url)
+    return problem if posixpath.basename(name) in problem else f"{name}: {problem}"
 
 
 def _scan_files(
@@ -503,7 +518,7 @@ def scan_table(
         first = min(errors, key=lambda r: r["file"])
         if first["error"].startswith("DataChangedError"):
             raise DataChangedError(first["error"].split(": ", 1)[1])
-        raise NotReadableInPlace(f"{first['error'].split(': ', 1)[-1]}")
+        raise NotReadableInPlace(_naming(scan.files[first["file"]], first["error"].split(": ", 1)[-1]))
     records.sort(key=lambda r: (r["file"], r["group"]))
     stats = sources.merge_stats([json.loads(r["stats"]) for r in records])
     check(stats)

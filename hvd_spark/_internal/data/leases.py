@@ -9,7 +9,11 @@ Two kinds:
   run at a time), taken over once its holder stopped beating.
 
 :func:`live_leases` reads them: a lease whose heartbeat is older than its staleness is a holder that
-died. Every read and write goes through the store's files (``data/files.py``), under its retry policy.
+died. A lease records its holder's process too (:func:`holder_record`: host, boot, pid namespace, pid and the
+process's start time): on the holder's own host (same boot and pid namespace), a lease whose process
+is gone (its pid dead, or reused by a later process) is dead at once, whatever its heartbeat's age
+(:func:`holder_gone`). Every read and write goes through the store's files (``data/files.py``), under
+its retry policy.
 """
 
 import contextlib
@@ -30,6 +34,67 @@ from hvd_spark._internal.data.files import StoreFiles
 logger = logging.getLogger(__name__)
 
 _HELD_TOKENS: set[str] = set()  # the tokens of the exclusive leases this process holds right now
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def pid_started_at(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks after boot, from ``/proc/<pid>/stat``), or None
+    (no such process, or no ``/proc``)."""
+    stat = _read(f"/proc/{pid}/stat")
+    if not stat:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()  # after the command's name, which may hold spaces
+    return fields[19] if len(fields) > 19 else None
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def holder_record() -> dict[str, Any]:
+    """This process as a lease records it. ``boot`` and ``pidns`` tell this host's processes from
+    those of another container with the same host name (another pid namespace) or of a reboot."""
+    pid = os.getpid()
+    return {
+        "host": socket.gethostname(),
+        "pid": pid,
+        "boot": _read("/proc/sys/kernel/random/boot_id"),
+        "pidns": _pid_namespace(),
+        "pid_started": pid_started_at(pid),
+    }
+
+
+def holder_gone(doc: dict[str, Any]) -> bool:
+    """Whether the process that holds the lease ``doc`` is known to be gone: it ran on this host (the
+    same host name, boot and pid namespace) and its pid is dead, or now belongs to a process started
+    later. A lease from another host, or one that does not say, is judged by its heartbeat only."""
+    here = holder_record()
+    if any(doc.get(k) is None or doc.get(k) != here[k] for k in ("host", "boot", "pidns")):
+        return False
+    try:
+        pid = int(doc["pid"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    started = pid_started_at(pid)
+    if started is None:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # alive, another user's
+            return False
+        return False  # alive, and no /proc to say when it started
+    return doc.get("pid_started") is not None and str(doc["pid_started"]) != started
 
 
 def _left_lease(path: str, error: BaseException) -> None:
@@ -66,7 +131,7 @@ def lease(files: StoreFiles, path: str, heartbeat: float, **info):
     Others read it with :func:`live_leases` to tell a writer in progress from one that died
     (whose heartbeat stops).
     """
-    doc = dict(info, host=socket.gethostname(), pid=os.getpid(), started=time.time())
+    doc = dict(info, **holder_record(), started=time.time())
 
     def beat() -> bool:
         with contextlib.suppress(Exception), retry.at_most(heartbeat):  # a missed one: the next retries
@@ -109,14 +174,15 @@ def _beating(path: str, heartbeat: float, beat: Callable[[], bool]):
 def exclusive_lease(files: StoreFiles, path: str, heartbeat: float, stale: float, **info):
     """Holds the only lease at ``path`` while the block runs, or raises :class:`LeaseHeldError`
     with the holder's lease when another process holds it (its heartbeat younger than ``stale``
-    seconds). A lease whose holder stopped beating (its process or host died) is taken over.
+    seconds). A lease whose holder stopped beating (its process or host died) is taken over, and so
+    at once is one whose holder's process is gone from this host (:func:`holder_gone`).
 
     The lease carries a random token; the heartbeat thread rewrites it only while it still holds
     that token, and the end removes it only then, so a holder that lost its lease (it was taken
     over after a long stall) never removes its successor's.
     """
     token = uuid.uuid4().hex
-    doc = dict(info, host=socket.gethostname(), pid=os.getpid(), started=time.time(), token=token)
+    doc = dict(info, **holder_record(), started=time.time(), token=token)
 
     def current() -> dict[str, Any] | None:
         try:
@@ -138,8 +204,13 @@ def exclusive_lease(files: StoreFiles, path: str, heartbeat: float, stale: float
             held is not None
             and time.time() - float(held.get("heartbeat", 0)) < stale
             and not (ours_left and held.get("token") not in _HELD_TOKENS)
+            and not holder_gone(held)
         ):
             raise LeaseHeldError(path, held)
+        if held is not None and not ours_left:
+            age = time.time() - float(held.get("heartbeat", 0))
+            why = "its process is gone from this host" if holder_gone(held) else f"no heartbeat for {age:.0f}s"
+            logger.warning("taking over %s from %s (pid %s): %s", path, held.get("host"), held.get("pid"), why)
         files.write_json(path, dict(doc, heartbeat=time.time()))  # stale: its holder is gone
         time.sleep(0.2)
         mine = current()
@@ -178,13 +249,14 @@ def exclusive_lease(files: StoreFiles, path: str, heartbeat: float, stale: float
 
 
 def live_leases(files: StoreFiles, folder: str, prefix: str, stale: float) -> list[dict[str, Any]]:
-    """The leases ``folder/<prefix>*.json`` whose heartbeat is younger than ``stale`` seconds."""
+    """The leases ``folder/<prefix>*.json`` whose heartbeat is younger than ``stale`` seconds and whose
+    holder is not known to be gone (:func:`holder_gone`)."""
     out = []
     for name in files.listdir(folder):
         if not (name.startswith(prefix) and name.endswith(".json")):
             continue
         with contextlib.suppress(FileNotFoundError, ValueError):  # released meanwhile / being replaced
             doc = files.read_json(posixpath.join(folder, name))
-            if time.time() - float(doc.get("heartbeat", 0)) < stale:
+            if time.time() - float(doc.get("heartbeat", 0)) < stale and not holder_gone(doc):
                 out.append(dict(doc, name=name))
     return out

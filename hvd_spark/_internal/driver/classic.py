@@ -1,6 +1,7 @@
 """A classic session: the driver service and its supervisor run here, on the Spark driver, while
 the barrier stage runs in a background thread (:func:`launch_classic`)."""
 
+import contextlib
 import logging
 import re
 import time
@@ -39,7 +40,7 @@ def launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, desc
     service = DriverService(num_proc, on_event=on_event, on_log=on_log)
     port = service.start()
     spec = task_spec(options, payload, f"{_driver_address(sc)}:{port}", service.token)
-    group = f"hvd_spark-{uuid.uuid4().hex[:12]}"
+    tag = f"hvd_spark-{uuid.uuid4().hex[:12]}"  # the stage's job tag (and job group, when the caller has none)
 
     def task_fn(_):
         from hvd_spark._internal.task.barrier import run_task
@@ -47,15 +48,17 @@ def launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, desc
         return run_task(spec)
 
     def stage():
-        sc.setJobGroup(group, f"{description}: {num_proc} Horovod ranks", interruptOnCancel=True)
-        rdd = sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(task_fn)
-        if options.task_cpus:  # each barrier task asks for its rank's cores (stage-level scheduling)
-            rdd = rdd.withResources(task_cpus_profile(options.task_cpus))
-        return rdd.collect()
+        with _tagged(sc, tag, f"{description}: {num_proc} Horovod ranks"):
+            rdd = sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(task_fn)
+            if options.task_cpus:  # each barrier task asks for its rank's cores (stage-level scheduling)
+                rdd = rdd.withResources(task_cpus_profile(options.task_cpus))
+            return rdd.collect()
 
     t0 = time.monotonic()
     supervisor = Supervisor(service, options, where=sc.master)
-    job = Stage(stage, f"{group}-submit", inheritable=True, on_end=service.wake)
+    job = Stage(
+        stage, f"{tag}-submit", inheritable=True, on_end=service.wake
+    )  # inherits the caller's job group and tags
     cancelled = False
     try:
         try:
@@ -64,21 +67,24 @@ def launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, desc
                 supervisor.step()
                 if supervisor.should_cancel() and not cancelled:
                     # Tasks that do not react to the abort are cancelled through Spark.
-                    logger.warning("cancelling Spark job group %s", group)
-                    sc.cancelJobGroup(group)
+                    logger.warning("cancelling the Spark jobs tagged %s", tag)
+                    sc.cancelJobsWithTag(tag)
                     cancelled = True
                 if cancelled and supervisor.should_give_up():
-                    logger.error("Spark job group %s did not stop after cancellation", group)
+                    logger.error("the Spark jobs tagged %s did not stop after cancellation", tag)
                     break
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (driver/signals.py)
             supervisor.interrupt("interrupted on the driver")
-            sc.cancelJobGroup(group)
-            _wait_for_ranks(service, group)
+            try:
+                sc.cancelJobsWithTag(tag)
+            except Exception as e:  # the JVM is gone too (a whole process group stopped): the ranks still are
+                logger.warning("could not cancel the Spark jobs tagged %s: %s", tag, str(e).splitlines()[0])
+            _wait_for_ranks(service, tag)
             raise
         if job.error is not None and not job.alive():  # failed or cancelled: its ranks must be gone first
             if not cancelled:
                 supervisor.interrupt("the Spark job ended with an error")
-            _wait_for_ranks(service, group)
+            _wait_for_ranks(service, tag)
     finally:
         if not job.alive() and job.error is None:  # (a failed stage's ranks were waited for above)
             # The tasks closed their connections before the stage ended: read what they sent last
@@ -87,8 +93,9 @@ def launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, desc
         service.stop()
     if job.error is not None and not cancelled and _was_cancelled(job.error):
         raise JobCancelledError(
-            f"the Spark job of {description} was cancelled (outside hvd_spark: cancelAllJobs, its job group "
-            f"{group}, or an interrupt); its ranks have stopped. Spark said: {str(job.error).strip().splitlines()[0]}"
+            f"the Spark job of {description} was cancelled (outside hvd_spark: cancelAllJobs, the job group or a "
+            f"job tag it ran under (its own tag: {tag}), or an interrupt); its ranks have stopped. Spark said: "
+            f"{str(job.error).strip().splitlines()[0]}"
         ) from job.error
     records = [cloudpickle.loads(r) for r in job.rows or []]
     return conclude(
@@ -101,8 +108,32 @@ def launch_classic(sc, payload: bytes, options: LaunchOptions, *, on_event, desc
     )
 
 
+@contextlib.contextmanager
+def _tagged(sc, tag: str, description: str):
+    """The stage's thread, while it submits the stage: the job tag ``tag`` (hvd_spark cancels the stage by
+    it) added to the job group and tags it inherited from the caller's thread, so that cancelling the
+    user's group (``sc.cancelJobGroup``) or tag (``sc.cancelJobsWithTag``) stops the training too. Only
+    a thread without a job group gets ``tag`` as its group as well (the Spark UI's grouping). The local
+    properties it changes are put back at the end (they are this thread's copy, unless pyspark's
+    pinned threads are off)."""
+    keys = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+    before = {k: sc.getLocalProperty(k) for k in keys}
+    if before["spark.jobGroup.id"] is None:
+        sc.setJobGroup(tag, description, interruptOnCancel=True)
+    else:
+        logger.info("the barrier stage runs in the caller's Spark job group %s", before["spark.jobGroup.id"])
+        sc.setInterruptOnCancel(True)  # cancelling stops the ranks' tasks at once
+    sc.addJobTag(tag)
+    try:
+        yield
+    finally:
+        sc.removeJobTag(tag)
+        for k, v in before.items():
+            sc.setLocalProperty(k, v)
+
+
 _SPARK_CANCELLED = re.compile(
-    r"Job \d+ cancelled|cancelled job group|cancellation of all jobs|SPARK_JOB_CANCELLED|"
+    r"Job \d+ cancelled|cancelled job group|cancelled job tag|cancellation of all jobs|SPARK_JOB_CANCELLED|"
     r"cancelled because SparkContext was shut down|Job aborted due to stage cancellation|"
     r"Stage \d+ cancelled|cancelled as part of cancellation",
     re.IGNORECASE,
@@ -116,7 +147,7 @@ def _was_cancelled(error: BaseException) -> bool:
     return bool(_SPARK_CANCELLED.search(head[:4000]))
 
 
-def _wait_for_ranks(service, group: str) -> None:
+def _wait_for_ranks(service, tag: str) -> None:
     """After a failed or cancelled job: returns once every task and rank process of it has exited (its
     connection to the driver closed), or after ``HVD_SPARK_STOP_WAIT`` seconds, naming what is left."""
     from hvd_spark._internal.common import settings
@@ -127,9 +158,9 @@ def _wait_for_ranks(service, group: str) -> None:
     left = service.wait_until_stopped(stop_wait, silent_after=2 * settings.HEARTBEAT_INTERVAL + 1)
     if left:
         logger.error(
-            "%s of Spark job group %s still running %.0fs after the job ended; they stop when they next reach "
+            "%s of the Spark jobs tagged %s still running %.0fs after the job ended; they stop when they next reach "
             "their task or the store",
             ", ".join(left),
-            group,
+            tag,
             stop_wait,
         )

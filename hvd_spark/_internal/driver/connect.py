@@ -3,6 +3,7 @@ service and its supervisor run in the first barrier task (:mod:`.coordinator`); 
 the stage, follows the job through the store (``common/channel.py``) and decides its result from
 the stage's output rows with the same ``supervisor.conclude`` (:func:`launch_connect`)."""
 
+import contextlib
 import json
 import logging
 import posixpath
@@ -45,13 +46,12 @@ def launch_connect(spark, payload: bytes, options: LaunchOptions, *, on_event, d
         if rows:  # an MPI task that only held its slot has none (an empty binary column does not convert)
             yield pd.DataFrame({"kind": [k for k, _ in rows], "data": [d for _, d in rows]})
 
+    tags = [*spark.getTags(), tag]  # the caller's (read on its thread) and the stage's own
+
     def stage():
-        spark.addTag(tag)  # tags are per thread: this one marks the stage's query only
-        try:
+        with _tagged(spark, tags):
             df = spark.range(0, num_proc, 1, num_proc)
             return df.mapInPandas(task_fn, "kind string, data binary", barrier=True).collect()
-        finally:
-            spark.removeTag(tag)
 
     t0 = time.monotonic()
     job = Stage(stage, f"{tag}-submit", inheritable=False)
@@ -99,3 +99,17 @@ def launch_connect(spark, payload: bytes, options: LaunchOptions, *, on_event, d
         elapsed=time.monotonic() - t0,
         stage_error=job.error,
     )
+
+
+@contextlib.contextmanager
+def _tagged(spark, tags: list[str]):
+    """The stage's thread carries ``tags`` while it submits the stage: Connect's tags are per thread, and
+    the caller's must mark the stage's query too (``spark.interruptTag`` of one of them stops the
+    training); the last one, the stage's own, marks that query only."""
+    for t in tags:
+        spark.addTag(t)
+    try:
+        yield
+    finally:
+        for t in tags:
+            spark.removeTag(t)

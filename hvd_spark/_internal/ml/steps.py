@@ -24,6 +24,7 @@ from hvd_spark._internal.data.fit_data import FitInput, Identified, Written
 from hvd_spark._internal.data.stats import check_stats
 from hvd_spark._internal.data.store import Store, job_config
 from hvd_spark._internal.driver.progress import BATCH_INTERVAL, FitProgress, interactive
+from hvd_spark._internal.driver.signals import ends_on_sigterm
 from hvd_spark._internal.infer.transformer import TFTransformer
 from hvd_spark._internal.ml import controller, policies
 from hvd_spark._internal.ml import plan as plan_mod
@@ -35,6 +36,7 @@ from hvd_spark.errors import DataChangedError, HvdSparkError, RankFailedError, R
 logger = logging.getLogger(__name__)
 
 
+@ends_on_sigterm("the fit")  # SIGTERM: the cancel's clean-up, then the process ends (driver/signals.py)
 def run(data: FitInput, p: FitParams, backend_object: Any = None) -> TFTransformer:
     """One fit, step by step: what ``HorovodEstimator.fit(df)`` and ``fit_on_parquet`` both run.
 
@@ -313,7 +315,7 @@ def materialize(data: FitInput, c: Checked, plan: plan_mod.ResumePlan, ident: Id
             )
         except inplace.NotReadableInPlace as e:
             if c.p.materialize == "never" or data.given:
-                raise ValueError(f"The table cannot be read in place: {e}.") from None
+                raise ValueError(f"The table cannot be read in place: {str(e).rstrip('.')}.") from None
             logger.warning("copying the data to the store: it cannot be read in place because %s", e)
             c = dataclasses.replace(c, source=None, copy_reason=str(e))
             ident = _identify(data, c)

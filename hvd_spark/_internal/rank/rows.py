@@ -157,6 +157,19 @@ class ParquetSet:
             _close(pf[0] if isinstance(pf, tuple) else pf)
 
     def _read_unit(self, unit, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """The row group's columns; a file whose bytes do not decode raises ``DamagedFileError`` naming it
+        (not retried: the next read meets the same bytes)."""
+        from hvd_spark._internal.common import sources
+
+        try:
+            return self._decode_unit(unit, names)
+        except Exception as e:
+            if sources.undecodable(e):
+                where = f"row group {unit.group}"
+                raise sources.damaged_file(self.files[unit.file], where, e) from e
+            raise
+
+    def _decode_unit(self, unit, names: Sequence[str]) -> dict[str, np.ndarray]:
         if self.source is None:
             table = self._file(unit.file).read_row_group(unit.group, columns=list(names), use_threads=True)
             return {name: column_values(table.column(name)) for name in names}
