@@ -50,3 +50,29 @@ def test_a_reuse_during_another_fit_s_lease_stays_protected(tmp_path):
     assert store.datasets()[0]["in_use"]  # the second fit's lease comes: not removed
     assert store.cleanup(older_than=0) == []
     assert len(_files(tmp_path)) == 3
+
+
+def _checkpoint(root, run: str, epoch: int, step: int = 0, size: int = 10) -> None:
+    from hvd_spark._internal.data.store import checkpoint_names
+
+    folder = root / "runs" / run / "checkpoints"
+    folder.mkdir(parents=True, exist_ok=True)
+    model, meta = checkpoint_names(epoch, step)
+    (folder / model).write_bytes(b"k" * size)
+    (folder / meta).write_text(json.dumps({"history": [], "model_bytes": 10}))
+
+
+def test_prune_checkpoints_keeps_the_newest_the_protected_one_and_the_commits(tmp_path):
+    from hvd_spark._internal.data.store import prune_checkpoints
+
+    store = Store(str(tmp_path))
+    for e in range(1, 6):
+        _checkpoint(tmp_path, "r", e)
+    _checkpoint(tmp_path, "r", 5, step=3)  # a commit inside epoch 6
+    removed = prune_checkpoints(store, "r", 2, also=1)
+    assert [c.epoch for c in removed] == [2, 3]
+    assert [(c.epoch, c.step) for c in store.checkpoints("r")] == [(1, 0), (4, 0), (5, 0), (5, 3)]
+    assert prune_checkpoints(store, "r", 1) and [c.epoch for c in store.checkpoints("r")] == [5, 5]
+    _checkpoint(tmp_path, "r", 6, size=4)  # the newest is cut short: nothing goes, a resume needs epoch 5
+    assert prune_checkpoints(store, "r", 1) == []
+    assert store.latest_checkpoint("r").epoch == 5

@@ -27,7 +27,7 @@ This module is the store's public face (paths, checkpoints, models, runs, cleanu
 are ``data/files.py``'s :class:`~hvd_spark._internal.data.files.StoreFiles` (``store.files``), its leases
 ``data/leases.py``; the other packages use those, and this module's functions (:func:`job_config`,
 :func:`data_path`, :func:`epoch_checkpoints`, :func:`checkpoint_damage`, :func:`remove_commits_before`,
-:func:`release_data`),
+:func:`release_data`, :func:`prune_checkpoints`),
 never the store's underscore names.
 """
 
@@ -454,6 +454,24 @@ def remove_commits_before(store: Store, run_id: str, epoch: int, step: int) -> N
             for path in (c.meta_path, c.model_path):  # the JSON first: never a JSON without its model
                 with contextlib.suppress(FileNotFoundError):
                     store.files.rm(path)
+
+
+def prune_checkpoints(store: Store, run_id: str, keep: int, *, also: int | None = None) -> list[Checkpoint]:
+    """Removes the run's epoch checkpoints but the newest ``keep`` (``keep_checkpoints``) and the one of
+    epoch ``also`` (the checkpoint a fit resumed from: kept until it ends). Only once the newest is
+    whole by its recorded size (else nothing goes: a resume may need the older ones); never a commit
+    inside an epoch (the newest checkpoint removed those before it). Returns those removed."""
+    if keep < 1:
+        raise ValueError(f"keep_checkpoints must be at least 1. Received: keep_checkpoints={keep}.")
+    epochs = epoch_checkpoints(store, run_id)
+    if len(epochs) <= keep or checkpoint_damage(store, epochs[-1], deep=False) is not None:
+        return []
+    removed = [c for c in epochs[:-keep] if c.epoch != also]
+    for c in removed:
+        for path in (c.meta_path, c.model_path):  # the JSON first: never a JSON without its model
+            with contextlib.suppress(FileNotFoundError):
+                store.files.rm(path)
+    return removed
 
 
 def remove_checkpoints_after(store: Store, run_id: str, after: Checkpoint | None) -> None:

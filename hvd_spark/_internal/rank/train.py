@@ -153,6 +153,8 @@ def train(cfg: RunConfig) -> dict:
                     every_steps=cfg.checkpoint_steps,
                     every_seconds=cfg.checkpoint_seconds,
                     step_multiple=cfg.backward_passes_per_step,
+                    keep=cfg.keep_checkpoints,
+                    kept_from=cfg.kept_from,
                 )
                 callbacks.append(ckpt_cb)
                 best = best_checkpoint(cfg, tmp)
