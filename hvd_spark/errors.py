@@ -10,6 +10,13 @@ class HvdSparkError(RuntimeError):
     """Base class of hvd_spark's run-time errors."""
 
 
+class InvalidFeatureError(ValueError):
+    """A feature value ``transform`` cannot give the model (``handleInvalid="error"``): a null, an array
+    with a null element, a NaN or an infinity, or a value that does not fit the model's input. Raised
+    inside Spark's Python UDF workers; its message is the first line after Spark's ``An exception was
+    thrown from the Python worker:`` (on pyspark >= 4.0; on 3.5 after a one-frame traceback)."""
+
+
 class DataChangedError(HvdSparkError):
     """A file of a table read in place (``materialize="auto"`` / ``"never"``) was removed or changed
     (size, modification time, rows) after the fit listed it: the fit stops instead of training on

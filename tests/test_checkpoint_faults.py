@@ -44,3 +44,55 @@ def test_damaged_newest_checkpoints_are_skipped_and_their_epochs_trained_again(s
     assert "resuming run 'cut' from epoch 3 of 4" in caplog.text
     assert len(again.getHistory()["loss"]) == 4
     assert store.latest_checkpoint("cut").epoch == 4
+
+
+class _SeenCheckpoints:
+    """A callback recording, on rank 0 at each epoch's start, the epoch checkpoints in the store."""
+
+    def __new__(cls, folder: str, out: str):
+        import json
+
+        import keras
+
+        class Seen(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                if os.environ.get("HVD_SPARK_RANK") == "0":
+                    names = sorted(n for n in os.listdir(folder) if n.endswith(".json") and "step" not in n)
+                    with open(out, "a") as f:
+                        f.write(json.dumps([epoch, names]) + "\n")
+
+        return Seen()
+
+
+def test_keep_checkpoints_keeps_the_newest_and_a_resume_still_works(spark, tmp_path):
+    """Before: no retention, a run kept every epoch's checkpoint (4 after 4 epochs)."""
+    import json
+    import sys
+
+    import cloudpickle
+
+    from hvd_spark import HorovodEstimator, Store
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        df = xor_frame(spark, 96)
+        store = Store(str(tmp_path / "store"))
+        folder, seen = store.checkpoints_path("kept"), str(tmp_path / "seen.jsonl")
+        os.makedirs(folder)
+        est = xor_estimator(
+            store, epochs=4, run_id="kept", verbose=0, keep_checkpoints=2, callbacks=[_SeenCheckpoints(folder, seen)]
+        )
+        first = est.fit(df)
+        assert [c.epoch for c in store.checkpoints("kept")] == [3, 4]
+        # pruned on rank 0 as training went, not only at the end
+        during = [json.loads(line) for line in open(seen)]
+        assert during[-1] == [3, ["epoch-0002.json", "epoch-0003.json"]], during
+        est.save(str(tmp_path / "est"))
+        loaded = HorovodEstimator.load(str(tmp_path / "est"))
+        assert loaded.getOrDefault(loaded.keep_checkpoints) == 2
+        resumed = loaded.copy({loaded.epochs: 6, loaded.callbacks: None}).fit(df)
+        history = resumed.getHistory()["loss"]
+        assert len(history) == 6 and history[:4] == first.getHistory()["loss"]
+        assert [c.epoch for c in store.checkpoints("kept")] == [5, 6]
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])

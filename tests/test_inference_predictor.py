@@ -8,6 +8,7 @@ import pytest
 
 from hvd_spark._internal.infer.batching import predict_arrow_batches, predict_columns, predictor
 from hvd_spark._internal.ml.model_info import model_specs
+from hvd_spark.errors import InvalidFeatureError
 
 
 def _two_in_two_out():
@@ -56,15 +57,17 @@ def test_the_arrow_path_predicts_a_classifier_batch_like_model_predict():
     )
     inputs, outputs = model_specs(model)
     x = np.random.default_rng(2).normal(size=(1000, 32)).astype("float32")
-    x[5, 3] = np.nan  # a NaN is a value: its row gets what model.predict gives it, the others are untouched
+    x[5, 3] = np.nan  # a NaN makes its row invalid: refused, or (keep_invalid) a null prediction
+    x[7, 0] = -np.inf
     struct = pa.StructArray.from_arrays([_list_column(x)], names=["_f0"])
-    (got,) = list(predict_arrow_batches(model, iter([struct]), inputs, outputs, ["x"], ["p"], 300))
-    want = model.predict(x, verbose=0)[:, 0]
-    assert got.type == pa.float64() and got.null_count == 0
-    values = got.to_numpy()
-    # NaN through relu is NaN or 0 depending on the CPU's kernels (oneDNN's max): whatever TF gives, as predict
-    np.testing.assert_allclose(values[5], want[5], rtol=1e-5, atol=1e-6, equal_nan=True)
-    np.testing.assert_allclose(np.delete(values, 5), np.delete(want, 5), rtol=1e-5, atol=1e-6)
+    with pytest.raises(InvalidFeatureError, match=r"Feature column 'x' has 2 rows with NaN or infinite values"):
+        list(predict_arrow_batches(model, iter([struct]), inputs, outputs, ["x"], ["p"], 300))
+    (got,) = list(predict_arrow_batches(model, iter([struct]), inputs, outputs, ["x"], ["p"], 300, keep_invalid=True))
+    want = model.predict(np.delete(x, [5, 7], axis=0), verbose=0)[:, 0]
+    assert got.type == pa.float64() and got.null_count == 2
+    values = got.to_numpy(zero_copy_only=False)
+    assert np.isnan(values[[5, 7]]).all()  # the nulls
+    np.testing.assert_allclose(np.delete(values, [5, 7]), want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_model_without_a_predict_step_is_called_through_predict_on_batch():

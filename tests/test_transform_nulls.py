@@ -1,9 +1,9 @@
-"""Nulls and NaNs at transform, with transformers built on small saved models (no fit).
+"""Nulls, NaNs and infinities at transform, with transformers built on small saved models (no fit).
 
-The rule, the same on the Arrow and the pandas UDF: a null feature, or an array feature holding a
-null element, makes the row invalid (handled as ``handleInvalid`` says); a NaN is a value and goes
-to the model; a NaN output stays NaN in the output column and never becomes a class (the
-classifier columns are null)."""
+The rule, the same on the Arrow and the pandas UDF: a null feature, an array feature holding a null
+element, or a NaN or an infinity in a feature makes the row invalid (handled as ``handleInvalid``
+says; fit refuses them too); a NaN output stays NaN in the output column and never becomes a class
+(the classifier columns are null). A refused batch's error is the first line after Spark's prefix."""
 
 import math
 
@@ -28,13 +28,33 @@ def _linear(path, width_in: int, kernel) -> str:
     return model
 
 
+def _nan_above(path, kernel) -> str:
+    """A saved model ``x @ kernel``, whose outputs are NaN for x of 3.5 or more: it adds
+    ``1e38 x - 1e38 x``, which is 0 below and ``inf - inf`` above float32's range."""
+    import keras
+
+    inputs = keras.Input(shape=(1,))
+    main = keras.layers.Dense(len(kernel[0]), use_bias=False)
+    spread = keras.layers.Dense(2, use_bias=False)
+    back = keras.layers.Dense(len(kernel[0]), use_bias=False)
+    model = keras.Model(inputs, keras.layers.Add()([main(inputs), back(spread(inputs))]))
+    main.set_weights([np.asarray(kernel, dtype="float32")])
+    spread.set_weights([np.asarray([[1e38, -1e38]], dtype="float32")])
+    back.set_weights([np.ones((2, len(kernel[0])), dtype="float32")])
+    model.save(path)
+    return model
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("nan_models")
     out = {}
-    for name, width, kernel in [("sum2", 2, [[1.0], [1.0]]), ("id1", 1, [[1.0]]), ("three", 1, [[1.0, 2.0, 3.0]])]:
+    for name, width, kernel in [("sum2", 2, [[1.0], [1.0]]), ("id1", 1, [[1.0]])]:
         path = str(folder / f"{name}.keras")
         out[name] = (path, _linear(path, width, kernel))
+    for name, kernel in [("id1_nan", [[1.0]]), ("three_nan", [[1.0, 2.0, 3.0]])]:
+        path = str(folder / f"{name}.keras")
+        out[name] = (path, _nan_above(path, kernel))
     return out
 
 
@@ -58,37 +78,53 @@ def _by_id(df):
 
 @pytest.mark.parametrize("udf", UDF_KINDS)
 def test_null_elements_make_a_row_invalid_under_every_handle_invalid(spark, models, udf):
-    rows = [(0, [1.0, 2.0]), (1, [1.0, None]), (2, None), (3, [float("nan"), 1.0])]
+    rows = [(0, [1.0, 2.0]), (1, [1.0, None]), (2, None), (3, [float("nan"), 1.0]), (4, [1.0, float("-inf")])]
     df = spark.createDataFrame(rows, "id int, x array<double>").coalesce(1)
     t = _transformer(models, "sum2", udf)
     holed = df.where("id in (0, 1)")
     with pytest.raises(Exception, match=r"Feature column 'x' has 1 rows with null elements in a batch of 2 rows"):
         t.transform(holed).collect()
+    nonfinite = df.where("id in (0, 3, 4)")
+    with pytest.raises(Exception, match=r"Feature column 'x' has 2 rows with NaN or infinite values in a batch of 3"):
+        t.transform(nonfinite).collect()
     kept = _by_id(t.copy({t.handleInvalid: "keep"}).transform(df))
     assert kept[0]["o"] == pytest.approx(3.0)
     assert kept[1]["o"] is None and kept[2]["o"] is None  # null elements as a null array: no prediction
-    assert math.isnan(kept[3]["o"])  # a NaN value went to the model, which gave NaN
-    assert sorted(_by_id(t.copy({t.handleInvalid: "skip"}).transform(df))) == [0, 3]
+    assert kept[3]["o"] is None and kept[4]["o"] is None  # a NaN or an infinity: no prediction either
+    assert sorted(_by_id(t.copy({t.handleInvalid: "skip"}).transform(df))) == [0]
 
 
 @pytest.mark.parametrize("udf", UDF_KINDS)
-def test_a_scalar_nan_feature_is_a_value_on_both_paths(spark, models, udf):
-    df = spark.createDataFrame([(0, 0.7), (1, float("nan"))], "id int, x double").coalesce(1)
+def test_a_nan_or_infinite_scalar_feature_follows_handle_invalid_like_a_null(spark, models, udf):
+    rows = [(0, 0.7), (1, float("nan")), (2, None), (3, float("inf"))]
+    df = spark.createDataFrame(rows, "id int, x double").coalesce(1)
     t = _transformer(models, "id1", udf)
-    got = _by_id(t.transform(df))  # handleInvalid="error": a NaN is not a null
-    assert got[0]["o"] == pytest.approx(0.7) and math.isnan(got[1]["o"])
-    with_null = spark.createDataFrame([(0, 0.7), (1, float("nan")), (2, None)], "id int, x double").coalesce(1)
-    with pytest.raises(Exception, match=r"Feature column 'x' has 1 null values in a batch of 3 rows"):
-        t.transform(with_null).collect()
-    kept = _by_id(t.copy({t.handleInvalid: "keep"}).transform(with_null))
-    assert math.isnan(kept[1]["o"]) and kept[2]["o"] is None
-    assert sorted(_by_id(t.copy({t.handleInvalid: "skip"}).transform(with_null))) == [0, 1]
+    with pytest.raises(Exception, match=r"Feature column 'x' has 1 null values in a batch of 4 rows") as raised:
+        t.transform(df).collect()
+    with pytest.raises(Exception) as nan_raised:
+        t.transform(df.where("id != 2")).collect()
+    import pyspark
+
+    lines = [str(e.value).splitlines() for e in (raised, nan_raised)]
+    if int(pyspark.__version__.split(".")[0]) < 4:  # no SPARK_HIDE_TRACEBACK: a one-frame traceback first
+        lines = [[ln[0], *[x for x in ln if x.startswith("hvd_spark.errors.")]] for ln in lines]
+    # hvd_spark's message is the first line after Spark's prefix: no traceback before it (pyspark >= 4.0)
+    assert lines[1][1] == (
+        "hvd_spark.errors.InvalidFeatureError: Feature column 'x' has 2 rows with NaN or infinite values in a "
+        "batch of 3 rows; transform() needs finite numbers, as fit does (handleInvalid='keep' gives such rows "
+        "null predictions, 'skip' leaves them out)."
+    ), lines[1][:3]
+    assert lines[0][1].startswith("hvd_spark.errors.InvalidFeatureError: Feature column 'x' has 1 null values")
+    kept = _by_id(t.copy({t.handleInvalid: "keep"}).transform(df))
+    assert kept[0]["o"] == pytest.approx(0.7)
+    assert kept[1]["o"] is None and kept[2]["o"] is None and kept[3]["o"] is None
+    assert sorted(_by_id(t.copy({t.handleInvalid: "skip"}).transform(df))) == [0]
 
 
 @pytest.mark.parametrize("udf", UDF_KINDS)
 def test_a_nan_output_of_a_binary_classifier_is_no_class(spark, models, udf):
-    df = spark.createDataFrame([(0, 0.7), (1, float("nan")), (2, 0.2)], "id int, x double").coalesce(1)
-    got = _by_id(_transformer(models, "id1", udf, task="binary").transform(df))
+    df = spark.createDataFrame([(0, 0.7), (1, 10.0), (2, 0.2)], "id int, x double").coalesce(1)
+    got = _by_id(_transformer(models, "id1_nan", udf, task="binary").transform(df))
     assert (got[0]["prediction"], got[2]["prediction"]) == (1.0, 0.0)
     assert math.isnan(got[1]["o"])
     assert (got[1]["prediction"], got[1]["probability"], got[1]["rawPrediction"]) == (None, None, None)
@@ -96,8 +132,8 @@ def test_a_nan_output_of_a_binary_classifier_is_no_class(spark, models, udf):
 
 @pytest.mark.parametrize("udf", UDF_KINDS)
 def test_a_nan_output_of_a_multiclass_classifier_is_no_class(spark, models, udf):
-    df = spark.createDataFrame([(0, 1.0), (1, float("nan")), (2, -1.0)], "id int, x double").coalesce(1)
-    got = _by_id(_transformer(models, "three", udf, task="multiclass").transform(df))
+    df = spark.createDataFrame([(0, 1.0), (1, 10.0), (2, -1.0)], "id int, x double").coalesce(1)
+    got = _by_id(_transformer(models, "three_nan", udf, task="multiclass").transform(df))
     assert (got[0]["prediction"], got[2]["prediction"]) == (2.0, 0.0)
     assert all(math.isnan(v) for v in got[1]["o"])
     assert (got[1]["prediction"], got[1]["probability"], got[1]["rawPrediction"]) == (None, None, None)
@@ -118,3 +154,18 @@ def test_one_nan_among_class_scores_is_no_class(spark, models):
         got = _by_id(t._with_classifier_cols(df, "o"))
         assert got[0]["prediction"] is None and got[0]["probability"] is None
         assert got[1]["prediction"] == 1.0
+
+
+@pytest.mark.parametrize("udf", UDF_KINDS)
+def test_a_nan_in_a_vector_or_a_stacked_group_makes_its_row_invalid(spark, models, udf):
+    from pyspark.ml.linalg import Vectors
+
+    rows = [(0, Vectors.dense([1.0, 2.0]), 1.0, 2.0), (1, Vectors.dense([float("inf"), 1.0]), float("nan"), 1.0)]
+    df = spark.createDataFrame(rows, ["id", "v", "a", "b"]).coalesce(1)
+    for features in (["v"], ["a", "b"]):
+        t = _transformer(models, "sum2", udf, feature_cols=features)
+        with pytest.raises(Exception, match=r"has 1 rows with NaN or infinite values in a batch of 2 rows"):
+            t.transform(df).collect()
+        kept = _by_id(t.copy({t.handleInvalid: "keep"}).transform(df))
+        assert kept[0]["o"] == pytest.approx(3.0) and kept[1]["o"] is None
+        assert sorted(_by_id(t.copy({t.handleInvalid: "skip"}).transform(df))) == [0]

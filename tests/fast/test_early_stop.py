@@ -123,3 +123,23 @@ def test_the_final_model_recovery_copies_within_the_store_and_leaves_no_temporar
     assert backend.calls == 1 and trained.restarts == 1
     assert store.files.read_bytes(store.model_path("r1", "fit-test")) == b"weights after epoch 2"
     assert list(local_tmp.iterdir()) == []
+
+
+def test_keep_checkpoints_keeps_the_checkpoint_of_early_stoppings_best_weights(store):
+    """A restart or resize puts EarlyStopping's best weights back from its best epoch's checkpoint
+    (rank/carried.py): retention keeps it, and its end record goes with a pruned checkpoint."""
+    import json
+
+    from hvd_spark._internal.data.store import prune_checkpoints
+
+    _fit(store, "r1", 5, EpochWriter())
+    newest = store.checkpoints("r1")[-1]
+    meta = json.loads(store.files.read_bytes(newest.meta_path))
+    state = {"wait": 3, "best": 0.25, "best_epoch": 1, "stopped_epoch": 0, "restore_best_weights": True}
+    meta["callbacks"] = [{"class": "EarlyStopping", "state": state}, None]
+    store.files.write_json(newest.meta_path, meta)
+    write_end_record(store, "r1", 3, store.model_path("r1", "fit-test"), tmp_local(b"final model"))
+    removed = prune_checkpoints(store, "r1", 2)
+    assert [c.epoch for c in removed] == [1, 3]
+    assert [c.epoch for c in store.checkpoints("r1")] == [2, 4, 5]
+    assert not store.files.exists(end_record_path(store, "r1", 3))

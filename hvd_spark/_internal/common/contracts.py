@@ -149,6 +149,8 @@ class RunConfig:
     fixed_val_steps: int | None = None  # the user's validation_steps_per_epoch
     checkpoint_steps: int | None = None  # commits inside an epoch every N steps
     checkpoint_seconds: float | None = None  # or every so many seconds (rank 0's clock)
+    keep_checkpoints: int | None = None  # the newest N epoch checkpoints kept (None: all)
+    kept_from: int | None = None  # the epoch of the checkpoint this fit resumed from: kept until the fit ends
     resize_marker: str | None = None  # store path the driver writes when training should grow
     source: Any = None  # sources.TableSource: train_paths are a table read in place (None: the store's copy)
     val_units: tuple[tuple[int, int, int], ...] = ()  # in place: (file, row group, validation rows) of train_paths

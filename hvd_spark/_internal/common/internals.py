@@ -348,3 +348,17 @@ def explain_string(df, connect: bool) -> str:
     if connect:
         return str(df._explain_string(extended=True))
     return str(df._sc._jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), "extended"))
+
+
+# -- Spark (its Python UDF workers) -----------------------------------------------------------------
+
+
+def hide_udf_worker_traceback() -> None:
+    """Makes this Spark Python worker report the error it is about to end with as its message alone,
+    without a traceback: pyspark >= 4.0's worker reads ``SPARK_HIDE_TRACEBACK`` (what
+    ``spark.sql.execution.pyspark.udf.hideTraceback.enabled`` sets) when it formats a UDF's error,
+    then exits, so the setting ends with the worker. pyspark 3.5 has no such switch (a no-op there)."""
+    import os
+
+    check_version("pyspark")
+    os.environ["SPARK_HIDE_TRACEBACK"] = "1"

@@ -17,7 +17,7 @@ from hvd_spark._internal.common.specs import with_stored_names
 from hvd_spark._internal.data import leases
 from hvd_spark._internal.data import materialize as data_mod
 from hvd_spark._internal.data.identity import data_identity, dataset_key
-from hvd_spark._internal.data.store import Store, data_path
+from hvd_spark._internal.data.store import Store, data_path, release_data
 from hvd_spark.errors import StoreUnavailableError
 
 logger = logging.getLogger(__name__)
@@ -289,10 +289,17 @@ def removed_after(store: Store, written: Written):
     from hvd_spark._internal.data.store import DATA_READER_PREFIX
 
     reader = f"{data_path(store, written.key)}/{DATA_READER_PREFIX}{uuid.uuid4().hex[:12]}.json"
+    taken = time.time()
     try:
         with leases.lease(store.files, reader, settings.LEASE_HEARTBEAT, key=written.key):
             yield
     finally:
+        if not written.ephemeral:
+            try:  # Store.cleanup may remove it from now on
+                with retry.at_most(settings.LEASE_HEARTBEAT):
+                    release_data(store, written.key, taken)
+            except Exception as e:  # noqa: BLE001 - the store is unreachable: the fit's own outcome matters more
+                logger.warning("could not mark this fit's use of data %s as ended: %s", written.key, e)
         if written.ephemeral:
             try:
                 with retry.at_most(settings.LEASE_HEARTBEAT):  # a clean-up: the fit's outcome first

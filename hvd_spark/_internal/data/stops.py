@@ -11,7 +11,14 @@ import posixpath
 from typing import Any
 
 from hvd_spark._internal.common import retry
-from hvd_spark._internal.data.store import Checkpoint, Store, checkpoint_damage, end_record_path, file_digest
+from hvd_spark._internal.data.store import (
+    Checkpoint,
+    Store,
+    best_epochs,
+    checkpoint_damage,
+    end_record_path,
+    file_digest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +74,8 @@ def ended_model(store: Store, run_id: str, ckpt: Checkpoint, *, stopped: bool) -
 def _best_checkpoint(store: Store, run_id: str, ckpt: Checkpoint) -> Checkpoint | None:
     """The checkpoint whose weights an EarlyStopping with ``restore_best_weights`` restores at the end of
     training (its ``best_epoch``, recorded with ``ckpt``: rank/carried.py), when whole; else None."""
-    records = store.files.read_json(ckpt.meta_path).get("callbacks") or ()
-    for record in records:
-        state = (record or {}).get("state") or {}
-        if state.get("restore_best_weights") and state.get("best") is not None:
-            epoch = int(state.get("best_epoch") or 0) + 1
-            found = [c for c in store.checkpoints(run_id) if c.epoch == epoch and not c.step]
-            if found and checkpoint_damage(store, found[0], deep=True) is None:
-                return found[0]
+    for epoch in best_epochs(store, ckpt):
+        found = [c for c in store.checkpoints(run_id) if c.epoch == epoch and not c.step]
+        if found and checkpoint_damage(store, found[0], deep=True) is None:
+            return found[0]
     return None

@@ -10,7 +10,7 @@ Layout under the prefix::
     data/<dataset-key>/_hvd_spark_meta.json     names the published attempt and its files
     data/<dataset-key>/_writing-<attempt>.json  the lease of a write in progress
     data/<dataset-key>/_reading-<fit>.json     the lease of a fit training on it
-    data/<dataset-key>/_last_used.json         when a fit last reused it
+    data/<dataset-key>/_last_used.json         when a fit last reused it (and "released": its reading lease ended)
     runs/<run_id>/run.json             what the run trains (model fingerprint, columns, its data record)
     runs/<run_id>/checkpoints/         epoch-NNNN.keras + epoch-NNNN.json (the JSON marks it complete and
                                        holds the model file's size and SHA-256)
@@ -26,7 +26,8 @@ Every file operation of the store goes through one retry policy (``common/retry.
 This module is the store's public face (paths, checkpoints, models, runs, cleanup). Its file operations
 are ``data/files.py``'s :class:`~hvd_spark._internal.data.files.StoreFiles` (``store.files``), its leases
 ``data/leases.py``; the other packages use those, and this module's functions (:func:`job_config`,
-:func:`data_path`, :func:`epoch_checkpoints`, :func:`checkpoint_damage`, :func:`remove_commits_before`),
+:func:`data_path`, :func:`epoch_checkpoints`, :func:`checkpoint_damage`, :func:`remove_commits_before`,
+:func:`release_data`, :func:`prune_checkpoints`),
 never the store's underscore names.
 """
 
@@ -290,7 +291,7 @@ class Store:
             except (FileNotFoundError, ValueError):
                 meta = {}
             created = float(meta.get("created") or self.files.mtime(folder))
-            used = self._read_time(posixpath.join(folder, DATA_USED))
+            used, released = self._last_use(folder)
             live = leases.live_leases(self.files, folder, "_writing-", settings.LEASE_STALE) + leases.live_leases(
                 self.files, folder, DATA_READER_PREFIX, settings.LEASE_STALE
             )
@@ -302,8 +303,10 @@ class Store:
                     "last_used": max(created, used or 0.0),
                     "train_rows": meta.get("train_rows"),
                     "val_rows": meta.get("val_rows"),
-                    # A fit that reused it a moment ago takes its reading lease right after.
-                    "in_use": bool(live) or (used is not None and time.time() - used < settings.LEASE_STALE),
+                    # A fit that reused it a moment ago takes its reading lease right after (unless that
+                    # lease has ended already: released).
+                    "in_use": bool(live)
+                    or (used is not None and not released and time.time() - used < settings.LEASE_STALE),
                 }
             )
         return sorted(out, key=lambda d: d["last_used"])
@@ -403,11 +406,13 @@ class Store:
             return None
         return held if time.time() - float(held.get("heartbeat", 0)) < settings.run_lease_stale() else None
 
-    def _read_time(self, path: str) -> float | None:
+    def _last_use(self, folder: str) -> tuple[float | None, bool]:
+        """When a fit last used the data in ``folder``, and whether its reading lease ended since."""
         try:
-            return float(self.files.read_json(path).get("time"))
-        except (FileNotFoundError, ValueError, TypeError):
-            return None
+            used = self.files.read_json(posixpath.join(folder, DATA_USED))
+            return float(used.get("time")), bool(used.get("released"))
+        except (FileNotFoundError, ValueError, TypeError, AttributeError):
+            return None, False
 
 
 def job_config(store: Store) -> dict[str, Any]:
@@ -419,6 +424,21 @@ def job_config(store: Store) -> dict[str, Any]:
 def data_path(store: Store, key: str) -> str:
     """The folder of the data a fit wrote under ``key`` (``data/<key>``)."""
     return store.files.path("data", key)
+
+
+def release_data(store: Store, key: str, taken: float) -> None:
+    """Records that a fit's reading lease on ``data/<key>``, taken at ``taken``, has ended: its last use
+    is now, and no fit is about to take a lease (``Store.datasets``' ``in_use`` stops counting the
+    minute after a reuse), so ``Store.cleanup`` may remove it at once. Unless another fit reused the
+    data after ``taken``: its lease comes, and the mark stays as it wrote it."""
+    path = posixpath.join(data_path(store, key), DATA_USED)
+    try:
+        used = store.files.read_json(path)
+    except (FileNotFoundError, ValueError):
+        used = {}
+    if isinstance(used, dict) and not used.get("released") and float(used.get("time") or 0.0) > taken:
+        return
+    store.files.write_json(path, {"time": time.time(), "released": True})
 
 
 def epoch_checkpoints(store: Store, run_id: str) -> list[Checkpoint]:
@@ -434,6 +454,35 @@ def remove_commits_before(store: Store, run_id: str, epoch: int, step: int) -> N
             for path in (c.meta_path, c.model_path):  # the JSON first: never a JSON without its model
                 with contextlib.suppress(FileNotFoundError):
                     store.files.rm(path)
+
+
+def prune_checkpoints(store: Store, run_id: str, keep: int, *, also: int | None = None) -> list[Checkpoint]:
+    """Removes the run's epoch checkpoints but the newest ``keep`` (``keep_checkpoints``) and the one of
+    epoch ``also`` (the checkpoint a fit resumed from: kept until it ends). Only once the newest is
+    whole by its recorded size (else nothing goes: a resume may need the older ones); never a commit
+    inside an epoch (the newest checkpoint removed those before it). Returns those removed."""
+    if keep < 1:
+        raise ValueError(f"keep_checkpoints must be at least 1. Received: keep_checkpoints={keep}.")
+    epochs = epoch_checkpoints(store, run_id)
+    if len(epochs) <= keep or checkpoint_damage(store, epochs[-1], deep=False) is not None:
+        return []
+    kept = {also, *best_epochs(store, epochs[-1])}  # and EarlyStopping's best weights (rank/carried.py)
+    removed = [c for c in epochs[:-keep] if c.epoch not in kept]
+    for c in removed:
+        for path in (end_record_path(store, run_id, c.epoch), c.meta_path, c.model_path):  # JSONs first
+            with contextlib.suppress(FileNotFoundError):
+                store.files.rm(path)
+    return removed
+
+
+def best_epochs(store: Store, ckpt: Checkpoint) -> list[int]:
+    """The epochs whose checkpoints hold the best weights of an EarlyStopping with ``restore_best_weights``,
+    as recorded with ``ckpt`` (its JSON's ``callbacks``: rank/carried.py)."""
+    records = store.files.read_json(ckpt.meta_path).get("callbacks") or ()
+    states = [(r or {}).get("state") or {} for r in records]
+    return [
+        int(s.get("best_epoch") or 0) + 1 for s in states if s.get("restore_best_weights") and s.get("best") is not None
+    ]
 
 
 def remove_checkpoints_after(store: Store, run_id: str, after: Checkpoint | None) -> None:

@@ -1,7 +1,7 @@
 """Pure batching of predictions: feature columns in (pandas or Arrow), output columns out.
 
-No Spark here (the fast tests can drive it): rows with null features or null elements are refused
-or kept as null predictions, each batch is cut into ``batch_size`` model calls, and outputs are
+No Spark here (the fast tests can drive it): rows with null features, null elements, NaNs or
+infinities are refused or kept as null predictions, each batch is cut into ``batch_size`` model calls, and outputs are
 built as Arrow arrays without per-row Python."""
 
 import weakref
@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from hvd_spark._internal.common.specs import TensorSpec, unpack
+from hvd_spark.errors import InvalidFeatureError
 
 
 class ColumnPredictor:
@@ -102,54 +103,122 @@ def predictor(model) -> Callable:
     return fn
 
 
-def _null_error(col: str, nulls: int, n: int) -> ValueError:
-    return ValueError(
+_FIX = "handleInvalid='keep' gives such rows null predictions, 'skip' leaves them out"
+
+
+def _null_error(col: str, nulls: int, n: int) -> InvalidFeatureError:
+    return InvalidFeatureError(
         f"Feature column '{col}' has {nulls} null values in a batch of {n} rows; transform() needs "
-        "a value in every row."
+        f"a value in every row ({_FIX})."
     )
 
 
-def _null_elements_error(col: str, rows: int, n: int) -> ValueError:
-    return ValueError(
+def _null_elements_error(col: str, rows: int, n: int) -> InvalidFeatureError:
+    return InvalidFeatureError(
         f"Feature column '{col}' has {rows} rows with null elements in a batch of {n} rows; transform() "
-        "needs a value in every element (handleInvalid='keep' gives such rows null predictions, 'skip' "
-        "leaves them out)."
+        f"needs a value in every element ({_FIX})."
     )
 
 
-def _first_null(names: list[str], nulls: list[int], n: int, holed: list[int] | None = None) -> None:
-    """Raises for the first column with a null value, or with rows that hold null elements (``holed``)."""
-    for i, (name, count) in enumerate(zip(names, nulls)):
+def _nonfinite_error(col: str, rows: int, n: int) -> InvalidFeatureError:
+    return InvalidFeatureError(
+        f"Feature column '{col}' has {rows} rows with NaN or infinite values in a batch of {n} rows; "
+        f"transform() needs finite numbers, as fit does ({_FIX})."
+    )
+
+
+def _first_invalid(names: list[str], nulls: list[int], n: int, holed: list[int], nonfinite: list[int]) -> None:
+    """Raises for the first column with a null value, with rows that hold null elements (``holed``),
+    or with rows that hold a NaN or an infinity (``nonfinite``)."""
+    for name, count, holes, bad in zip(names, nulls, holed, nonfinite):
         if count:
             raise _null_error(name, count, n)
-        if holed and holed[i]:
-            raise _null_elements_error(name, holed[i], n)
+        if holes:
+            raise _null_elements_error(name, holes, n)
+        if bad:
+            raise _nonfinite_error(name, bad, n)
 
 
-def null_element_rows(arr) -> np.ndarray | None:
-    """For a pyarrow list array: a bool mask of the rows that hold a null element (at any depth), or
-    None when there is none (also for a non-list array). Vectorized: each null element's row comes
-    from the rows' lengths (null rows hold no values)."""
+def short_errors(batches: Iterator) -> Iterator:
+    """``batches``, with an :class:`~hvd_spark.errors.InvalidFeatureError` raised as its message alone:
+    Spark's Python worker then writes no traceback before it (pyspark >= 4.0), so the user's
+    ``PythonException`` reads ``An exception was thrown from the Python worker:`` and then this message.
+    Any other error keeps its traceback. The worker ends after an error, so what this sets ends with it."""
+    try:
+        yield from batches
+    except InvalidFeatureError as e:
+        from hvd_spark._internal.common.internals import hide_udf_worker_traceback
+
+        hide_udf_worker_traceback()
+        if hasattr(e, "__notes__"):  # e.g. an inference process's traceback (infer/remote.py): noise here
+            del e.__notes__
+        raise e.with_traceback(None) from None
+
+
+def _element_rows(arr, bad_values: Callable) -> np.ndarray | None:
+    """For a pyarrow list array: a bool mask of the rows holding an element (at any depth) that
+    ``bad_values`` (flattened values -> numpy bool mask, or None for none) flags, or None when there is
+    none (also for a non-list array). Vectorized: each flagged element's row comes from the rows'
+    lengths (null rows hold no values)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type)):
+    if not _is_list(arr):
         return None
     values = arr.flatten()  # the values of the rows, whatever the slice and the null rows
-    deeper = null_element_rows(values)
-    if values.null_count == 0 and deeper is None:
-        return None
-    bad = np.asarray(pc.is_null(values).to_numpy(zero_copy_only=False), dtype=bool)
+    deeper = _element_rows(values, bad_values)
+    bad = bad_values(values)
     if deeper is not None:
-        bad |= deeper
-    if not bad.any():
+        bad = deeper if bad is None else bad | deeper
+    if bad is None or not bad.any():
         return None
     # The row of each flattened value: flatten() leaves out what null rows hold, so count per row.
     lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     parents = np.repeat(np.arange(len(arr)), lengths)
     return np.bincount(parents[bad], minlength=len(arr)) > 0
+
+
+def _null_values(values) -> np.ndarray | None:
+    import pyarrow.compute as pc
+
+    if values.null_count == 0:
+        return None
+    return np.asarray(pc.is_null(values).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def nonfinite_values(values) -> np.ndarray | None:
+    """For a pyarrow array of numbers: a bool mask of its NaNs and infinities (a null is neither), or
+    None when it has none or is not of floating point (lists: see :func:`nonfinite_rows`)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if not pa.types.is_floating(values.type):
+        return None
+    bad = np.asarray(pc.fill_null(pc.invert(pc.is_finite(values)), False).to_numpy(zero_copy_only=False), dtype=bool)
+    return bad if bad.any() else None
+
+
+def null_element_rows(arr) -> np.ndarray | None:
+    """For a pyarrow list array: a bool mask of the rows that hold a null element (at any depth), or
+    None when there is none (also for a non-list array)."""
+    return _element_rows(arr, _null_values)
+
+
+def nonfinite_rows(arr) -> np.ndarray | None:
+    """For a pyarrow array of numbers or lists of them: a bool mask of the rows holding a NaN or an
+    infinity (at any depth), or None when there is none."""
+    return _element_rows(arr, nonfinite_values) if _is_list(arr) else nonfinite_values(arr)
+
+
+def _is_list(arr) -> bool:
+    import pyarrow as pa
+
+    t = arr.type
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
 def _output_arrays(arrays: list[np.ndarray], outputs: list[TensorSpec], valid: np.ndarray) -> list:
@@ -190,9 +259,9 @@ def predict_batches(
     """Pure batching (pandas): predicts each batch in chunks and yields a Series (one output) or a DataFrame.
 
     Each frame holds the ``k`` feature columns, then one status column per feature, computed by Spark
-    (:func:`feature_status`: 0 a value, 1 null, 2 an array with null elements), since pandas cannot
-    tell a null from a NaN. A row with a null feature or null elements raises (naming the column), or
-    with ``keep_invalid`` gets null outputs. A NaN value is a value: the model gets it.
+    (:func:`feature_status`: 0 a value, 1 null, 2 an array with null elements, 3 a NaN or an infinity),
+    since pandas cannot tell a null from a NaN. A row with a null feature, null elements, a NaN or an
+    infinity raises (naming the column and the rows), or with ``keep_invalid`` gets null outputs.
 
     A single-value output is an Arrow-backed Series, so that a NaN the model gave stays NaN (pyspark
     turns a NaN of a numpy-backed Series into a null). A list output is an object Series of arrays
@@ -209,7 +278,8 @@ def predict_batches(
         n = len(frame)
         status = frame.iloc[:, k : 2 * k].to_numpy(dtype=np.int8)
         if not keep_invalid:
-            _first_null(feature_cols, (status == 1).sum(axis=0).tolist(), n, (status == 2).sum(axis=0).tolist())
+            counts = [(status == kind).sum(axis=0).tolist() for kind in (1, 2, 3)]
+            _first_invalid(feature_cols, counts[0], n, counts[1], counts[2])
         valid = ~(status != 0).any(axis=1)
         rows = frame if valid.all() else frame[valid]
         columns = [rows.iloc[:, i].to_numpy() for i in range(k)]
@@ -238,7 +308,7 @@ def predict_arrow_batches(
 
     List features are reshaped from their flat values and list outputs built from flat values
     and offsets: no per-row Python on either side. A null feature, or an array with a null element,
-    makes the row invalid, as in :func:`predict_batches`; a NaN value goes to the model. ``transform``:
+    makes the row invalid, as in :func:`predict_batches`, and so does a NaN or an infinity. ``transform``:
     as in :func:`predict_batches` (the columns reach it as numpy).
     """
     import pyarrow as pa
@@ -250,16 +320,17 @@ def predict_arrow_batches(
         n = len(struct)
         cols = [struct.field(i) for i in range(struct.type.num_fields)]
         holes = [null_element_rows(c) for c in cols]
+        nonfinite = [nonfinite_rows(c) for c in cols]
         if not keep_invalid:
-            _first_null(
-                feature_cols, [c.null_count for c in cols], n, [0 if h is None else int(h.sum()) for h in holes]
-            )
+            rows = [[0 if m is None else int(m.sum()) for m in masks] for masks in (holes, nonfinite)]
+            _first_invalid(feature_cols, [c.null_count for c in cols], n, rows[0], rows[1])
         valid = np.ones(n, dtype=bool)
-        for c, h in zip(cols, holes):
+        for c, h, f in zip(cols, holes, nonfinite):
             if c.null_count:
                 valid &= np.asarray(pc.is_valid(c).to_numpy(zero_copy_only=False), dtype=bool)
-            if h is not None:
-                valid &= ~h
+            for mask in (h, f):
+                if mask is not None:
+                    valid &= ~mask
         if not valid.all():
             keep = pa.array(valid)
             cols = [c.filter(keep) for c in cols]

@@ -26,10 +26,16 @@ from hvd_spark._internal.infer.batching import (
     is_scalar,
     predict_arrow_batches,
     predict_batches,
+    short_errors,
 )
 from hvd_spark._internal.infer.cache import load_cached, load_uncached, model_version
 from hvd_spark._internal.infer.device import GPU_BATCH_SIZE, on_device, task_device
-from hvd_spark._internal.infer.expressions import arrow_udfs_available, feature_status, has_null_element
+from hvd_spark._internal.infer.expressions import (
+    arrow_udfs_available,
+    feature_status,
+    has_nonfinite,
+    has_null_element,
+)
 from hvd_spark._internal.ml.fit_params import boolean, choice, int_at_least
 from hvd_spark._internal.ml.params import ColumnParams, _checked, _param, with_accessors
 
@@ -52,12 +58,12 @@ class TFTransformer(
     (higher-rank outputs are flattened, row-major); a Spark ML Vector where the label column was one
     (``output_vectors``).
 
-    A row with a null feature, or with an array feature holding a null element, is invalid: refused by
-    default, naming the column (``handleInvalid="error"``); ``"keep"`` gives it null predictions,
-    ``"skip"`` leaves it out of the result. A NaN is a value, not a null: the model gets it, the same
-    with the Arrow and the pandas UDF. A NaN the model outputs stays NaN in its output column, and a
-    classifier's ``prediction``, ``probability`` and ``rawPrediction`` are null for that row: a NaN
-    never becomes a class.
+    A row with a null feature, with an array feature holding a null element, or with a NaN or an
+    infinity in a feature (fit refuses them too) is invalid: refused by default, naming the column and
+    the rows (``handleInvalid="error"``); ``"keep"`` gives it null predictions, ``"skip"`` leaves it
+    out of the result; the same with the Arrow and the pandas UDF. A NaN the model outputs stays NaN in
+    its output column, and a classifier's ``prediction``, ``probability`` and ``rawPrediction`` are
+    null for that row: a NaN never becomes a class.
 
     ``storage_options`` (fsspec options to read ``model_url``, such as an S3 endpoint and keys) are
     not a Spark ML Param: never saved, never shown by ``explainParams()``. A loaded transformer reads
@@ -210,8 +216,9 @@ class TFTransformer(
         return self._set(rawPredictionCol=value)
 
     def setHandleInvalid(self, value: str) -> "TFTransformer":
-        """What a row with a null feature (or an array feature with a null element) gets: ``"error"``
-        (default), ``"keep"`` (null predictions) or ``"skip"`` (the row is left out)."""
+        """What a row with a null feature (or an array feature with a null element, or a NaN or an
+        infinity in a feature) gets: ``"error"`` (default), ``"keep"`` (null predictions) or ``"skip"``
+        (the row is left out)."""
         return self._set(handleInvalid=value)
 
     def _classifier_cols(self) -> dict[str, str]:
@@ -391,8 +398,10 @@ class TFTransformer(
                 model = load_cached(key, url, opts, co_bytes, num_threads, device, warm_app)
                 rows = batch_size if device is None or batch_set else max(batch_size, GPU_BATCH_SIZE)
                 with on_device(device):
-                    yield from predict_arrow_batches(
-                        model, structs, inputs, outputs, feature_cols, output_cols, rows, keep, transformation()
+                    yield from short_errors(
+                        predict_arrow_batches(
+                            model, structs, inputs, outputs, feature_cols, output_cols, rows, keep, transformation()
+                        )
                     )
 
             # pyspark's stubs type returnType as a DataType literal; a StructType / ArrayType works.
@@ -404,8 +413,10 @@ class TFTransformer(
                 model = load_cached(key, url, opts, co_bytes, num_threads, device, warm_app)
                 rows = batch_size if device is None or batch_set else max(batch_size, GPU_BATCH_SIZE)
                 with on_device(device):
-                    yield from predict_batches(
-                        model, frames, inputs, outputs, feature_cols, output_cols, rows, keep, transformation()
+                    yield from short_errors(
+                        predict_batches(
+                            model, frames, inputs, outputs, feature_cols, output_cols, rows, keep, transformation()
+                        )
                     )
 
             udf = pandas_udf(predict, returnType=self._output_type(True))  # type: ignore[call-overload]
@@ -417,6 +428,8 @@ class TFTransformer(
         if invalid == "skip":
             present = [col(p).isNotNull() for info in infos for p in (info.parts or [info.name])]
             present += [~has_null_element(col(info.name)) for info in infos if info.kind == "array" and not info.parts]
+            nonfinite = [has_nonfinite(info, e) for info, e in zip(infos, exprs)]
+            present += [~F.coalesce(c, F.lit(False)) for c in nonfinite if c is not None]
             dataset = dataset.where(functools.reduce(operator.and_, present))
 
         def nan_back(column, spec):  # the pandas UDF's list outputs hold their NaNs as null elements

@@ -518,6 +518,7 @@ CONVERTERS: dict[str, Converter] = {
     "max_num_proc": int_at_least("max_num_proc", 1, optional=True),
     "elastic_timeout": seconds("elastic_timeout"),
     "checkpoint_every": checkpoint_every,
+    "keep_checkpoints": int_at_least("keep_checkpoints", 1, optional=True),
     "backend_env": environment,
     "mp_start_method": optional_choice("mp_start_method", ("fork", "spawn", "forkserver")),
     "tensorflow_dataset_prefetch_buffer_size": int_at_least("tensorflow_dataset_prefetch_buffer_size", 0),

@@ -80,6 +80,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         max_restarts: restarts of a failed training job from the latest checkpoint (default 0).
         min_num_proc, max_num_proc, elastic_timeout: elastic training (needs max_restarts >= 1).
         checkpoint_every: commits inside an epoch, every N steps or every period (``"90s"``).
+        keep_checkpoints: the newest N epoch checkpoints the store keeps of the run (default None: all).
         reader (``"arrow"``, default, or ``"petastorm"``), materialize (``"auto"``, ``"always"``,
             ``"never"``), reuse_data (``"auto"``, ``"always"``, ``"never"``): how the data is read,
             copied and reused (docs/estimator.md).
@@ -139,6 +140,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         max_num_proc: int | None = None,
         elastic_timeout: float | None = None,
         checkpoint_every: int | str | None = None,
+        keep_checkpoints: int | None = None,
         backend_env: dict[str, str] | None = None,
         mp_start_method: str | None = None,
         tensorflow_dataset_prefetch_buffer_size: int = 0,

@@ -91,6 +91,7 @@ HOW_IT_RUNS: dict[str, Any] = {
     "max_num_proc": None,
     "elastic_timeout": None,
     "checkpoint_every": None,
+    "keep_checkpoints": None,
     "reader": "arrow",
     "materialize": "auto",
     "reuse_data": "auto",
@@ -158,6 +159,7 @@ class FitParams:
     max_num_proc: int | None
     elastic_timeout: float | None
     checkpoint_every: int | str | None
+    keep_checkpoints: int | None
     backend_env: dict[str, str] | None
     mp_start_method: str | None
     tensorflow_dataset_prefetch_buffer_size: int

@@ -234,6 +234,13 @@ class EstimatorParams(ColumnParams):
         "also records which rows every rank has read, so that a restart or resize continues the epoch "
         "with exactly the rows left. Default None: checkpoints at epoch ends only.",
     )
+    keep_checkpoints = _checked(
+        "keep_checkpoints",
+        "How many epoch checkpoints of the run the store keeps: the newest N (an integer >= 1); older ones "
+        "are removed after each new one is written whole, never the newest (what a resume starts from) nor "
+        "the commits inside the epoch after it, nor, until the fit ends, the checkpoint it resumed from. "
+        "Default None: every epoch's checkpoint is kept.",
+    )
     backend_env = _checked(
         "backend_env",
         "Environment variables for every rank ({name: value}; horovod.spark's backend_env). They win over "

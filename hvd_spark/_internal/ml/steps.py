@@ -22,7 +22,7 @@ from hvd_spark._internal.common.specs import label_shapes, specs_to_dicts, with_
 from hvd_spark._internal.data import fit_data, leases
 from hvd_spark._internal.data.fit_data import FitInput, Identified, Written
 from hvd_spark._internal.data.stats import check_stats
-from hvd_spark._internal.data.store import Store, job_config
+from hvd_spark._internal.data.store import Store, job_config, prune_checkpoints
 from hvd_spark._internal.driver.progress import BATCH_INTERVAL, FitProgress, interactive
 from hvd_spark._internal.driver.signals import ends_on_sigterm
 from hvd_spark._internal.infer.transformer import TFTransformer
@@ -138,6 +138,8 @@ def _train_run(
                 from hvd_spark._internal.data.inplace import check_unchanged
 
                 check_unchanged(written.meta["files"], written.source)
+            if checked.p.keep_checkpoints is not None:  # the checkpoint it resumed from goes too, now
+                prune_checkpoints(checked.store, plan.run_id, checked.p.keep_checkpoints)
         except (RankFailedError, DataChangedError) as e:
             changed = isinstance(e, DataChangedError) or e.raised(DataChangedError)
             if not changed:
@@ -448,6 +450,8 @@ def _run_config(c: Checked, plan: plan_mod.ResumePlan, w: Written, units: tuple,
         fixed_val_steps=p.validation_steps_per_epoch,
         checkpoint_steps=every if isinstance(every, int) else None,
         checkpoint_seconds=every_seconds(every),
+        keep_checkpoints=p.keep_checkpoints,
+        kept_from=plan.resume.epoch if plan.resume is not None else None,
         resize_marker=f"{c.store.run_path(plan.run_id)}/_resize.json" if p.elastic else None,
         prefetch=p.tensorflow_dataset_prefetch_buffer_size,
         reader_workers=(1, 1)

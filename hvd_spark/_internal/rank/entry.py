@@ -101,6 +101,21 @@ def _gpu_operations() -> None:
     os.environ.update(gpu_operations(nccl, dict(os.environ)))
 
 
+def own_tempdir(workdir: str) -> str:
+    """Makes ``WORKDIR/tmp`` this process's temporary folder (``tempfile``'s, and ``TMPDIR`` for what
+    it starts): what the rank leaves there (TensorFlow autograph's generated modules, which it removes
+    only at an interpreter exit a rank never has; a checkpoint being written; a downloaded model) goes
+    with the work folder, which its task removes however the rank ended (``task/barrier.py``). A
+    forked rank needs ``tempfile.tempdir`` set: its warm server has cached its own."""
+    import tempfile
+
+    tmp = os.path.join(workdir, "tmp")
+    os.makedirs(tmp, exist_ok=True)  # MPI: the ranks of a host share their task's work folder
+    os.environ["TMPDIR"] = tmp
+    tempfile.tempdir = tmp
+    return tmp
+
+
 def entry(workdir: str) -> int:
     """Runs the payload in ``workdir`` as this process's one job and returns its exit code: what a
     fresh rank process does, and what a rank forked by a warm server does."""
@@ -115,6 +130,7 @@ def entry(workdir: str) -> int:
             stream.reconfigure(line_buffering=True)
     from hvd_spark._internal.common.events import report_init_when_done
 
+    own_tempdir(workdir)
     _gpu_operations()
     report_init_when_done()
     code = main(workdir)

@@ -145,7 +145,8 @@ class CheckpointCallback(keras.callbacks.Callback):
     An epoch after which the callbacks stopped training (EarlyStopping, TerminateOnNaN, the user's
     ``model.stop_training``) is recorded as the run's stop (``stopped``; ``data/stops.py``).
     Commits fall on multiples of ``step_multiple`` steps (``backward_passes_per_step``: never between
-    the batches of one update).
+    the batches of one update). ``keep`` (``keep_checkpoints``): after each epoch checkpoint, only the
+    newest ``keep`` epoch checkpoints stay, and the one this fit resumed from (``kept_from``).
     """
 
     def __init__(
@@ -163,6 +164,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         step_multiple: int = 1,
         stop_reason: Callable[[int, dict], str] | None = None,
         callback_states: Callable[[], list] | None = None,
+        keep: int | None = None,
+        kept_from: int | None = None,
     ):
         super().__init__()
         self.callback_states = callback_states  # the user's stateful callbacks' state (rank/carried.py)
@@ -173,6 +176,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.history: list[dict] = [dict(h) for h in history_so_far]
         self.data, self.every_steps, self.every_seconds = data, every_steps, every_seconds
         self.step_multiple = max(1, step_multiple)
+        self.keep, self.kept_from = keep, kept_from
         self.segment: Any = None  # the rank/cursor.Segment being trained: set by train() before each model.fit
         self._epoch = 0
         self._last_commit = time.monotonic()
@@ -205,7 +209,12 @@ class CheckpointCallback(keras.callbacks.Callback):
     def _write(self, epoch: int, step: int, meta: dict) -> None:
         """The checkpoint after ``epoch`` epochs and ``step`` steps of the next one."""
         from hvd_spark._internal.common.serde import save_model_file
-        from hvd_spark._internal.data.store import checkpoint_names, file_digest, remove_commits_before
+        from hvd_spark._internal.data.store import (
+            checkpoint_names,
+            file_digest,
+            prune_checkpoints,
+            remove_commits_before,
+        )
 
         what = f"epoch {epoch} step {step}" if step else f"epoch {epoch}"
         with busy(f"saving the checkpoint of {what}"):  # a large model to an object store: slow, not stalled
@@ -224,6 +233,8 @@ class CheckpointCallback(keras.callbacks.Callback):
             self.store.files.write_json(f"{ckpt_dir}/{meta_name}", dict(meta, time=time.time()))
             os.remove(local)
             remove_commits_before(self.store, self.run_id, epoch, step)
+            if self.keep is not None and step == 0:  # after the new one is whole (its JSON last)
+                prune_checkpoints(self.store, self.run_id, self.keep, also=self.kept_from)
         self._last_commit = time.monotonic()
 
     def on_epoch_begin(self, epoch, logs=None):

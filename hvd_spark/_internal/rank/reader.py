@@ -24,6 +24,7 @@ from hvd_spark._internal.common.choices import READERS
 from hvd_spark._internal.common.specs import ColumnInfo, TensorSpec, pack
 from hvd_spark._internal.rank.pysource import python_source
 from hvd_spark._internal.rank.rows import ParquetSet, column_values, epoch_batches, open_parquet
+from hvd_spark.errors import InvalidFeatureError
 
 
 def petastorm_available() -> bool:
@@ -527,7 +528,7 @@ def to_model_inputs(columns: Sequence, inputs: Sequence[TensorSpec], names: Sequ
             if spec.elements is not None:
                 arr = arr.reshape((len(arr), *spec.dims))
         except ValueError as e:
-            raise ValueError(
+            raise InvalidFeatureError(
                 f"Feature column '{name}' does not fit model input '{spec.name}' (shape {tuple(spec.shape)}, "
                 f"{spec.elements} values per row): {e}"
             ) from None

@@ -160,6 +160,8 @@ def train(cfg: RunConfig) -> dict:
                     step_multiple=cfg.backward_passes_per_step,
                     stop_reason=stop_reason(all_user_callbacks),
                     callback_states=lambda: capture(all_user_callbacks),
+                    keep=cfg.keep_checkpoints,
+                    kept_from=cfg.kept_from,
                 )
                 callbacks.append(ckpt_cb)
                 best = best_checkpoint(cfg, tmp)

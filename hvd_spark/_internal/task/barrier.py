@@ -7,7 +7,6 @@ would reach the driver.
 """
 
 import os
-import shutil
 import socket
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from hvd_spark._internal.common.outcomes import ABORTED, ERROR, RankOutcome, Tas
 from hvd_spark._internal.common.service import KIND, Kind, TaskClient
 from hvd_spark._internal.common.topology import RankInfo, assign_ranks, gpu_env, horovod_env, threads_env
 from hvd_spark._internal.task import netcheck, warm
+from hvd_spark._internal.task.procs import FolderJanitor
 from hvd_spark._internal.task.watch import Watch, read_outcome, report, run_watched, wait_for_end, write_payload
 
 # A rank's process: started fresh (``python -m``), or forked by the host's warm server (``task/warm.py``).
@@ -92,6 +92,7 @@ def run_task(spec: TaskSpec) -> list[bytes]:
     threading.Thread(target=_beat, args=(client, beating), daemon=True, name="hvd_spark-task-beat").start()
     server = None
     workdir = tempfile.mkdtemp(prefix="hvd_spark-")
+    janitor = FolderJanitor(workdir)  # the rank's folder goes however the task ends, killed included
     try:
         ip = client.local_ip
         hostname = socket.gethostname()
@@ -166,7 +167,7 @@ def run_task(spec: TaskSpec) -> list[bytes]:
         if server is not None:
             server.stop()
         client.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        janitor.close()
 
 
 def _task_gpus(ctx) -> list[str] | None:

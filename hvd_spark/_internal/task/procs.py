@@ -42,6 +42,61 @@ except OSError as e:  # e.g. mpirun not installed on this executor
 """
 
 
+# Runs as `python -s -S -c JANITOR <read fd> <folder>`: waits on a pipe whose other end only its task
+# holds. A byte: the task removed the folder itself. End of file without one: the task's process
+# died (Spark kills a cancelled task's Python worker, no `finally` runs), so the janitor removes it,
+# again a moment later for what a dying rank was still writing.
+JANITOR = """\
+import os, shutil, sys, time
+fd, path = int(sys.argv[1]), sys.argv[2]
+try:
+    done = os.read(fd, 1)
+except OSError:
+    done = b""
+if not done:
+    for delay in (0.0, 1.0, 3.0):
+        time.sleep(delay)
+        shutil.rmtree(path, ignore_errors=True)
+"""
+
+
+class FolderJanitor:
+    """Removes ``path`` whatever way this process ends: :meth:`close` removes it at once (the task's
+    ``finally``); if the process dies first (killed), a small process of its own, started here in a
+    session of its own (it outlives the task by design, for a few seconds at most), removes it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        read_end, self._write_end = os.pipe()
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-s", "-S", "-c", JANITOR, str(read_end), path],
+                pass_fds=(read_end,),
+                start_new_session=True,  # not in the task's process group: a kill of that group spares it
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        finally:
+            os.close(read_end)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Removes the folder, tells the janitor it is done, and reaps it (a worker Spark reuses must not
+        keep zombies)."""
+        import shutil
+
+        shutil.rmtree(self.path, ignore_errors=True)
+        try:
+            os.write(self._write_end, b"x")
+        except OSError:  # the janitor is gone already (killed): nothing to tell
+            pass
+        os.close(self._write_end)
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:  # it has nothing left to do: do not hold the task for it
+            self._proc.kill()
+
+
 def with_parent(cmd: Sequence[str], parent: int | None = None) -> list[str]:
     """``cmd`` run through the wrapper: killed by SIGKILL when ``parent`` (default: this process)
     dies, for the process ``cmd`` becomes (Linux; elsewhere ``cmd`` runs as it is)."""
