@@ -1,7 +1,7 @@
 """The restart policy of a fit: which failed training attempts start again, from the latest checkpoint."""
 
 from hvd_spark._internal.common.outcomes import HOST_UNREACHABLE, TASK_LOST
-from hvd_spark.errors import JobTimeoutError, LaunchError, RankFailedError
+from hvd_spark.errors import ExecutorPythonError, JobTimeoutError, LaunchError, RankFailedError
 
 # Failures of the distributed job itself: a rank that raised or whose process died, tasks that did
 # not start or a launch that broke, a job past its timeout. A new attempt may succeed (a lost
@@ -22,4 +22,6 @@ def should_restart(error: BaseException, restarts_so_far: int, max_restarts: int
     """
     if isinstance(error, RankFailedError) and error.exc_type.rsplit(".", 1)[-1] == "DataChangedError":
         return False  # the table changed under the fit: another attempt would read the changed files too
+    if isinstance(error, ExecutorPythonError):
+        return False  # every attempt would meet the same Python
     return isinstance(error, RESTARTABLE) and restarts_so_far < max_restarts

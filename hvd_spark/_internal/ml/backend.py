@@ -219,22 +219,20 @@ class SparkBackend(Backend):
             return int(options.num_proc)
         if self._num_proc is not None:
             return self._num_proc
-        from pyspark.sql import SparkSession
-
         from hvd_spark._internal.driver.options import resolve_launch_options
+        from hvd_spark._internal.driver.sessions import active_session
 
-        spark = self._kwargs.get("spark") or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+        spark = active_session(self._kwargs.get("spark"))
         return resolve_launch_options(spark, num_proc=None).num_proc
 
     def available_slots(self) -> int:
         """The barrier task slots of the executors registered now (elastic training sizes its attempts by
         them). A classic session only: Spark Connect does not show its executors to the client."""
-        from pyspark.sql import SparkSession
-
         from hvd_spark._internal.common import internals
         from hvd_spark._internal.common.topology import task_slots
+        from hvd_spark._internal.driver.sessions import active_session
 
-        spark = self._kwargs.get("spark") or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+        spark = active_session(self._kwargs.get("spark"))
         sc = getattr(spark, "sparkContext", None)
         if sc is None or type(spark).__module__.startswith("pyspark.sql.connect"):
             raise NotImplementedError(
@@ -250,9 +248,9 @@ class SparkBackend(Backend):
 
     def fixed_slots(self) -> int | None:
         """The task slots of a ``local[N]`` master, which never change; None on a cluster master."""
-        from pyspark.sql import SparkSession
+        from hvd_spark._internal.driver.sessions import active_session
 
-        spark = self._kwargs.get("spark") or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+        spark = active_session(self._kwargs.get("spark"))
         sc = getattr(spark, "sparkContext", None)
         master = (
             sc.master.strip() if sc is not None and not type(spark).__module__.startswith("pyspark.sql.connect") else ""
