@@ -115,6 +115,38 @@ def test_a_warm_rank_that_dies_or_raises_is_reported_as_a_fresh_one_would_be(spa
     assert all(r["preloaded"] and r["sum"] == [3.0] for r in after)
 
 
+def sleeper(flag: str):
+    open(flag, "w").close()
+    import time
+
+    time.sleep(120)
+
+
+def test_a_rank_whose_warm_server_was_killed_names_the_server(spark, tmp_path):
+    import threading
+    import time
+
+    server = hvd_spark.run(probe, args=("k",), num_proc=2, spark=spark, verbose=0, warm=True)[0]["ppid"]
+    flag, failed = tmp_path / "started", []
+
+    def job():
+        try:
+            hvd_spark.run(sleeper, args=(str(flag),), num_proc=2, spark=spark, verbose=0, warm=True)
+        except hvd_spark.RankFailedError as e:
+            failed.append(e)
+
+    t = threading.Thread(target=job)
+    t.start()
+    deadline = time.monotonic() + 120
+    while not flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(server, 9)
+    t.join(120)
+    assert failed, "the job did not fail with RankFailedError"
+    print(f"\n{str(failed[0]).splitlines()[0]}")
+    assert "the warm server" in str(failed[0]) and f"(pid {server}) that forked this rank was killed" in str(failed[0])
+
+
 def _digits_fit(train, store, seed, model_fn, warm: bool, monkeypatch):
     monkeypatch.setenv("HVD_SPARK_WARM", "1" if warm else "0")
     keras.utils.set_random_seed(seed)
