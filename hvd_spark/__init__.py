@@ -14,8 +14,8 @@ Public API:
     local_session: a SparkSession for one machine, set up for barrier jobs.
     FitSummary, RankSummary, Recovery: what ``TFTransformer.getFitSummary()`` reports about the fit.
     HvdSparkError, RankFailedError, JobTimeoutError, JobDeadlineError, RankStalledError, NotEnoughSlotsError,
-        LaunchError, RunInUseError, JobCancelledError, DataChangedError, StoreUnavailableError,
-        DataPreparationError: run-time errors.
+        LaunchError, ExecutorPythonError, RunInUseError, JobCancelledError, DataChangedError,
+        StoreUnavailableError, DataPreparationError: run-time errors.
     mark_progress: for functions run with ``run``: tells the stall watchdog this rank progresses.
     commit_state, committed_state: for functions run with ``run(..., max_restarts=...)``: rank 0's
         latest state, from which a restarted (or resized) attempt continues.
@@ -34,6 +34,7 @@ from hvd_spark._session import local_session
 from hvd_spark.errors import (
     DataChangedError,
     DataPreparationError,
+    ExecutorPythonError,
     HvdSparkError,
     JobCancelledError,
     JobDeadlineError,
@@ -95,6 +96,7 @@ __all__ = [
     "commit_state",
     "committed_state",
     "LaunchError",
+    "ExecutorPythonError",
     "RunInUseError",
     "JobCancelledError",
     "StoreUnavailableError",

@@ -136,11 +136,9 @@ def run(
     if elastic_timeout is not None and not elastic:
         raise ValueError("elastic_timeout applies to elastic jobs only: set min_num_proc or max_num_proc too.")
     if elastic:
-        from pyspark.sql import SparkSession
+        from hvd_spark._internal.driver.sessions import active_session, is_connect
 
-        from hvd_spark._internal.driver.sessions import is_connect
-
-        if is_connect(spark or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()):
+        if is_connect(active_session(spark)):
             raise NotImplementedError(
                 "min_num_proc / max_num_proc count the executors' task slots, which a Spark Connect client cannot "
                 "see. Use a classic session, or a fixed num_proc with max_restarts."

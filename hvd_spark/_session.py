@@ -10,7 +10,8 @@ def local_session(
     """Returns a SparkSession on this machine (or the active one, if any).
 
     It binds the driver to the loopback address (``SPARK_LOCAL_IP`` defaults to 127.0.0.1),
-    makes Python workers use this interpreter (``PYSPARK_PYTHON``), turns off the UI and enables
+    makes Python workers use this interpreter (``PYSPARK_PYTHON``, unless it is set or ``conf`` has
+    ``spark.pyspark.python``), turns off the UI and enables
     Arrow for pandas conversions. Use it for examples, tests and single-machine jobs; on a cluster
     build your session as usual.
 
@@ -29,8 +30,9 @@ def local_session(
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    # Python workers run this interpreter (and so see the same packages) unless told otherwise.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Python workers run this interpreter (and so see the same packages) unless told otherwise: by
+    # PYSPARK_PYTHON, or by spark.pyspark.python in conf (pyspark's driver reads only the variable).
+    os.environ.setdefault("PYSPARK_PYTHON", (conf or {}).get("spark.pyspark.python") or sys.executable)
     os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
     builder = (
         SparkSession.builder.master(master)

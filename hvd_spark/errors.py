@@ -82,6 +82,37 @@ class LaunchError(HvdSparkError):
     """The Horovod job could not be started or was lost (tasks not scheduled, not answering)."""
 
 
+class ExecutorPythonError(LaunchError):
+    """The Spark executors' Python cannot run hvd_spark: it cannot import hvd_spark (or what hvd_spark
+    needs), or it has another version of hvd_spark than the driver. Found by the short job a fit
+    starts with its checks (before any data is written), or from the barrier stage's failure of
+    ``hvd_spark.run``. Never restarted: every attempt would meet the same Python.
+
+    The fix: ``PYSPARK_PYTHON`` (or ``spark.pyspark.python``) set, before the session starts, to a
+    Python with this hvd_spark installed (the driver's own on one machine), or a session from
+    ``hvd_spark.local_session()``, which sets it.
+
+    Attributes:
+        python: the executors' Python ("" when it did not start).
+        problem: what failed there, one line (``"ModuleNotFoundError: No module named 'hvd_spark'"``).
+        driver_version / executor_version: hvd_spark's versions ("" when not known).
+    """
+
+    def __init__(self, python: str, problem: str, driver_version: str = "", executor_version: str = ""):
+        self.python, self.problem = python, problem
+        self.driver_version, self.executor_version = driver_version, executor_version
+        where = f" ({python})" if python else ""
+        wanted = f"hvd_spark {driver_version}" if driver_version else "hvd_spark"
+        super().__init__(
+            f"The Spark executors' Python{where} cannot run hvd_spark's tasks: {problem}. Set PYSPARK_PYTHON (or "
+            f"spark.pyspark.python) before the SparkSession starts to a Python with {wanted} installed (the "
+            "driver's, on one machine), or use hvd_spark.local_session(), which does."
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.python, self.problem, self.driver_version, self.executor_version))
+
+
 class JobCancelledError(HvdSparkError):
     """The Spark job of a fit or ``run`` was cancelled from outside (``cancelAllJobs``, a cancelled job
     group, a notebook interrupt). Never restarted: the fit returns once its ranks have stopped."""

@@ -4,6 +4,7 @@ What must hold: a later job's ranks come from the server the first job started (
 imported), each job still runs in processes of its own (nothing of the previous job is left in
 them), results are the same as in fresh processes, and no server outlives its application."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -112,6 +113,38 @@ def test_a_warm_rank_that_dies_or_raises_is_reported_as_a_fresh_one_would_be(spa
     # The server is still serving: the next job is warm again.
     after = hvd_spark.run(probe, args=("after",), num_proc=2, spark=spark, verbose=0, warm=True)
     assert all(r["preloaded"] and r["sum"] == [3.0] for r in after)
+
+
+def sleeper(flag: str):
+    open(flag, "w").close()
+    import time
+
+    time.sleep(120)
+
+
+def test_a_rank_whose_warm_server_was_killed_names_the_server(spark, tmp_path):
+    import threading
+    import time
+
+    server = hvd_spark.run(probe, args=("k",), num_proc=2, spark=spark, verbose=0, warm=True)[0]["ppid"]
+    flag, failed = tmp_path / "started", []
+
+    def job():
+        try:
+            hvd_spark.run(sleeper, args=(str(flag),), num_proc=2, spark=spark, verbose=0, warm=True)
+        except hvd_spark.RankFailedError as e:
+            failed.append(e)
+
+    t = threading.Thread(target=job)
+    t.start()
+    deadline = time.monotonic() + 120
+    while not flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(server, 9)
+    t.join(120)
+    assert failed, "the job did not fail with RankFailedError"
+    print(f"\n{str(failed[0]).splitlines()[0]}")
+    assert "the warm server" in str(failed[0]) and f"(pid {server}) that forked this rank was killed" in str(failed[0])
 
 
 def _digits_fit(train, store, seed, model_fn, warm: bool, monkeypatch):
@@ -260,3 +293,103 @@ def test_servers_end_when_idle_and_with_the_application(tmp_path):
     assert len(result["busy"]) == 1
     assert result["left"] == [], "a warm server outlived its application"
     assert not psutil.pid_exists(result["busy"][0]) or psutil.Process(result["busy"][0]).status() == "zombie"
+
+
+APP_STOPPED_EARLY = """
+import json, os, sys, threading, time
+import psutil
+import hvd_spark
+
+mode, marker = sys.argv[1], os.environ["HVD_SPARK_TEST_APP"]
+spark = hvd_spark.local_session("local[2]", prewarm=False)
+spark.sparkContext.setLogLevel("OFF")
+
+
+def ours():
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            hvd = {"hvd_spark._internal.task.warm", "hvd_spark._internal.rank.entry"} & set(p.info["cmdline"] or [])
+            if hvd and p.environ().get("HVD_SPARK_TEST_APP") == marker:
+                found.append(p.pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+def work():
+    try:
+        if mode == "fit":
+            import keras
+            from hvd_spark import HorovodEstimator
+
+            df = spark.createDataFrame([([float(i % 7), 1.0], i % 2) for i in range(256)], "x array<float>, y long")
+            model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, activation="sigmoid")])
+            HorovodEstimator(
+                num_proc=2, store=sys.argv[2], model=model, optimizer="sgd", loss="binary_crossentropy",
+                feature_cols=["x"], label_cols=["y"], batch_size=8, epochs=50, verbose=0,
+            ).fit(df)
+        else:
+            hvd_spark.run(time.sleep, args=(120,), num_proc=2, verbose=0)
+    except BaseException:
+        pass
+
+
+threading.Thread(target=work, daemon=True).start()
+began, deadline = time.time(), time.time() + 240
+while not ours() and time.time() < deadline:  # the first process of a warm server (it imports for seconds)
+    time.sleep(0.05)
+seen = ours()
+threading.Timer(60, lambda: os._exit(3)).start()  # a stop that hangs would leave the test nothing to see
+spark.stop()
+print("RESULT " + json.dumps({"seen": seen, "after": round(time.time() - began, 2)}), flush=True)
+os._exit(0)
+"""
+
+
+HVD_MODULES = {SERVER, "hvd_spark._internal.rank.entry"}  # on the command line of every process of hvd_spark's
+
+
+@pytest.mark.parametrize("mode", ["fit", "run"])
+def test_an_application_stopped_in_its_first_seconds_leaves_no_process(tmp_path, mode):
+    """The application (a driver process of its own) stops as soon as its fit's or run's first warm
+    server process appears, while that server imports TensorFlow: 10 s after the application ends,
+    no process of hvd_spark that it started is alive (they carry the test's marker variable)."""
+    import json
+    import time
+
+    marker = f"stopped-early-{mode}-{os.getpid()}-{tmp_path.name}"
+    env = dict(os.environ, HVD_SPARK_TEST_APP=marker, HVD_SPARK_WARM="1", PYSPARK_PYTHON=sys.executable)
+    args = [sys.executable, "-c", APP_STOPPED_EARLY, mode, str(tmp_path / "store")]
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=400, cwd=str(tmp_path))
+    ended = time.monotonic()
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert out.returncode == 0 and lines, out.stdout[-2000:] + out.stderr[-3000:]
+    app = json.loads(lines[-1][len("RESULT ") :])
+    assert app["seen"], "the application saw no warm server start"
+
+    def ours() -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter(["cmdline", "status"]):
+            try:
+                if (
+                    set(p.info["cmdline"] or []) & HVD_MODULES  # a warm server, its children, a cold rank
+                    and p.info["status"] != psutil.STATUS_ZOMBIE
+                    and p.environ().get("HVD_SPARK_TEST_APP") == marker
+                ):
+                    found.append(p)
+            except psutil.Error:
+                pass
+        return found
+
+    last = 0.0
+    while time.monotonic() - ended < 10.0:
+        if ours():
+            last = time.monotonic() - ended
+        time.sleep(0.2)
+    left = ours()
+    print(f"\n{mode}: stopped {app['after']} s after its start; hvd_spark processes seen until {last:.1f} s after")
+    for p in left:  # this test's own (by the marker): not left to run for 10 minutes
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    assert not left, f"alive 10 s after their application ended: {[(p.pid, p.info['cmdline'][:3]) for p in left]}"

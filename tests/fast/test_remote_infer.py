@@ -56,7 +56,7 @@ def test_a_worker_finds_the_live_server_of_its_application_with_its_environment(
 
 def test_a_server_describes_itself_without_the_values_of_its_environment(home, monkeypatch):
     monkeypatch.setenv("HVD_SPARK_TEST_SECRET", "s3cr3t-value")
-    warm._Server(home, "ccc", 1.0, os.getpid(), "app-3")._describe()
+    warm._Server(home, "ccc", 1.0, os.getpid(), forks.create_time(os.getpid()), "app-3")._describe()
     with open(os.path.join(home, "ccc.json")) as f:
         assert "s3cr3t-value" not in f.read()  # a digest, not the values (credentials live there)
     fd = os.open(os.path.join(home, "ccc.lock"), os.O_RDWR | os.O_CREAT, 0o600)
@@ -217,8 +217,9 @@ def test_a_server_forks_the_payload_a_request_names(home):
     import time
 
     code = (
-        "from hvd_spark._internal.task import procs, warm; procs.load_prctl(); "
-        f"warm._Server({home!r}, 'ddd', 30.0, {os.getpid()}).serve()"
+        "from hvd_spark._internal.common import forks; from hvd_spark._internal.task import procs, warm; "
+        f"procs.load_prctl(); warm._Server({home!r}, 'ddd', 30.0, {os.getpid()}, "
+        f"forks.create_time({os.getpid()})).serve()"
     )
     server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
     sock = os.path.join(home, "ddd.sock")

@@ -17,8 +17,10 @@ import hashlib
 import json
 import os
 import socket
+import struct
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 
 from hvd_spark._internal.common import settings
@@ -77,6 +79,115 @@ def home() -> str:
     if st.st_uid != os.getuid() or st.st_mode & 0o077 or not os.path.isdir(path) or os.path.islink(path):
         raise PermissionError(f"{path} is not a private folder of this user: warm ranks are off")
     return path
+
+
+SERVER_FILES = (".sock", ".json", ".json.tmp", ".log", ".lock")  # a server's files: <fingerprint><suffix>
+STALE_AFTER = 60.0  # seconds without a change before the files of a server that holds no lock are stale
+
+
+def server_files(folder: str, fp: str, *, log: bool = True) -> list[str]:
+    """The paths of the server ``fp``'s files in ``folder``, its lock last (and its log unless ``log=False``)."""
+    return [os.path.join(folder, fp + s) for s in SERVER_FILES if log or s != ".log"]
+
+
+def remove_server_files(folder: str, fp: str, *, log: bool = True) -> None:
+    """Removes the files of the server ``fp`` (the caller holds its lock, or no server does): the lock
+    last, so that a server starting meanwhile takes a fresh one (``warm.py``'s ``_take_lock``)."""
+    for path in server_files(folder, fp, log=log):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def sweep_stale(folder: str, keep: str = "", stale_after: float = STALE_AFTER) -> list[str]:
+    """Removes the files of dead servers from ``folder``: every fingerprint but ``keep`` whose lock no
+    live server holds and whose files have not changed for ``stale_after`` seconds (a server being
+    started has just touched its log). Returns the fingerprints removed. A new server calls this."""
+    groups: dict[str, list[str]] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            suffix = next((s for s in SERVER_FILES if name.endswith(s)), None)
+            if suffix is not None and name != suffix:
+                groups.setdefault(name[: -len(suffix)], []).append(os.path.join(folder, name))
+    removed = []
+    now = time.time()
+    for fp, paths in sorted(groups.items()):
+        if fp == keep:
+            continue
+        try:
+            if now - max(os.lstat(p).st_mtime for p in paths) < stale_after:
+                continue
+        except OSError:
+            continue  # changed meanwhile: a server is starting or stopping
+        lock = os.path.join(folder, f"{fp}.lock")
+        fd = None
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(lock, os.O_RDONLY)
+        try:
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a live server's
+            remove_server_files(folder, fp)  # under its lock: no server of fp starts meanwhile
+            removed.append(fp)
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return removed
+
+
+def take_lock(path: str, tries: float = 1.0) -> int | None:
+    """An exclusive lock on ``path`` (a server's, held while it lives), or None when another server of
+    the fingerprint holds it. Retried for ``tries`` seconds: ``forks.sweep_stale`` holds a dead
+    server's lock a moment while it removes its files, and the file must still be ``path``'s after."""
+    give_up = time.monotonic() + tries
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if time.monotonic() > give_up:
+                return None
+            time.sleep(0.05)
+            continue
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # removed (or replaced) before the lock was taken: take the path's own
+
+
+def log_tail(folder: str, fp: str) -> str:
+    """The last line of the server ``fp``'s log ("" when there is none)."""
+    try:
+        with open(os.path.join(folder, f"{fp}.log"), "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 2048))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def peer_pid(conn: socket.socket) -> int | None:
+    """The pid of the process at the other end of a Unix socket (Linux), or None."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return struct.unpack("3i", creds)[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def create_time(pid: int) -> float | None:
+    """When process ``pid`` started (what tells it from a later process given the same pid), or None
+    when it is gone."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
 
 
 def connect(path: str) -> socket.socket | None:

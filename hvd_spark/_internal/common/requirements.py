@@ -1,4 +1,6 @@
-"""The optional pieces hvd_spark needs where it runs, and the error that names the extra to install.
+"""The optional pieces hvd_spark needs where it runs, and the error that names the extra to install;
+and the executors' Python: which failures of a Spark job say it cannot run hvd_spark, and what the
+executors' check (``driver/prewarm.py``) answers.
 
 A bare ``pip install hvd_spark`` brings neither Spark nor TensorFlow (pyproject.toml explains why):
 the user picks ``spark`` or ``connect-client`` and ``cpu`` or ``gpu``, or uses the ones a managed
@@ -7,6 +9,10 @@ top-level name loads nothing), so they cost nothing where the packages are there
 """
 
 import importlib.util
+import json
+import re
+
+from hvd_spark.errors import ExecutorPythonError
 
 SPARK_EXTRAS = (
     "pip install 'hvd_spark[spark]' (the full pyspark: local Spark, clusters, a local Connect server) or "
@@ -49,3 +55,37 @@ def require(what: str, *, spark: bool = False, tensorflow: bool = False) -> None
     message = missing_message(what, spark=spark, tensorflow=tensorflow)
     if message is not None:
         raise ModuleNotFoundError(message)
+
+
+# What a Spark job's error says when the executors' Python cannot run hvd_spark: an import that
+# failed there (hvd_spark, or what it needs), an interpreter that does not exist, another Python.
+_EXECUTOR_PYTHON = re.compile(
+    r"(?:ModuleNotFoundError|ImportError): [^\n]+"
+    r"|Cannot run program \"[^\"]*\"[^\n]*"
+    r"|Python in worker has different version[^\n]*"
+)
+
+
+def executor_python_problem(text: str) -> str | None:
+    """The line of a failed Spark job's error that says the executors' Python cannot run hvd_spark
+    (``"ModuleNotFoundError: No module named 'hvd_spark'"``), or None when it says nothing of the kind."""
+    found = _EXECUTOR_PYTHON.findall(text or "")
+    return found[-1].strip().rstrip(".")[:300] if found else None
+
+
+def executors_check(answers: list[str], driver_version: str) -> ExecutorPythonError | None:
+    """The error of the executors' answers (``driver/prewarm.py``'s job: one JSON object per task, with
+    ``python`` and ``version``, or ``error``), or None when every one can run this hvd_spark."""
+    for raw in answers:
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            continue  # not an answer of this check
+        python = str(answer.get("python", ""))
+        if answer.get("error"):
+            return ExecutorPythonError(python, str(answer["error"]), driver_version)
+        version = str(answer.get("version", ""))
+        if version != driver_version:
+            problem = f"it has hvd_spark {version or '(unknown version)'}, the driver {driver_version}"
+            return ExecutorPythonError(python, problem, driver_version, version)
+    return None

@@ -4,6 +4,7 @@ from hvd_spark._internal.common.outcomes import HOST_UNREACHABLE, TASK_LOST
 from hvd_spark.errors import (
     DamagedFileError,
     DataChangedError,
+    ExecutorPythonError,
     JobDeadlineError,
     JobTimeoutError,
     LaunchError,
@@ -31,4 +32,6 @@ def should_restart(error: BaseException, restarts_so_far: int, max_restarts: int
         return False  # a file changed or damaged under the fit: another attempt would read the same bytes
     if isinstance(error, JobDeadlineError):
         return False  # the whole job's time is spent: another attempt would have none
+    if isinstance(error, ExecutorPythonError):
+        return False  # every attempt would meet the same Python
     return isinstance(error, RESTARTABLE) and restarts_so_far < max_restarts

@@ -257,7 +257,9 @@ class DriverService:
         if kind == Kind.LOG:
             if self._on_log is not None:
                 self._on_log(int(msg.get("rank", -1)), str(msg.get("line", "")))
-            else:
+            if msg.get("level") == "warning":  # the task's own word about its rank (a warm server not ready)
+                rank_logger.warning("[rank %s] %s", msg.get("rank"), msg.get("line", ""))
+            elif self._on_log is None:
                 rank_logger.info("[rank %s] %s", msg.get("rank"), msg.get("line", ""))
         elif kind == Kind.RANK:
             with self._lock:

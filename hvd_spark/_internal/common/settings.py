@@ -285,6 +285,12 @@ WARM_IDLE = _setting(
     "warm_idle", "HVD_SPARK_WARM_IDLE", None, "seconds", 600.0, ("task",),
     "Seconds an idle warm server lives (the task's environment, with the job's `env`).",
 )  # fmt: skip
+WARM_START_TIMEOUT = _setting(
+    "warm_start_timeout", "HVD_SPARK_WARM_START_TIMEOUT", None, "seconds", 120.0, ("task",),
+    "Seconds a warm server may take to import TensorFlow, Keras and Horovod (3-5 s on an idle machine): "
+    "past them it ends, and a task that waited as long for it starts its rank cold, with the warning "
+    "`warm server ... not ready` on the driver (the task's environment, with the job's `env`).",
+)  # fmt: skip
 PROGRESS = _setting(
     "progress", "HVD_SPARK_PROGRESS", None, "bool", None, ("driver",),
     "The fit's live progress bar on / off; unset: on when stderr is a TTY or in a notebook.",

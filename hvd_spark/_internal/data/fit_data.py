@@ -49,7 +49,6 @@ def parquet_input(path: str, validation_path: str | None, store: Store) -> FitIn
     Raises:
         ValueError: no Parquet files at ``path`` or ``validation_path``, or only validation files at ``path``.
     """
-    from pyspark.sql import SparkSession
 
     from hvd_spark._internal.data import inplace
 
@@ -68,7 +67,9 @@ def parquet_input(path: str, validation_path: str | None, store: Store) -> FitIn
     fs, first = sources.file_system(found["path"][0], inplace.options_for(found["path"][0], store))
     with fs.open(first, "rb") as f:
         schema = pq.ParquetFile(f).schema_arrow
-    spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+    from hvd_spark._internal.driver.sessions import active_session
+
+    spark = active_session()
     frame = spark.createDataFrame([], inplace.spark_schema(schema))
     val_files = set(found.get("validation_path", []))
     found["path"] = [f for f in found["path"] if f not in val_files]  # a validation folder inside path

@@ -26,7 +26,7 @@ import cloudpickle
 from hvd_spark._internal.driver.classic import launch_classic
 from hvd_spark._internal.driver.connect import launch_connect
 from hvd_spark._internal.driver.options import LaunchOptions, resolve_launch_options
-from hvd_spark._internal.driver.sessions import is_connect
+from hvd_spark._internal.driver.sessions import active_session, is_connect
 from hvd_spark._internal.driver.slots import SLOTS
 
 logger = logging.getLogger(__name__)
@@ -74,10 +74,8 @@ def launch(
     output and progress while it runs; without it they reach the client when the job ends.
     ``on_log(rank, line)`` receives the ranks' output lines instead of the ``hvd_spark.rank`` logger.
     """
-    from pyspark.sql import SparkSession
-
     payload = pickled_payload(fn, args, kwargs)
-    spark = spark or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+    spark = active_session(spark)
     if options is None:
         options = resolve_launch_options(
             spark,

@@ -1,56 +1,116 @@
-"""Warm servers started ahead of a job: the executors import TensorFlow while the driver prepares."""
+"""The short job a fit starts with its checks: each of its tasks checks that the executor's Python can
+run hvd_spark (it imports this hvd_spark version) and, for warm ranks, starts the host's warm server,
+so that TensorFlow is imported while the driver does other work. The fit waits for the answer before
+it writes any data: a Python without hvd_spark is then a one-line ``ExecutorPythonError``, not a
+failed barrier stage after the data was written."""
 
+import importlib
 import logging
 import threading
 import time
 
 from hvd_spark._internal.driver.options import LaunchOptions
 from hvd_spark._internal.driver.sessions import is_connect
+from hvd_spark.errors import ExecutorPythonError
 
 logger = logging.getLogger(__name__)
 
 
-def prewarm(spark, options: LaunchOptions, background: bool = False) -> threading.Thread | None:
-    """Has the executors start their warm servers now (a short Spark job of ``num_proc`` tasks),
-    so that they import TensorFlow while the driver does other work (``fit`` checks and
-    materializes its data meanwhile). Best effort: a failure only means the job starts its ranks
-    cold. With ``background``, the job runs in a thread of its own (returned)."""
-    if not options.forks_warm:
-        return None
+class Prewarm:
+    """The job's answer, once it came: :meth:`wait` for it."""
+
+    def __init__(self) -> None:
+        self.error: ExecutorPythonError | None = None
+        self.seconds = 0.0  # the job's duration
+        self._done = threading.Event()
+
+    def wait(self, timeout: float) -> float:
+        """Waits up to ``timeout`` seconds for the answer. Returns the seconds waited.
+
+        Raises:
+            ExecutorPythonError: the executors' Python cannot run hvd_spark.
+        """
+        began = time.monotonic()
+        if not self._done.wait(timeout):
+            logger.warning(
+                "the executors' check (a Spark job of the fit) did not answer within %.0f s (start_timeout); "
+                "going on without it",
+                timeout,
+            )
+        if self.error is not None:
+            raise self.error
+        return time.monotonic() - began
+
+
+def prewarm(spark, options: LaunchOptions, background: bool = False) -> Prewarm:
+    """Runs the job (``num_proc`` tasks): each checks the executor's Python and, when the job's ranks
+    are warm (``options.forks_warm``), starts the host's warm server. With ``background``, the job
+    runs in a thread of its own. Only a Python that cannot run hvd_spark is an error (``wait``);
+    any other failure only means that the ranks start cold."""
+    answer = Prewarm()
     if background:
-        t = threading.Thread(target=prewarm, args=(spark, options), name="hvd_spark-prewarm", daemon=True)
-        t.start()
-        return t
+        threading.Thread(target=_run, args=(spark, options, answer), name="hvd_spark-prewarm", daemon=True).start()
+    else:
+        _run(spark, options, answer)
+    return answer
+
+
+def _run(spark, options: LaunchOptions, answer: Prewarm) -> None:
     from hvd_spark._internal.common.logs import rank_env_defaults
+    from hvd_spark._internal.common.requirements import executor_python_problem, executors_check
 
     extra, threads, app, n = rank_env_defaults(options.env), int(options.num_threads), options.app, options.num_proc
+    warm = options.forks_warm
+    version = importlib.import_module("hvd_spark").__version__
 
-    def start(_):
-        from hvd_spark._internal.task.barrier import prewarm as task_prewarm
+    def start(_):  # on an executor: nothing of hvd_spark's until the imports below are checked
+        import json
+        import sys
 
         try:
-            yield task_prewarm(extra, threads, app)
-        except Exception as e:  # noqa: BLE001 - reported on the driver, the launch goes on cold
-            yield f"failed: {e}"
+            executor_version = importlib.import_module("hvd_spark").__version__
+            from hvd_spark._internal.task.barrier import prewarm as task_prewarm
+        except Exception as e:  # noqa: BLE001 - the driver says how to fix it
+            yield json.dumps({"python": sys.executable, "error": f"{type(e).__name__}: {e}"})
+            return
+        fp = ""
+        if warm:
+            try:
+                fp = task_prewarm(extra, threads, app)
+            except Exception as e:  # noqa: BLE001 - reported on the driver, the launch goes on cold
+                fp = f"failed: {e}"
+        yield json.dumps({"python": sys.executable, "version": executor_version, "fp": fp})
 
     t0 = time.monotonic()
     try:
-        if is_connect(spark):
-            import pandas as pd
+        try:
+            rows = _collect(spark, start, n)
+        except Exception as e:  # noqa: BLE001 - a Python that cannot run hvd_spark is the fit's error
+            problem = executor_python_problem(str(e))
+            if problem is not None:
+                answer.error = ExecutorPythonError("", problem, version)
+            else:
+                logger.info("could not start warm servers ahead of the job (%s); ranks start cold", e)
+            return
+        answer.error = executors_check(rows, version)
+        failed = [r for r in rows if '"fp": "failed' in r]
+        if failed:
+            logger.info("could not start warm servers ahead of the job (%s); ranks start cold", failed[0])
+        logger.debug("executors checked (warm servers asked for: %s) in %.2f s", warm, time.monotonic() - t0)
+    finally:
+        answer.seconds = time.monotonic() - t0
+        answer._done.set()
 
-            def start_batches(batches):
-                for _ in batches:
-                    pass
-                yield pd.DataFrame({"fp": list(start(None))})
 
-            rows = [r.fp for r in spark.range(0, n, 1, n).mapInPandas(start_batches, "fp string").collect()]
-        else:
-            rows = spark.sparkContext.parallelize(range(n), n).mapPartitions(start).collect()
-    except Exception as e:  # noqa: BLE001
-        logger.info("could not start warm servers ahead of the job (%s); ranks start cold", e)
-        return None
-    failed = [r for r in rows if r.startswith("failed")]
-    logger.debug("warm servers %s asked for in %.2f s", sorted(set(rows)), time.monotonic() - t0)
-    if failed:
-        logger.info("could not start warm servers ahead of the job (%s); ranks start cold", failed[0])
-    return None
+def _collect(spark, start, n: int) -> list[str]:
+    """``start``'s rows from ``n`` tasks, on a classic session or Spark Connect."""
+    if is_connect(spark):
+        import pandas as pd
+
+        def start_batches(batches):
+            for _ in batches:
+                pass
+            yield pd.DataFrame({"answer": list(start(None))})
+
+        return [r.answer for r in spark.range(0, n, 1, n).mapInPandas(start_batches, "answer string").collect()]
+    return spark.sparkContext.parallelize(range(n), n).mapPartitions(start).collect()

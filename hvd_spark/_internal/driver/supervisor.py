@@ -11,6 +11,7 @@ caller decides how to cancel what does not react to an abort.
 """
 
 import dataclasses
+import importlib
 import logging
 import time
 from collections.abc import Callable
@@ -30,7 +31,14 @@ from hvd_spark._internal.common.outcomes import (
     pick_failure,
 )
 from hvd_spark._internal.common.service import KIND, Kind
-from hvd_spark.errors import JobDeadlineError, JobTimeoutError, LaunchError, RankFailedError, RankStalledError
+from hvd_spark.errors import (
+    ExecutorPythonError,
+    JobDeadlineError,
+    JobTimeoutError,
+    LaunchError,
+    RankFailedError,
+    RankStalledError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -475,6 +483,12 @@ def conclude(
         message, ranks = explain_problem(report.problem, _stacks(records, report.problem.ranks))
         raise dataclasses.replace(report.problem, ranks=ranks).error(message)
     if stage_error is not None:
+        from hvd_spark._internal.common.requirements import executor_python_problem
+
+        problem = executor_python_problem(str(stage_error))
+        if problem is not None:  # the executors' Python cannot run hvd_spark: one line that says how to fix it
+            version = importlib.import_module("hvd_spark").__version__
+            raise ExecutorPythonError("", problem, version) from stage_error
         raise LaunchError(f"the Spark barrier stage of {description} failed: {stage_error}") from stage_error
     by_rank = {r.rank: r for r in records}
     missing = sorted(set(range(num_proc)) - set(by_rank))

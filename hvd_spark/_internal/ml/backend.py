@@ -219,11 +219,10 @@ class SparkBackend(Backend):
             return int(options.num_proc)
         if self._num_proc is not None:
             return self._num_proc
-        from pyspark.sql import SparkSession
-
         from hvd_spark._internal.driver.options import resolve_launch_options
+        from hvd_spark._internal.driver.sessions import active_session
 
-        spark = self._kwargs.get("spark") or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+        spark = active_session(self._kwargs.get("spark"))
         return resolve_launch_options(spark, num_proc=None).num_proc
 
     def available_slots(self, holding: int = 0) -> int:
@@ -236,23 +235,17 @@ class SparkBackend(Backend):
     def _held_slots(self) -> int:
         """The slots this driver's hvd_spark jobs hold now (``driver/slots.py``'s pool): two elastic fits
         side by side each size themselves by what the other leaves."""
-        from hvd_spark._internal.driver.sessions import application_id
+        from hvd_spark._internal.driver.sessions import active_session, application_id
         from hvd_spark._internal.driver.slots import SLOTS
 
-        spark = self._kwargs.get("spark")
-        if spark is None:
-            from pyspark.sql import SparkSession
-
-            spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
-        return SLOTS.held(application_id(spark))
+        return SLOTS.held(application_id(active_session(self._kwargs.get("spark"))))
 
     def _registered_slots(self) -> int:
-        from pyspark.sql import SparkSession
-
         from hvd_spark._internal.common import internals
         from hvd_spark._internal.common.topology import task_slots
+        from hvd_spark._internal.driver.sessions import active_session
 
-        spark = self._kwargs.get("spark") or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+        spark = active_session(self._kwargs.get("spark"))
         sc = getattr(spark, "sparkContext", None)
         if sc is None or type(spark).__module__.startswith("pyspark.sql.connect"):
             raise NotImplementedError(
@@ -268,9 +261,9 @@ class SparkBackend(Backend):
 
     def fixed_slots(self) -> int | None:
         """The task slots of a ``local[N]`` master, which never change; None on a cluster master."""
-        from pyspark.sql import SparkSession
+        from hvd_spark._internal.driver.sessions import active_session
 
-        spark = self._kwargs.get("spark") or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+        spark = active_session(self._kwargs.get("spark"))
         sc = getattr(spark, "sparkContext", None)
         master = (
             sc.master.strip() if sc is not None and not type(spark).__module__.startswith("pyspark.sql.connect") else ""

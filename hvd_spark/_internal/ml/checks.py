@@ -54,7 +54,7 @@ def check(data: FitInput, p: FitParams, backend_object: Any = None) -> Checked:
 
     dataset = data.frame
     ensure_visible(p.verbose)
-    options = _launch_options(dataset.sparkSession, p, backend_object)
+    options, executors = _launch_options(dataset.sparkSession, p, backend_object)
     model = p.model
     if needs_build(model):  # a subclassed model never called: built as fit's first batch would build it
         _build_from_columns(model, dataset, p.feature_cols)
@@ -72,6 +72,9 @@ def check(data: FitInput, p: FitParams, backend_object: Any = None) -> Checked:
     prediction = prediction_task(p.task, loss, outputs)
     f_infos, l_infos, w_info, validation = _column_infos(dataset, p, inputs, outputs)
     custom_objects = _check_shipped(p, model, outputs)
+    if executors is not None:  # the executors' Python can run hvd_spark: known before anything is written
+        waited = executors.wait(options.start_timeout)
+        logger.debug("the executors answered in %.2f s (the fit waited %.2f s)", executors.seconds, waited)
     store = Store.create(p.store)
     store.files.check_writable()
     source, how = read_in_place(
@@ -105,7 +108,9 @@ def check(data: FitInput, p: FitParams, backend_object: Any = None) -> Checked:
 
 def _launch_options(spark, p: FitParams, backend_object: Any):
     """Step 1a: the launch options (``driver/options.py``'s ``resolve_launch_options``: slots, backend,
-    timeouts); the executors' warm servers start in the background (``driver/prewarm.py``'s ``prewarm``)."""
+    timeouts), and the executors' check, started in the background (``driver/prewarm.py``'s ``prewarm``:
+    their Python can run hvd_spark; their warm servers start), whose answer :func:`check` waits for
+    (None when the ranks do not run on Spark)."""
     from hvd_spark._internal.common.logs import TF_LOG_LEVEL
     from hvd_spark._internal.driver.options import resolve_launch_options
     from hvd_spark._internal.driver.prewarm import prewarm
@@ -143,10 +148,11 @@ def _launch_options(spark, p: FitParams, backend_object: Any):
     if p.elastic:  # the first attempt's ranks: the slots there are, within the bounds (train_with_restarts waits)
         first = p.num_proc or (options.slots if p.max_num_proc is None else min(options.slots, p.max_num_proc))
         options = dataclasses.replace(options, num_proc=max(1, first))
+    executors = None
     if spark_launch:
         # The hosts' warm servers start importing TF now, while the checks and the data's writing run.
-        prewarm(spark, options, background=True)
-    return options
+        executors = prewarm(spark, options, background=True)
+    return options, executors
 
 
 def _match_model(dataset, p: FitParams, inputs, outputs) -> FitParams:

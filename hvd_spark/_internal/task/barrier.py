@@ -247,7 +247,9 @@ def _run_child(
     env[settings.ENV_RANK_STARTED] = repr(time.time())  # the rank's start-up profile counts from here
     # What the driver decided, unless it had nothing to go on: then this executor's own setting counts.
     use_warm = spec.warm and (spec.warm_set or settings.WARM.get(env=os.environ))
-    warm_proc = warm.spawn(RANK, env, workdir, spec.app, spec.start_timeout, args=(workdir,)) if use_warm else None
+    warm_proc = None
+    if use_warm:  # a server not ready in time (HVD_SPARK_WARM_START_TIMEOUT): cold, with a warning on the driver
+        warm_proc = warm.spawn(RANK, env, workdir, spec.app, spec.start_timeout, args=(workdir,), say=watch.warn)
     rc, aborted = run_watched(
         [sys.executable, "-m", RANK_MODULE, workdir],
         env,
@@ -256,4 +258,5 @@ def _run_child(
         spec.abort_grace,
         warm_proc,
     )
-    return read_outcome(workdir, rank, rc, aborted, list(watch.tails[rank])), watch
+    cause = warm_proc.server_cause() if warm_proc is not None else ""  # its server ended: named
+    return read_outcome(workdir, rank, rc, aborted, list(watch.tails[rank]), cause), watch

@@ -17,8 +17,14 @@ server of its own, or a fresh process when warm ranks are off (``HVD_SPARK_WARM=
 
 Lifetime: a server ends when it has had no request for ``HVD_SPARK_WARM_IDLE`` seconds (default
 600), and at once when the process it watches (the task's parent: Spark's Python daemon, which
-Spark stops with the SparkContext) is gone; its children die with it. A child whose task goes away
-(the connection closes) is killed with its process group, as a fresh rank dies with its task.
+Spark stops with the SparkContext) is gone; its children die with it. It watches that process from
+its first instant, while it imports (a thread until the imports are done, the serving loop after):
+the task that starts it passes the process's start time, so a server whose application stopped
+before it began ends at once. Its imports have a deadline (``HVD_SPARK_WARM_START_TIMEOUT``), and a
+task waits as long for it before it starts its rank cold. A child whose task goes away (the
+connection closes) is killed with its process group, as a fresh rank dies with its task; a task
+whose server ends while its rank runs is told why (or learns it was killed), and its rank's error
+names the server.
 
 What a child runs is not the server's choice: every request carries its payload
 (``common/forks.py``'s ``Payload``, a ``"module:function"`` the child imports after the fork),
@@ -34,11 +40,12 @@ only when the two environments differ in ``forks.INFER_IGNORED`` variables alone
 
 Files (one folder per user, mode 0700, under the temp dir): ``<fp>.sock`` the socket, ``<fp>.lock``
 held by the live server (no second server for one fingerprint), ``<fp>.log`` its output,
-``<fp>.json`` what it was started with (for transforms).
+``<fp>.json`` what it was started with (for transforms). A server removes them when it stops (a
+server whose imports failed keeps its log, for the task's warning), and a starting server removes
+those of dead servers (``forks.sweep_stale``).
 """
 
 import contextlib
-import fcntl
 import gc
 import hashlib
 import json
@@ -49,11 +56,27 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 from hvd_spark._internal.common import settings
-from hvd_spark._internal.common.forks import Payload, ask, connect, held, home, infer_key
+from hvd_spark._internal.common.forks import (
+    Payload,
+    ask,
+    connect,
+    create_time,
+    held,
+    home,
+    infer_key,
+    log_tail,
+    peer_pid,
+    remove_server_files,
+    sweep_stale,
+    take_lock,
+)
 from hvd_spark._internal.task import procs
 
 logger = logging.getLogger(__name__)
@@ -91,6 +114,11 @@ def idle_seconds(env: dict[str, str]) -> float:
     return settings.WARM_IDLE.get(env=env)
 
 
+def start_seconds(env: dict[str, str]) -> float:
+    """How long a server may take to import (``HVD_SPARK_WARM_START_TIMEOUT``), and a task wait for it."""
+    return settings.WARM_START_TIMEOUT.get(env=env)
+
+
 def server_env(env: dict[str, str]) -> dict[str, str]:
     """The part of a rank's environment a server is started with (and keyed by)."""
     return {k: v for k, v in env.items() if not k.startswith("HOROVOD_") and k not in PER_JOB}
@@ -108,13 +136,17 @@ def fingerprint(env: dict[str, str], app: str = "") -> str:
 class WarmProcess:
     """A rank forked by a warm server, with the part of ``subprocess.Popen``'s interface the task's
     supervision uses (``pid``, ``stdout``, ``poll``, ``wait``, ``returncode``). Its exit code comes
-    over the connection; a server that vanishes took the rank with it (reported as SIGKILL)."""
+    over the connection; a server that vanishes took the rank with it (reported as SIGKILL), and
+    :attr:`server_end` then says how the server ended."""
 
-    def __init__(self, conn: socket.socket, pid: int, stdout):
+    def __init__(self, conn: socket.socket, pid: int, stdout, fp: str = "", server_pid: int | None = None):
         self.conn = conn
         self.pid = pid
         self.stdout = stdout
+        self.fp = fp
+        self.server_pid = server_pid
         self.returncode: int | None = None
+        self.server_end: str | None = None  # how the server ended while the rank ran ("was killed", "stopped (...)")
         self._buf = b""
 
     def _read(self, timeout: float) -> None:
@@ -128,7 +160,10 @@ class WarmProcess:
         except OSError:
             data = b""
         if not data:
-            self.returncode = self._returncode() if b"\n" in self._buf else -signal.SIGKILL
+            if b"\n" in self._buf:
+                self.returncode = self._returncode()
+            else:  # the server went away without a word: killed (a stop says why)
+                self.returncode, self.server_end = -signal.SIGKILL, "was killed"
             self.conn.close()
             return
         self._buf += data
@@ -139,9 +174,23 @@ class WarmProcess:
     def _returncode(self) -> int:
         line = self._buf.split(b"\n", 1)[0]
         try:
-            return int(json.loads(line)["rc"])
-        except (ValueError, KeyError, TypeError):
+            reply = json.loads(line)
+            if reply.get("server"):
+                self.server_end = f"stopped ({reply['server']})"
+            return int(reply["rc"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            self.server_end = "sent no exit code"
             return -signal.SIGKILL
+
+    def server_cause(self) -> str:
+        """What ended the rank when its server ended first ("" otherwise), for the rank's error."""
+        if self.server_end is None:
+            return ""
+        pid = f" (pid {self.server_pid})" if self.server_pid else ""
+        return (
+            f"the warm server {self.fp}{pid} that forked this rank {self.server_end}, and its ranks with it "
+            f"(its log, while it lives: {os.path.join(home(), self.fp + '.log')})"
+        )
 
     def poll(self) -> int | None:
         self._read(0.0)
@@ -159,17 +208,26 @@ class WarmProcess:
 
 def ensure_server(env: dict[str, str], app: str = "", watch_pid: int | None = None) -> str:
     """Starts the server for this environment unless one lives (or is starting); returns its
-    fingerprint. Does not wait for it to be ready."""
+    fingerprint. Does not wait for it to be ready. The server watches ``watch_pid`` (default: this
+    process's parent, Spark's Python daemon) from its first instant.
+
+    Raises:
+        ProcessLookupError: the process to watch is already gone (its application stopped).
+    """
     fp = fingerprint(env, app)
     folder = home()
-    sock = os.path.join(folder, f"{fp}.sock")
-    if os.path.exists(sock) and held(os.path.join(folder, f"{fp}.lock")):
+    if held(os.path.join(folder, f"{fp}.lock")):  # it lives, or is starting (it holds its lock from the start)
         return fp
     watch = watch_pid if watch_pid is not None else os.getppid()
-    with open(os.path.join(folder, f"{fp}.log"), "ab") as log:
+    watch_started = create_time(watch)
+    if watch_started is None:
+        raise ProcessLookupError(f"process {watch}, which a warm server would serve, is gone")
+    log_path = os.path.join(folder, f"{fp}.log")
+    with open(log_path, "ab") as log:
+        os.utime(log_path)  # just changed: forks.sweep_stale leaves a starting server's files alone
         starter = subprocess.Popen(
             [sys.executable, "-m", "hvd_spark._internal.task.warm"]
-            + [folder, fp, str(idle_seconds(env)), str(watch), app],
+            + [folder, fp, str(idle_seconds(env)), str(watch), repr(watch_started), str(start_seconds(env)), app],
             env=server_env(env),
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -182,29 +240,50 @@ def ensure_server(env: dict[str, str], app: str = "", watch_pid: int | None = No
 
 
 def spawn(
-    payload: Payload, env: dict[str, str], workdir: str, app: str = "", timeout: float = 120.0, args: tuple = ()
+    payload: Payload,
+    env: dict[str, str],
+    workdir: str,
+    app: str = "",
+    timeout: float = 120.0,
+    args: tuple = (),
+    say: Callable[[str], None] | None = None,
 ) -> WarmProcess | None:
     """A rank forked by the warm server of ``env`` (started if needed, waited for up to ``timeout``
-    seconds), running ``payload`` (called with ``args``; the task's is ``rank/entry.py``'s
-    ``forked(workdir)``) with ``env`` and ``workdir`` as its working folder. None when no server
-    could serve: the caller starts a fresh process. Whether ranks are warm at all is the driver's
+    seconds and at most ``HVD_SPARK_WARM_START_TIMEOUT``), running ``payload`` (called with
+    ``args``; the task's is ``rank/entry.py``'s ``forked(workdir)``) with ``env`` and ``workdir`` as
+    its working folder. None when no server could serve: the caller starts a fresh process, and
+    ``say`` (the driver's warning) was told why. Whether ranks are warm at all is the driver's
     decision (``settings.WARM``: an explicit ``warm=`` wins over ``HVD_SPARK_WARM``), made before
     the task calls this."""
+
+    def cold(why: str) -> None:
+        logger.warning("%s; starting a fresh process", why)
+        if say is not None:
+            say(f"hvd_spark: {why}; this rank starts cold (a fresh process)")
+
     try:
         fp = ensure_server(env, app)
         folder = home()
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
-        logger.warning("warm ranks unavailable (%s); starting a fresh process", exc)
+        cold(f"warm ranks unavailable ({exc})")
         return None
     sock_path, lock_path = os.path.join(folder, f"{fp}.sock"), os.path.join(folder, f"{fp}.lock")
-    deadline = time.monotonic() + timeout
+    bound = min(timeout, start_seconds(env))
+    began = time.monotonic()
     conn = None
     while conn is None:
         conn = connect(sock_path)
         if conn is not None:
             break
-        if not held(lock_path) or time.monotonic() > deadline:
-            logger.warning("the warm server %s did not start (see %s.log); starting a fresh process", fp, fp)
+        waited = time.monotonic() - began
+        if not held(lock_path):
+            cold(f"warm server {fp} ended before it was ready ({log_tail(folder, fp) or 'no log'})")
+            return None
+        if waited > bound:
+            cold(
+                f"warm server {fp} not ready after {waited:.0f} s (HVD_SPARK_WARM_START_TIMEOUT={start_seconds(env):g} "
+                f"s; its log {os.path.join(folder, fp + '.log')}: {log_tail(folder, fp) or 'empty'})"
+            )
             return None
         time.sleep(0.05)
     read_end, write_end = os.pipe()
@@ -213,11 +292,11 @@ def spawn(
     except (OSError, ValueError, KeyError) as exc:
         conn.close()
         os.close(read_end)
-        logger.warning("the warm server %s could not start a rank (%s); starting a fresh process", fp, exc)
+        cold(f"warm server {fp} could not start a rank ({exc})")
         return None
     finally:
         os.close(write_end)
-    proc = WarmProcess(conn, pid, os.fdopen(read_end, "rb"))
+    proc = WarmProcess(conn, pid, os.fdopen(read_end, "rb"), fp, peer_pid(conn))
     proc._buf = rest
     if b"\n" in rest:
         proc.returncode = proc._returncode()
@@ -228,25 +307,55 @@ def spawn(
 
 
 def _alive(pid: int, started: float) -> bool:
-    import psutil
+    """Whether the process ``pid`` that started at ``started`` still runs (not another given its pid)."""
+    return create_time(pid) == started
 
-    try:
-        return psutil.Process(pid).create_time() == started
-    except psutil.Error:
-        return False
+
+def _quit(folder: str, fp: str, why: str, code: int = 0, keep_log: bool = False) -> None:
+    """Ends a server that is not serving yet: says why in its log, removes its files (its log too,
+    unless ``keep_log``: a failed start's log is what the waiting task quotes) and exits."""
+    print(f"{time.strftime('%H:%M:%S')} warm server {fp} stops: {why}", flush=True)
+    remove_server_files(folder, fp, log=not keep_log)
+    os._exit(code)
+
+
+class _StartGuard:
+    """While a server imports (seconds, or forever when an import hangs), a thread of its own ends it
+    when the process it serves is gone or the imports are past their deadline. Checked once in the
+    caller's thread first: a server whose application is already gone never imports anything."""
+
+    def __init__(self, folder: str, fp: str, watch_pid: int, watch_started: float, deadline: float):
+        self.folder, self.fp, self.watch_pid, self.watch_started = folder, fp, watch_pid, watch_started
+        self.limit, self.deadline = deadline, time.monotonic() + deadline
+        self._done = threading.Event()
+        self.check()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="hvd_spark-warm-guard")
+        self._thread.start()
+
+    def check(self) -> None:
+        if not _alive(self.watch_pid, self.watch_started):
+            _quit(self.folder, self.fp, f"process {self.watch_pid} (its Spark worker daemon) is gone")
+        if time.monotonic() > self.deadline:
+            why = f"its imports took more than {self.limit:g} s (HVD_SPARK_WARM_START_TIMEOUT)"
+            _quit(self.folder, self.fp, why, code=1, keep_log=True)
+
+    def _run(self) -> None:
+        while not self._done.wait(0.2):
+            self.check()
+
+    def stop(self) -> None:
+        """Ends the thread (a server forks its ranks single-threaded); the serving loop watches from here on."""
+        self._done.set()
+        self._thread.join()
 
 
 class _Server:
-    def __init__(self, folder: str, fp: str, idle: float, watch_pid: int, app: str = "", env=None):
-        import psutil
-
+    def __init__(
+        self, folder: str, fp: str, idle: float, watch_pid: int, watch_started: float, app: str = "", env=None
+    ):
         self.folder, self.fp, self.idle, self.app = folder, fp, idle, app
         self.env = dict(os.environ if env is None else env)  # as started: before its imports changed it
-        self.watch_pid = watch_pid
-        try:
-            self.watch_started = psutil.Process(watch_pid).create_time()
-        except psutil.Error:
-            self.watch_started = -1.0
+        self.watch_pid, self.watch_started = watch_pid, watch_started
         self.conns: dict[socket.socket, int] = {}  # connection -> its child's pid
         self.kill_at: dict[int, float] = {}  # child pid -> when to SIGKILL it (its task went away)
         self.last_busy = time.monotonic()
@@ -288,7 +397,7 @@ class _Server:
                 self.last_busy = now
             elif now - self.last_busy > self.idle:
                 self._stop(listener, path, f"idle for {self.idle:.0f} s")
-            if self.watch_started >= 0 and not _alive(self.watch_pid, self.watch_started):
+            if not _alive(self.watch_pid, self.watch_started):
                 self._stop(listener, path, f"process {self.watch_pid} (its Spark worker daemon) is gone")
 
     def _describe(self) -> None:
@@ -301,14 +410,16 @@ class _Server:
         os.replace(path + ".tmp", path)
 
     def _stop(self, listener: socket.socket, path: str, why: str) -> None:
+        """Ends the server: its files removed (the lock last), its children killed, and their tasks
+        told why (their ranks' errors name this server)."""
         print(f"{time.strftime('%H:%M:%S')} warm server {self.fp} stops: {why}", flush=True)
-        for stale in (path, os.path.join(self.folder, f"{self.fp}.json")):
-            with contextlib.suppress(OSError):
-                os.unlink(stale)
+        remove_server_files(self.folder, self.fp)
         listener.close()
-        for pid in self.conns.values():
+        for conn, pid in self.conns.items():
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"rc": -signal.SIGKILL, "server": why}).encode() + b"\n")
         os._exit(0)
 
     def _accept(self, listener: socket.socket) -> None:
@@ -424,33 +535,51 @@ def _reseed() -> None:
         np.random.seed(int.from_bytes(os.urandom(4), "little"))
 
 
-def _main(folder: str, fp: str, idle: float, watch_pid: int, app: str = "") -> None:
-    lock = os.open(os.path.join(folder, f"{fp}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+def _main(
+    folder: str, fp: str, idle: float, watch_pid: int, watch_started: float, deadline: float, app: str = ""
+) -> None:
+    lock = take_lock(os.path.join(folder, f"{fp}.lock"))  # held (open) while the server lives
+    if lock is None:
         os._exit(0)  # another server of this fingerprint lives or is starting
     if os.fork() > 0:
         os._exit(0)  # the starter leaves; the server (holding the lock) is nobody's child
     os.setsid()
     procs.load_prctl()  # resolved before any fork: a forked rank only calls it (no library loading)
     started = time.monotonic()
+    print(f"{time.strftime('%H:%M:%S')} warm server {fp} starts (pid {os.getpid()}, serving {watch_pid})", flush=True)
+    guard = _StartGuard(folder, fp, watch_pid, watch_started, deadline)  # ends it at once if that is gone
+    swept = sweep_stale(folder, keep=fp)
+    if swept:
+        print(f"removed the files of {len(swept)} dead warm server(s)", flush=True)
     launch_env = dict(os.environ)  # the imports below may set variables (TF, Keras): not part of the key
     import importlib
     import warnings
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    for name in PRELOAD:
-        importlib.import_module(name)
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    except BaseException as exc:  # noqa: BLE001 - the task waiting for it starts its rank cold, quoting this
+        traceback.print_exc()
+        _quit(folder, fp, f"importing {name} failed: {type(exc).__name__}: {exc}", code=1, keep_log=True)
+    guard.stop()
     # The imports' objects (millions, TensorFlow's) leave the collector's generations for good: a
     # forked rank's full collections then skip them (they cost 0.4-0.6 s in the middle of a short
     # fit otherwise) and do not write to the pages it shares with this server.
     gc.collect()
     gc.freeze()
     print(f"{time.strftime('%H:%M:%S')} warm server {fp}: imports took {time.monotonic() - started:.1f} s", flush=True)
-    _Server(folder, fp, idle, watch_pid, app, launch_env).serve()
+    _Server(folder, fp, idle, watch_pid, watch_started, app, launch_env).serve()
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else "")
+    _main(
+        sys.argv[1],
+        sys.argv[2],
+        float(sys.argv[3]),
+        int(sys.argv[4]),
+        float(sys.argv[5]),
+        float(sys.argv[6]),
+        sys.argv[7] if len(sys.argv) > 7 else "",
+    )

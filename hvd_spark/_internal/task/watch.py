@@ -114,6 +114,12 @@ class Watch:
         if not (self.quiet_tf and logs.is_tf_notice(line)):
             self.client.send({KIND: Kind.LOG, "rank": rank, "line": line})
 
+    def warn(self, line: str) -> None:
+        """A line of the task's own about its rank (a warm server not ready): in the rank's last lines,
+        and a warning on the driver whatever its ``verbose``."""
+        self.tails[self.default_rank].append(line)
+        self.client.send({KIND: Kind.LOG, "rank": self.default_rank, "line": line, "level": "warning"})
+
 
 _TAG = re.compile(r"\[1,(\d+)\]<std(?:out|err)>:")
 
@@ -135,8 +141,9 @@ def split_tagged(text: str, default_rank: int) -> list[tuple[int, str]]:
     return chunks
 
 
-def read_outcome(workdir: str, rank: int, rc: int | None, aborted: bool, tail) -> RankOutcome:
-    """Reads what a rank left in ``workdir``: its result, its error, or how its process ended."""
+def read_outcome(workdir: str, rank: int, rc: int | None, aborted: bool, tail, cause: str = "") -> RankOutcome:
+    """Reads what a rank left in ``workdir``: its result, its error, or how its process ended (and
+    ``cause``, what ended it when known: its warm server's end)."""
     result = os.path.join(workdir, f"result-{rank}.pkl")
     error = os.path.join(workdir, f"error-{rank}.pkl")
     if os.path.exists(result):
@@ -156,6 +163,8 @@ def read_outcome(workdir: str, rank: int, rc: int | None, aborted: bool, tail) -
         how = f"process killed by signal {-rc} ({signal_name(rc)})"
     else:
         how = f"process exited with code {rc} before reporting a result"
+    if cause:
+        how += f": {cause}"
     return RankOutcome(
         rank,
         ERROR,
