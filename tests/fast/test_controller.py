@@ -167,10 +167,13 @@ def test_a_timeout_after_a_lost_host_keeps_the_timeout_as_its_cause(tmp_path):
     assert "lost host(s) ['h7']" in str(got.value) and got.value.__cause__ is timeout
 
 
-def test_a_recoverys_time_runs_from_the_failure_slot_waits_included(tmp_path):
+@pytest.mark.parametrize("slots, event, kind", [(3, "lose", "shrink"), (2, "return", "grow")])
+def test_a_recoverys_time_runs_from_the_failure_or_stop_slot_waits_included(tmp_path, slots, event, kind):
+    """A grow's time runs from the ranks' stop (before: from after the wait for the slots, about 0 s)."""
     store = Store(str(tmp_path))
     backend = InProcessBackend(3)
-    writer = ElasticWriter(backend, {2: "lose"})
+    backend.slots = slots
+    writer = ElasticWriter(backend, {2: event})
     probe = controller.AttemptProbe()
 
     def rank_fn(cfg):  # rank 0 reports its first step at once, as a rank's position events do
@@ -189,9 +192,9 @@ def test_a_recoverys_time_runs_from_the_failure_slot_waits_included(tmp_path):
         model_bytes=_ModelBytes(),
         probe=probe,
     )
-    (shrink,) = c.run().recoveries
-    assert shrink.kind == "shrink"
-    assert shrink.seconds is not None and shrink.seconds >= 0.3  # the settle wait after the failure counts
+    (recovery,) = c.run().recoveries
+    assert recovery.kind == kind
+    assert recovery.seconds is not None and recovery.seconds >= 0.3  # the settle wait counts
 
 
 def test_run_restarts_what_a_fit_would_call_taken_over():

@@ -3,7 +3,6 @@ and ``fit_on_parquet`` both hand it their data as an argument, ``fit_on_parquet`
 than found in a query plan (no Spark: the files are written with pyarrow, the steps stood in for)."""
 
 import logging
-import socket
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ from hvd_spark._internal.common.specs import ColumnInfo
 from hvd_spark._internal.data import fit_data, inplace
 from hvd_spark._internal.data.fit_data import FitInput
 from hvd_spark._internal.data.store import Store
+from tests.fast.test_store_faults import _refused
 
 X = ColumnInfo("x", "scalar", "double", False)
 Y = ColumnInfo("y", "scalar", "bigint", True)
@@ -107,18 +107,6 @@ print("ok")
 def test_fit_and_fit_on_parquet_call_the_steps_with_their_data(tmp_path):
     out = subprocess.run([sys.executable, "-c", _ENTRIES, str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.split()[-1:] == ["ok"], out.stderr[-3000:]
-
-
-def _refused() -> ConnectionRefusedError:
-    """A real refused connection: a port nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    except ConnectionRefusedError as e:
-        return e
-    raise AssertionError("a closed port accepted a connection")
 
 
 def _a_plain_scan(monkeypatch, urls):

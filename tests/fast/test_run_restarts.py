@@ -5,23 +5,18 @@ failures are told apart by type, not by a name's ending. Ranks are played in pro
 backend is replaced by ``InProcessBackend``)."""
 
 import dataclasses
-import time
 
 import pytest
 
 import hvd_spark._run as run_mod
 from hvd_spark._internal.common.outcomes import TASK_LOST
 from hvd_spark._internal.common.restarts import should_restart
-from hvd_spark._internal.data.store import Store
 from hvd_spark._internal.driver.supervisor import Problem
 from hvd_spark._internal.ml import backend as backend_mod
-from hvd_spark._internal.ml import controller, policies
+from hvd_spark._internal.ml import policies
 from hvd_spark._internal.ml.backend import InProcessBackend, in_process_rank
-from hvd_spark._internal.ml.controller import Controller
 from hvd_spark._internal.ml.policies import FailureDecision, FailurePolicy
 from hvd_spark.errors import DataChangedError, JobDeadlineError, JobTimeoutError, RankFailedError, RunInUseError
-from tests.fast.test_elastic_planning import ElasticWriter, _elastic_cfg
-from tests.fast.test_fit_planning import _ModelBytes
 
 
 @pytest.fixture
@@ -102,36 +97,6 @@ def test_failures_are_told_apart_by_type_not_by_a_names_ending():
     with_cause = RankFailedError(0, "x", "y")
     with_cause.__cause__ = RunInUseError("taken", run_id="r")
     assert FailurePolicy(1).decide(with_cause, 0) is FailureDecision.TAKEN_OVER
-
-
-def test_a_resizes_time_counts_the_slot_wait(tmp_path):
-    store = Store(str(tmp_path))
-    backend = InProcessBackend(3)
-    backend.slots = 2
-    writer = ElasticWriter(backend, {2: "return"})
-    probe = controller.AttemptProbe()
-
-    def rank_fn(cfg):
-        if in_process_rank().rank == 0:
-            probe(0, {"kind": "position", "iterations": 1, "time": time.time()})
-        return writer(cfg)
-
-    scaling = policies.ElasticScaling(
-        policies.Elastic(min_num_proc=2, max_num_proc=3, timeout=5, poll=0.05, settle=0.3)
-    )
-    c = Controller(
-        backend,
-        rank_fn,
-        _elastic_cfg(store, "r", 3),
-        store,
-        failure=FailurePolicy(1),
-        scaling=scaling,
-        model_bytes=_ModelBytes(),
-        probe=probe,
-    )
-    (grow,) = c.run().recoveries
-    assert grow.kind == "grow" and writer.sizes == [2, 3]
-    assert grow.seconds is not None and grow.seconds >= 0.3  # before: from after the settle wait, ~0 s
 
 
 def test_two_elastic_jobs_of_one_driver_size_themselves_by_what_the_other_leaves(monkeypatch):
