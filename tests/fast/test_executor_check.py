@@ -22,6 +22,9 @@ ModuleNotFoundError: No module named 'cloudpickle'
 
 def test_a_failed_job_whose_executors_cannot_import_is_named_in_one_line():
     assert executor_python_problem(SPARK_ERROR) == "ModuleNotFoundError: No module named 'cloudpickle'"
+    # the user's own missing module is not the executors' Python: a LaunchError as before (restartable)
+    assert executor_python_problem(SPARK_ERROR.replace("'cloudpickle'", "'mylib'")) is None
+    assert executor_python_problem("ImportError: cannot import name 'x' from 'hvd_spark.errors' (/a.py)")
     missing = 'java.io.IOException: Cannot run program "/opt/py/bin/python": error=2, No such file or directory'
     assert executor_python_problem(missing).startswith('Cannot run program "/opt/py/bin/python"')
     assert executor_python_problem("Job aborted: ExecutorLostFailure (executor 1 exited)") is None

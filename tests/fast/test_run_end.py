@@ -143,3 +143,24 @@ def test_keep_checkpoints_keeps_the_checkpoint_of_early_stoppings_best_weights(s
     assert [c.epoch for c in removed] == [1, 3]
     assert [c.epoch for c in store.checkpoints("r1")] == [2, 4, 5]
     assert not store.files.exists(end_record_path(store, "r1", 3))
+
+
+def test_a_restart_after_the_model_was_uploaded_keeps_it(store):
+    """Rank 0 uploaded the fit's model and wrote the end record, then rank 1 failed (a lost task at
+    shutdown): the restart trains nothing and keeps that model (before: the last epoch's checkpoint was
+    copied over it, losing EarlyStopping's restore or checkpoint_callback's choice)."""
+    from hvd_spark._internal.common.outcomes import TASK_LOST
+    from hvd_spark._internal.ml.backend import in_process_rank
+    from hvd_spark.errors import RankFailedError
+
+    class LostAtShutdown(EpochWriter):
+        def __call__(self, cfg):
+            result = super().__call__(cfg)
+            if in_process_rank().rank == 1 and len(self.seen) == 1:
+                raise RankFailedError(1, TASK_LOST, "the executor was lost at shutdown", host="h1")
+            return result
+
+    _, trained, backend = _fit(store, "r1", 2, LostAtShutdown(), max_restarts=1)
+    assert backend.calls == 1 and trained.restarts == 1
+    assert store.files.read_bytes(store.model_path("r1", "fit-test")) == b"final model"
+    assert plan.model_path_of(store, _plan(store, "r1"), 2) == store.model_path("r1", "fit-test")

@@ -181,7 +181,17 @@ def peer_pid(conn: socket.socket) -> int | None:
 
 def create_time(pid: int) -> float | None:
     """When process ``pid`` started (what tells it from a later process given the same pid), or None
-    when it is gone."""
+    when it is gone: on Linux its start in clock ticks after boot (``/proc/<pid>/stat``), which a step
+    of the system clock (NTP, a resumed VM) does not move, unlike a wall-clock start time; elsewhere
+    psutil's."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[-1].split()  # after the command's name, which may hold spaces
+        return float(fields[19])
+    except FileNotFoundError:
+        return None
+    except (OSError, IndexError, ValueError):
+        pass
     import psutil
 
     try:

@@ -60,7 +60,10 @@ def require(what: str, *, spark: bool = False, tensorflow: bool = False) -> None
 # What a Spark job's error says when the executors' Python cannot run hvd_spark: an import that
 # failed there (hvd_spark, or what it needs), an interpreter that does not exist, another Python.
 _EXECUTOR_PYTHON = re.compile(
-    r"(?:ModuleNotFoundError|ImportError): [^\n]+"
+    # hvd_spark's modules or those it and Spark's Python worker need, missing or of another version; a
+    # missing module of the user's own code is the user's error, not the Python's (and may be restarted)
+    r"(?:ModuleNotFoundError|ImportError): (?:No module named|cannot import name [^\n]*? from) "
+    r"'(?:hvd_spark|pyspark|py4j|cloudpickle|numpy|pandas|pyarrow|psutil|fsspec)(?:\.[^'\n]*)?'[^\n]*"
     r"|Cannot run program \"[^\"]*\"[^\n]*"
     r"|Python in worker has different version[^\n]*"
 )

@@ -11,7 +11,7 @@ import time
 
 from hvd_spark._internal.driver.options import LaunchOptions
 from hvd_spark._internal.driver.sessions import is_connect
-from hvd_spark.errors import ExecutorPythonError
+from hvd_spark.errors import ExecutorPythonError, HvdSparkError, JobCancelledError
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ class Prewarm:
     """The job's answer, once it came: :meth:`wait` for it."""
 
     def __init__(self) -> None:
-        self.error: ExecutorPythonError | None = None
+        self.error: HvdSparkError | None = None  # ExecutorPythonError, or JobCancelledError
         self.seconds = 0.0  # the job's duration
         self._done = threading.Event()
 
@@ -29,6 +29,7 @@ class Prewarm:
 
         Raises:
             ExecutorPythonError: the executors' Python cannot run hvd_spark.
+            JobCancelledError: the check was cancelled (the user's job group or tag).
         """
         began = time.monotonic()
         if not self._done.wait(timeout):
@@ -49,10 +50,32 @@ def prewarm(spark, options: LaunchOptions, background: bool = False) -> Prewarm:
     any other failure only means that the ranks start cold."""
     answer = Prewarm()
     if background:
-        threading.Thread(target=_run, args=(spark, options, answer), name="hvd_spark-prewarm", daemon=True).start()
+        _thread_of(spark, lambda: _run(spark, options, answer)).start()
     else:
         _run(spark, options, answer)
     return answer
+
+
+def _thread_of(spark, target) -> threading.Thread:
+    """A thread whose Spark jobs carry the caller's job group, tags and local properties (pyspark's
+    ``InheritableThread``): cancelling the user's group or tag stops the check too. On Spark Connect,
+    the caller's tags are added in the thread (they are per thread there)."""
+    if is_connect(spark):
+        tags = sorted(spark.getTags()) if hasattr(spark, "getTags") else []
+
+        def tagged():
+            for t in tags:
+                spark.addTag(t)
+            target()
+
+        thread = threading.Thread(target=tagged, name="hvd_spark-prewarm", daemon=True)
+    else:
+        from pyspark import InheritableThread
+
+        thread = InheritableThread(target)
+        thread.name = "hvd_spark-prewarm"
+        thread.daemon = True
+    return thread
 
 
 def _run(spark, options: LaunchOptions, answer: Prewarm) -> None:
@@ -86,9 +109,16 @@ def _run(spark, options: LaunchOptions, answer: Prewarm) -> None:
         try:
             rows = _collect(spark, start, n)
         except Exception as e:  # noqa: BLE001 - a Python that cannot run hvd_spark is the fit's error
+            from hvd_spark._internal.driver.classic import _was_cancelled
+
             problem = executor_python_problem(str(e))
             if problem is not None:
                 answer.error = ExecutorPythonError("", problem, version)
+            elif _was_cancelled(e):  # the user's job group or tag, which the check runs under
+                answer.error = JobCancelledError(
+                    "the fit was cancelled during its first step (its executors' check, a Spark job of the user's "
+                    f"job group and tags); nothing was written. Spark said: {str(e).strip().splitlines()[0]}"
+                )
             else:
                 logger.info("could not start warm servers ahead of the job (%s); ranks start cold", e)
             return

@@ -175,14 +175,16 @@ class FitJob:
         cfg, resume = self._attempt_config()
         self.cfg = cfg
         if resume is not None and (resume.epoch >= cfg.epochs or self._stop):
-            # The attempt before had finished training (all its epochs, or stopped early by its callbacks:
-            # the run's stop); only the final model was missing.
-            source = ended_model(self.store, cfg.run_id, resume, stopped=True) if self._stop else resume.model_path
+            # The attempt before had finished training (all its epochs, or stopped early by its callbacks: the
+            # run's stop). Its model: the one its end record names when it was uploaded before another rank
+            # failed, else the checkpoint (of EarlyStopping's best epoch when that restores its best weights).
+            source = ended_model(self.store, cfg.run_id, resume, stopped=self._stop is not None)
             if self._stop:
                 logger.info(
                     "%s was stopped at %s by %s: no more training", self.label, resume.position, self._stop.get("by")
                 )
-            self.store.files.copy_file(source, cfg.final_model)
+            if source != cfg.final_model:  # uploaded by the attempt that then failed: it stays as it is
+                self.store.files.copy_file(source, cfg.final_model)
             return [{"rank": 0, "weights_digest": "", "epoch_logs": list(cfg.history_so_far), "stopped": self._stop}]
         return self.rank_fn, (cfg,), {}
 

@@ -139,7 +139,10 @@ def _train_run(
 
                 check_unchanged(written.meta["files"], written.source)
             if checked.p.keep_checkpoints is not None:  # the checkpoint it resumed from goes too, now
-                prune_checkpoints(checked.store, plan.run_id, checked.p.keep_checkpoints)
+                try:
+                    prune_checkpoints(checked.store, plan.run_id, checked.p.keep_checkpoints)
+                except Exception as e:  # housekeeping: the trained model stands; the next fit prunes again
+                    logger.warning("could not remove the run's older checkpoints (keep_checkpoints): %s", e)
         except (RankFailedError, DataChangedError) as e:
             changed = isinstance(e, DataChangedError) or e.raised(DataChangedError)
             if not changed:

@@ -74,8 +74,9 @@ class CarriedState(keras.callbacks.Callback):
     """Put right after the user's callbacks. ``records``: the state recorded with the checkpoint the
     attempt resumed from (None: the run's start). ``best_weights_of(epoch)``: the weights of the
     checkpoint after ``epoch`` epochs (None when it is gone). ``final``: set by ``train`` before each
-    ``model.fit``; at the end of one that is not the attempt's last, EarlyStopping's restore of its best
-    weights (Keras does it at every training end) is undone, as one process restores them only at the end."""
+    ``model.fit``; at the end of one that is not the attempt's last (and not stopped by the callbacks),
+    EarlyStopping's restore of its best weights (Keras does it at every training end) is undone, as one
+    process restores them only at the end."""
 
     def __init__(
         self,
@@ -121,7 +122,7 @@ class CarriedState(keras.callbacks.Callback):
             for cb in self.callbacks
             if _names(cb)
         ]
-        if not self.final and self.guard.weights is not None:
+        if self.guard.weights is not None and not self.model.stop_training:
             self.model.set_weights(self.guard.weights)  # the training goes on from where it was
         self.guard.weights = None
 
@@ -136,5 +137,6 @@ class _WeightsGuard(keras.callbacks.Callback):
         self.weights: list | None = None
 
     def on_train_end(self, logs=None):
-        if not self.carried.final and any(restores_best(cb) for cb in self.carried.callbacks):
+        going_on = not self.carried.final and not self.model.stop_training  # a stop ends the attempt here
+        if going_on and any(restores_best(cb) for cb in self.carried.callbacks):
             self.weights = self.model.get_weights()
