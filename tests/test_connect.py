@@ -286,6 +286,6 @@ def test_killed_rank_restarts_from_checkpoint_through_connect(connect, classic, 
     assert os.path.exists(marker)  # the kill happened
     assert model.getFitSummary().restarts == 1
     assert len(model.getHistory()["loss"]) == 4  # every epoch exactly once
-    assert sorted(p.name for p in (store / "runs" / "crashy" / "checkpoints").glob("*.json")) == [
+    assert sorted(p.name for p in (store / "runs" / "crashy" / "checkpoints").glob("epoch-????.json")) == [
         f"epoch-{e:04d}.json" for e in (1, 2, 3, 4)
     ]

@@ -115,6 +115,17 @@ def test_a_nan_or_infinite_scalar_feature_follows_handle_invalid_like_a_null(spa
         "null predictions, 'skip' leaves them out)."
     ), lines[1][:3]
     assert lines[0][1].startswith("hvd_spark.errors.InvalidFeatureError: Feature column 'x' has 1 null values")
+    # Only hvd_spark's error loses its traceback: a user's UDF failing later in the same (reused) worker
+    # keeps its own (setting SPARK_HIDE_TRACEBACK in the worker hid it in tests/test_faults.py's UDF test).
+    from pyspark.sql import functions as F
+
+    @F.udf("double")
+    def users_own(v):
+        raise ArithmeticError("the user's own error")
+
+    with pytest.raises(Exception) as users:
+        df.select(users_own("x")).collect()
+    assert "in users_own" in str(users.value) and "ArithmeticError: the user's own error" in str(users.value)
     kept = _by_id(t.copy({t.handleInvalid: "keep"}).transform(df))
     assert kept[0]["o"] == pytest.approx(0.7)
     assert kept[1]["o"] is None and kept[2]["o"] is None and kept[3]["o"] is None

@@ -353,12 +353,35 @@ def explain_string(df, connect: bool) -> str:
 # -- Spark (its Python UDF workers) -----------------------------------------------------------------
 
 
-def hide_udf_worker_traceback() -> None:
-    """Makes this Spark Python worker report the error it is about to end with as its message alone,
-    without a traceback: pyspark >= 4.0's worker reads ``SPARK_HIDE_TRACEBACK`` (what
-    ``spark.sql.execution.pyspark.udf.hideTraceback.enabled`` sets) when it formats a UDF's error,
-    then exits, so the setting ends with the worker. pyspark 3.5 has no such switch (a no-op there)."""
-    import os
+def hide_udf_worker_traceback(error: BaseException) -> None:
+    """Makes this Spark Python worker report ``error`` (the one it is about to end the task with) as its
+    message alone, without a traceback: pyspark's worker hands a UDF's error to its private
+    ``handle_worker_exception``, which takes ``hide_traceback`` (what
+    ``spark.sql.execution.pyspark.udf.hideTraceback.enabled`` sets for all errors). Only ``error`` is
+    reported so: a reused worker formats any other error as before (setting ``SPARK_HIDE_TRACEBACK``
+    instead would hide the tracebacks of the user's own UDFs in every later task of that worker).
+    pyspark 3.5's worker has no such parameter: a no-op there."""
+    import inspect
+    import sys
 
     check_version("pyspark")
-    os.environ["SPARK_HIDE_TRACEBACK"] = "1"
+    # the daemon's forked workers run pyspark.worker's main; a worker started alone runs it as __main__
+    main = sys.modules.get("__main__")
+    candidates = [sys.modules.get("pyspark.worker")]
+    if str(getattr(main, "__file__", "")).replace("\\", "/").endswith("pyspark/worker.py"):
+        candidates.append(main)
+    worker = next((m for m in candidates if hasattr(m, "handle_worker_exception")), None)
+    handle = getattr(worker, "handle_worker_exception", None)
+    if handle is None:
+        return
+    original = getattr(handle, "__wrapped__", handle)
+    if "hide_traceback" not in inspect.signature(original).parameters:
+        return
+
+    def handle_worker_exception(e, outfile, hide_traceback=None):
+        if e is error:
+            hide_traceback = True
+        return original(e, outfile, hide_traceback=hide_traceback)
+
+    handle_worker_exception.__wrapped__ = original  # type: ignore[attr-defined]
+    worker.handle_worker_exception = handle_worker_exception  # type: ignore[union-attr]

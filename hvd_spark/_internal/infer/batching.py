@@ -143,13 +143,13 @@ def short_errors(batches: Iterator) -> Iterator:
     """``batches``, with an :class:`~hvd_spark.errors.InvalidFeatureError` raised as its message alone:
     Spark's Python worker then writes no traceback before it (pyspark >= 4.0), so the user's
     ``PythonException`` reads ``An exception was thrown from the Python worker:`` and then this message.
-    Any other error keeps its traceback. The worker ends after an error, so what this sets ends with it."""
+    Any other error keeps its traceback, in this task and in later ones of a reused worker."""
     try:
         yield from batches
     except InvalidFeatureError as e:
         from hvd_spark._internal.common.internals import hide_udf_worker_traceback
 
-        hide_udf_worker_traceback()
+        hide_udf_worker_traceback(e)
         if hasattr(e, "__notes__"):  # e.g. an inference process's traceback (infer/remote.py): noise here
             del e.__notes__
         raise e.with_traceback(None) from None
