@@ -3,6 +3,8 @@
 worker as its message alone."""
 
 import os
+import sys
+import types
 
 import pyarrow as pa
 import pytest
@@ -27,6 +29,17 @@ def test_nonfinite_rows_of_scalars_lists_and_nested_lists():
 
 
 def test_short_errors_raise_the_message_alone(monkeypatch):
+    """pyspark's worker formats a UDF's error with its (private) ``handle_worker_exception``: hvd_spark's
+    own error is reported without a traceback, that exception only; any other error of the same reused
+    worker keeps its traceback (before: SPARK_HIDE_TRACEBACK was set for the worker's later tasks too)."""
+    calls = []
+
+    def handle_worker_exception(e, outfile, hide_traceback=None):  # pyspark.util's signature
+        calls.append((e, hide_traceback))
+
+    worker = types.ModuleType("pyspark.worker")
+    worker.handle_worker_exception = handle_worker_exception
+    monkeypatch.setitem(sys.modules, "pyspark.worker", worker)
     monkeypatch.delenv("SPARK_HIDE_TRACEBACK", raising=False)
 
     def failing():
@@ -39,10 +52,13 @@ def test_short_errors_raise_the_message_alone(monkeypatch):
     assert next(got) == 1
     with pytest.raises(InvalidFeatureError) as raised:
         next(got)
-    assert os.environ["SPARK_HIDE_TRACEBACK"] == "1"  # pyspark's worker then writes the message alone
     assert raised.value.__cause__ is None and raised.value.__suppress_context__
     assert not getattr(raised.value, "__notes__", None)
-    monkeypatch.delenv("SPARK_HIDE_TRACEBACK")
+    users = ValueError("a user's UDF, later in the same worker")
+    worker.handle_worker_exception(raised.value, None)
+    worker.handle_worker_exception(users, None)
+    assert calls == [(raised.value, True), (users, None)]  # the message alone for hvd_spark's error only
+    assert "SPARK_HIDE_TRACEBACK" not in os.environ
 
     def other():
         raise ValueError("a bug of yours")
@@ -50,4 +66,4 @@ def test_short_errors_raise_the_message_alone(monkeypatch):
 
     with pytest.raises(ValueError, match="a bug"):
         list(short_errors(other()))
-    assert "SPARK_HIDE_TRACEBACK" not in os.environ  # any other error keeps its traceback
+    assert len(calls) == 2
