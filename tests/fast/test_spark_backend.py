@@ -149,7 +149,7 @@ def test_an_argument_set_in_both_places_must_agree():
 
 def test_the_fit_runs_hvd_spark_training_on_the_backends_ranks_with_its_output(monkeypatch):
     # rank_function's default is rank/train.py's train, which imports Keras: stood in for here
-    monkeypatch.setattr(backend_mod, "rank_function", lambda b: "train" if b.rank_fn is None else b.rank_fn)
+    monkeypatch.setattr(backend_mod, "rank_function", lambda b, default=None: "train" if b.rank_fn is None else b.rank_fn)
     buf = io.StringIO()
     backend = SparkBackend(num_proc=2, env={"A": "1"}, stdout=buf, start_timeout=30)
     launch_kwargs = dict(

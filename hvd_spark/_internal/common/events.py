@@ -220,3 +220,10 @@ def report_init_when_done(poll: float = 0.1) -> None:
         _send_raw({KIND: Kind.INITIALIZED})
 
     threading.Thread(target=watch, daemon=True, name="hvd_spark-init-watch").start()
+
+
+def report_initialized() -> None:
+    """Tells the driver that this rank's collective is up (a torch rank's ``init_process_group``
+    returned): what :func:`report_init_when_done` says of ``hvd.init()``. Outside a job: nothing."""
+    if os.environ.get(settings.ENV_DRIVER_ADDR):
+        _send_raw({KIND: Kind.INITIALIZED})

@@ -12,7 +12,7 @@ Layout under the prefix::
     data/<dataset-key>/_reading-<fit>.json     the lease of a fit training on it
     data/<dataset-key>/_last_used.json         when a fit last reused it (and "released": its reading lease ended)
     runs/<run_id>/run.json             what the run trains (model fingerprint, columns, its data record)
-    runs/<run_id>/checkpoints/         epoch-NNNN.keras + epoch-NNNN.json (the JSON marks it complete and
+    runs/<run_id>/checkpoints/         epoch-NNNN.keras (torch: .pt) + epoch-NNNN.json (the JSON marks it complete and
                                        holds the model file's size and SHA-256)
     runs/<run_id>/checkpoints/damaged/ checkpoints found damaged, set aside by the fit that resumed past them
     runs/<run_id>/logs/                TensorBoard event files
@@ -47,6 +47,8 @@ from hvd_spark._internal.data.files import StoreFiles, sha256_of
 
 logger = logging.getLogger(__name__)
 
+# Model files of the store's runs (checkpoints, final models): Keras' archives and torch's (ml/framework.py).
+MODEL_SUFFIXES = (".keras", ".pt")
 _CKPT = re.compile(r"^epoch-(\d{4,})(?:-step-(\d{7,}))?\.json$")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _WRITERS = ("auto", "spark", "store")
@@ -226,12 +228,13 @@ class Store:
     def models_path(self, run_id: str) -> str:
         return posixpath.join(self.run_path(run_id), "models")
 
-    def model_path(self, run_id: str, fit_id: str | None = None) -> str:
+    def model_path(self, run_id: str, fit_id: str | None = None, suffix: str = ".keras") -> str:
         """The final model of one fit of a run (``fit_id``; each fit writes its own and none is ever
-        rewritten, so a fitted transformer keeps its model), or without ``fit_id`` the newest fit's."""
+        rewritten, so a fitted transformer keeps its model; ``suffix``: its framework's, ``.keras`` or
+        ``.pt``), or without ``fit_id`` the newest fit's."""
         if fit_id is not None:
-            return posixpath.join(self.models_path(run_id), f"{fit_id}.keras")
-        names = [n for n in self.files.listdir(self.models_path(run_id)) if n.endswith(".keras")]
+            return posixpath.join(self.models_path(run_id), f"{fit_id}{suffix}")
+        names = [n for n in self.files.listdir(self.models_path(run_id)) if n.endswith(MODEL_SUFFIXES)]
         if names:  # fit ids start with their time: the last name is the newest
             return posixpath.join(self.models_path(run_id), sorted(names)[-1])
         return posixpath.join(self.run_path(run_id), "model.keras")  # a run of an earlier version
@@ -245,8 +248,8 @@ class Store:
         out = []
         for name in names:
             m = _CKPT.match(name)
-            model_name = name[: -len(".json")] + ".keras"
-            if m and model_name in names:
+            model_name = next((name[: -len(".json")] + x for x in MODEL_SUFFIXES if name[:-5] + x in names), "")
+            if m and model_name:
                 step = int(m.group(2)) if m.group(2) else 0
                 model = posixpath.join(ckpt_dir, model_name)
                 out.append(Checkpoint(int(m.group(1)), model, posixpath.join(ckpt_dir, name), step))
@@ -321,7 +324,7 @@ class Store:
                 continue
             folder = self.run_path(run_id)
             latest = self.latest_checkpoint(run_id, deep=False)
-            models = [n for n in self.files.listdir(self.models_path(run_id)) if n.endswith(".keras")]
+            models = [n for n in self.files.listdir(self.models_path(run_id)) if n.endswith(MODEL_SUFFIXES)]
             try:
                 created = float(self.files.read_json(posixpath.join(folder, "run.json")).get("created") or 0.0)
             except (FileNotFoundError, ValueError):
@@ -534,7 +537,7 @@ def checkpoint_damage(store: Store, ckpt: Checkpoint, deep: bool) -> str | None:
             return f"{name}'s SHA-256 is {actual[:12]}..., {digest[:12]}... was written"
         store._verified.add((ckpt.model_path, size, digest))
         return None
-    # A checkpoint of an earlier version records neither: a .keras file is a zip archive, whose
+    # A checkpoint of an earlier version records neither: a .keras (or .pt) file is a zip archive, whose
     # directory at its end is missing when the file was cut short.
     import zipfile
 
@@ -566,10 +569,11 @@ def file_digest(local: str) -> dict[str, Any]:
         return {"model_bytes": os.path.getsize(local), "model_sha256": sha256_of(f)}
 
 
-def checkpoint_names(epoch: int, step: int = 0) -> tuple[str, str]:
-    """The files of the checkpoint after ``epoch`` epochs and ``step`` steps of the next one."""
+def checkpoint_names(epoch: int, step: int = 0, suffix: str = ".keras") -> tuple[str, str]:
+    """The files of the checkpoint after ``epoch`` epochs and ``step`` steps of the next one (``suffix``:
+    the model file's, ``.keras`` or torch's ``.pt``)."""
     stem = f"epoch-{epoch:04d}" + (f"-step-{step:07d}" if step else "")
-    return f"{stem}.keras", f"{stem}.json"
+    return f"{stem}{suffix}", f"{stem}.json"
 
 
 def validate_run_id(run_id: str) -> str:

@@ -36,7 +36,7 @@ def load_cached(
             return model
 
         def load():
-            if warm_app is not None and device is None:
+            if warm_app is not None and device is None and not model_url.endswith(".pt"):  # torch: here
                 from hvd_spark._internal.infer.remote import open_model
 
                 remote = open_model(warm_app, model_url, storage_options, custom_objects_bytes, num_threads)
@@ -60,7 +60,12 @@ def load_cached(
 def load_model(
     model_url: str, storage_options: dict, custom_objects_bytes: bytes | None, num_threads: int, device=None
 ):
-    """Loads the model for predictions (not compiled), with TensorFlow's pools at ``num_threads``."""
+    """Loads the model for predictions (not compiled), with TensorFlow's pools at ``num_threads``; a
+    torch model's ``.pt`` file as a ``torch_predict.TorchPredictor`` with torch's threads at ``num_threads``."""
+    if model_url.endswith(".pt"):
+        from hvd_spark._internal.infer.torch_predict import TorchPredictor, load_torch_model
+
+        return TorchPredictor(load_torch_model(model_url, storage_options), num_threads)
     import cloudpickle
 
     from hvd_spark._internal.common.logs import tf_notices_dropped

@@ -415,18 +415,23 @@ class InProcessBackend(Backend):
         return self
 
 
-def rank_function(backend: Any) -> Callable[..., Any]:
-    """What each rank runs in ``fit``: the backend's ``rank_fn`` when it has one, else hvd_spark's
-    Keras training (``rank/train.py``; imported only then: it loads Keras)."""
+def rank_function(backend: Any, default: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """What each rank runs in ``fit``: the backend's ``rank_fn`` when it has one, else ``default``
+    (the framework's training: ``ml/framework.py``), else hvd_spark's Keras training
+    (``rank/train.py``; imported only then: it loads Keras)."""
     fn = getattr(backend, "rank_fn", None)
     if fn is not None:
         return fn
+    if default is not None:
+        return default
     from hvd_spark._internal.rank.train import train
 
     return train
 
 
-def fit_backend(user_backend: Any, **launch_kwargs: Any) -> tuple[Any, Callable[..., Any]]:
+def fit_backend(
+    user_backend: Any, default_rank_fn: Callable[..., Any] | None = None, **launch_kwargs: Any
+) -> tuple[Any, Callable[..., Any]]:
     """The backend and rank function of one fit: the estimator's backend object, or a
     :class:`SparkBackend` over ``launch_kwargs`` (the fit's resolved ``options``, ``spark``,
     ``on_event``, ``channel``, ``description``). A :class:`SparkBackend` given as the estimator's
@@ -438,7 +443,7 @@ def fit_backend(user_backend: Any, **launch_kwargs: Any) -> tuple[Any, Callable[
         backend = user_backend._replace(**launch_kwargs)
     else:
         backend = user_backend
-    return backend, rank_function(backend)
+    return backend, rank_function(backend, default_rank_fn)
 
 
 def launches_with_spark(user_backend: Any) -> bool:

@@ -38,9 +38,10 @@ class Checked:
     prediction: tuple[str, bool]  # model_info.prediction_task: (kind, from_logits)
     source: Any = None  # (inplace.Scan, unnamed columns) when the ranks read the table in place
     copy_reason: str = ""  # why the data is copied (when source is None), for the run's data record
+    framework: Any = None  # ml/framework.py's Framework: Keras or torch
 
 
-def check(data: FitInput, p: FitParams, backend_object: Any = None) -> Checked:
+def check(data: FitInput, p: FitParams, backend_object: Any = None, framework: Any = None) -> Checked:
     """Step 1: params, the model against the columns, launch options. Nothing is written before
     this returns, so every mistake found here leaves the store as it was.
 
@@ -48,30 +49,18 @@ def check(data: FitInput, p: FitParams, backend_object: Any = None) -> Checked:
         data: what the fit trains on (its DataFrame gives the columns and the session).
         p: the estimator's params, checked (``HorovodEstimator._fit_params``).
         backend_object: the estimator's backend object, if any (``backend``).
+        framework: the model's framework (``ml/framework.py``: Keras, or torch), which checks the model.
     """
     from hvd_spark._internal.common.logs import ensure_visible
-    from hvd_spark._internal.ml.model_info import is_compiled, model_specs, needs_build, prediction_task
 
     dataset = data.frame
     ensure_visible(p.verbose)
     options, executors = _launch_options(dataset.sparkSession, p, backend_object)
     model = p.model
-    if needs_build(model):  # a subclassed model never called: built as fit's first batch would build it
-        _build_from_columns(model, dataset, p.feature_cols)
-    inputs, outputs = model_specs(model)
-    p = _match_model(dataset, p, inputs, outputs)
-    inputs, outputs = _fed_dtypes(model, dataset, p.feature_cols, inputs, outputs)
-    if not is_compiled(model) and (p.optimizer is None or p.loss is None):
-        raise ValueError(
-            "The model is not compiled, so optimizer and loss are required. Received: "
-            f"optimizer={p.optimizer!r}, loss={p.loss!r}. Pass both, or compile the model."
-        )
-    if p.learning_rate is not None:
-        _check_settable_learning_rate(p.optimizer if p.optimizer is not None else model.optimizer)
-    loss = p.loss if p.loss is not None else getattr(model, "loss", None)
-    prediction = prediction_task(p.task, loss, outputs)
+    m = framework.check_model(dataset, p)
+    p, inputs, outputs, prediction = m.p, m.inputs, m.outputs, m.prediction
     f_infos, l_infos, w_info, validation = _column_infos(dataset, p, inputs, outputs)
-    custom_objects = _check_shipped(p, model, outputs)
+    custom_objects = framework.shipped(p, model, outputs)
     if executors is not None:  # the executors' Python can run hvd_spark: known before anything is written
         waited = executors.wait(options.start_timeout)
         logger.debug("the executors answered in %.2f s (the fit waited %.2f s)", executors.seconds, waited)
@@ -103,6 +92,7 @@ def check(data: FitInput, p: FitParams, backend_object: Any = None) -> Checked:
         prediction,
         source,
         "" if source is not None else how,
+        framework,
     )
 
 

@@ -100,6 +100,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         >>> predictions = est.fit(train_df).transform(test_df)    # doctest: +SKIP
     """
 
+    _params_record: type[FitParams] = FitParams  # fit's record of the Params (TorchEstimator's converts its own)
+    _framework_params: tuple[str, ...] = ()  # Params of the framework only, not of FitParams (TorchEstimator's)
+
     @keyword_only
     def __init__(
         self,
@@ -204,7 +207,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         from hvd_spark._internal.driver.tracking import check_mode
         from hvd_spark._internal.rank.reader import check_reader
 
-        p = FitParams.from_params({param.name: self.getOrDefault(param) for param in self.params})
+        own = self._framework_params
+        p = self._params_record.from_params(
+            {param.name: self.getOrDefault(param) for param in self.params if param.name not in own}
+        )
         check_mode(p.mlflow)
         check_reader(p.reader)
         backend = self._backend_object

@@ -14,7 +14,7 @@ Pure: no Spark, Keras or Horovod, so the fast tier tests it.
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from hvd_spark._internal.common.choices import MLFLOW_MODES
 from hvd_spark._internal.ml.converters import (
@@ -182,17 +182,21 @@ class FitParams:
     task: str
     mlflow: str  # normalized: 'auto' | 'on' | 'off'
 
+    # The converters of an estimator whose Params differ (TorchEstimator's model, loss, ...): a subclass's.
+    own_converters: ClassVar[Mapping[str, Any]] = {}
+
     def __post_init__(self) -> None:
+        conv = {**CONVERTERS, **self.own_converters}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if value is not None:
-                CONVERTERS[f.name](value)
+                conv[f.name](value)
         if self.store is None:
             raise ValueError(
                 "store is required: a path, URL or hvd_spark.Store reachable from every executor. Received: store=None."
             )
         if self.model is None:
-            raise ValueError("model is required: a built Keras 3 model. Received: model=None.")
+            raise ValueError("model is required: a built Keras 3 model (torch: an nn.Module). Received: model=None.")
         if not self.feature_cols:
             raise ValueError(f"feature_cols must name at least one column. Received: feature_cols={self.feature_cols}.")
         if not self.label_cols:
@@ -232,7 +236,8 @@ class FitParams:
         unknown = sorted(set(values) - names)
         if unknown:
             raise TypeError(f"Unknown HorovodEstimator parameters: {unknown}.")
-        kw: dict[str, Any] = {k: (CONVERTERS[k](v) if v is not None else None) for k, v in values.items()}
+        conv = {**CONVERTERS, **cls.own_converters}
+        kw: dict[str, Any] = {k: (conv[k](v) if v is not None else None) for k, v in values.items()}
         for name in _NONE_IS_DEFAULT:  # horovod.spark's spelling of the default
             if kw.get(name) is None:
                 kw[name] = DEFAULTS[name]

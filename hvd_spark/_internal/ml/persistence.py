@@ -262,11 +262,16 @@ class EstimatorWriter(_Writer):
         from hvd_spark._internal.data.store import Store
 
         inst = self.instance
-        DefaultParamsWriter.saveMetadata(inst, path, _spark(self), paramMap=_json_params(inst, _OBJECT_PARAMS))
+        bundled = getattr(inst, "_pickled_together", ())  # torch: the model and an optimizer built on it, one pickle
+        skip = _OBJECT_PARAMS + tuple(bundled)
+        DefaultParamsWriter.saveMetadata(inst, path, _spark(self), paramMap=_json_params(inst, skip))
         fs, root = _fs(path)
         objects = {}
+        if bundled:
+            together = {n: inst.getOrDefault(n) for n in bundled if inst.isSet(n)}
+            objects["_together"] = ("together", cloudpickle.dumps(together))
         for name in _OBJECT_PARAMS:
-            if not inst.isSet(name):
+            if not inst.isSet(name) or name in bundled:
                 continue
             value = inst.getOrDefault(name)
             if name == "model":
@@ -307,6 +312,8 @@ class EstimatorReader(MLReader):
                 _log_removed(data.get("removed_storage_options") or [], values[name])
             elif kind == "keras_obj":
                 values[name] = loads_keras_obj(data, custom)
+            elif kind == "together":
+                values.update(cloudpickle.loads(data))
             else:
                 values[name] = cloudpickle.loads(data)
         model_file = posixpath.join(root, "model.keras")
@@ -332,7 +339,8 @@ class TransformerWriter(_Writer):
         )
         fs, root = _fs(path)
         src_fs, src = fsspec.core.url_to_fs(inst.getModelUrl(), **inst.getStorageOptions())
-        with src_fs.open(src, "rb") as f_in, fs.open(posixpath.join(root, "model.keras"), "wb") as f_out:
+        name = "model.pt" if str(inst.getModelUrl()).endswith(".pt") else "model.keras"  # torch's, or Keras'
+        with src_fs.open(src, "rb") as f_in, fs.open(posixpath.join(root, name), "wb") as f_out:
             while True:
                 chunk = f_in.read(8 << 20)
                 if not chunk:
@@ -351,7 +359,8 @@ class TransformerReader(MLReader):
 
     def load(self, path: str):
         inst, objects, fs, root = _load_common(self.cls, path, _spark(self), self.safe_mode)
-        model_url = fs.unstrip_protocol(posixpath.join(root, "model.keras"))
+        name = "model.pt" if fs.exists(posixpath.join(root, "model.pt")) else "model.keras"
+        model_url = fs.unstrip_protocol(posixpath.join(root, name))
         inst._set(model_url=model_url)  # read with no storage options: see TFTransformer.setStorageOptions
         if objects.get("custom_objects"):
             inst._set(custom_objects=objects["custom_objects"])

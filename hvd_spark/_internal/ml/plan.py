@@ -113,7 +113,7 @@ def plan_resume(
     return ResumePlan(run_id, fingerprint, run_json, resume, history, architecture, fit_id, run_data, stopped)
 
 
-def model_path_of(store: Store, plan: ResumePlan, epochs: int) -> str:
+def model_path_of(store: Store, plan: ResumePlan, epochs: int, suffix: str = ".keras") -> str:
     """Where the model a fit returns lives: its own file, or for a finished run the model the fit that
     ended it returned (its end record: data/stops.py), or for fewer epochs the checkpoint of the asked
     epoch (never rewritten; the latest one when that epoch's is gone)."""
@@ -134,7 +134,7 @@ def model_path_of(store: Store, plan: ResumePlan, epochs: int) -> str:
             plan.resume.position,
         )
         return plan.resume.model_path
-    return store.model_path(plan.run_id, plan.fit_id)
+    return store.model_path(plan.run_id, plan.fit_id, suffix=suffix)
 
 
 def record_run(

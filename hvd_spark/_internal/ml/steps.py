@@ -18,7 +18,7 @@ import cloudpickle
 
 from hvd_spark._internal.common import dataplan, retry, settings
 from hvd_spark._internal.common.contracts import DataSpec, FitSummary, RankSummary, RunConfig
-from hvd_spark._internal.common.specs import label_shapes, specs_to_dicts, with_stored_names
+from hvd_spark._internal.common.specs import label_shapes, with_stored_names
 from hvd_spark._internal.data import fit_data, leases
 from hvd_spark._internal.data.fit_data import FitInput, Identified, Written
 from hvd_spark._internal.data.stats import check_stats
@@ -31,25 +31,28 @@ from hvd_spark._internal.ml import plan as plan_mod
 from hvd_spark._internal.ml.backend import fit_backend
 from hvd_spark._internal.ml.checks import Checked, check
 from hvd_spark._internal.ml.fit_params import FitParams, every_seconds
+from hvd_spark._internal.ml.framework import KERAS, Framework
 from hvd_spark.errors import DataChangedError, HvdSparkError, RankFailedError, RunInUseError
 
 logger = logging.getLogger(__name__)
 
 
 @ends_on_sigterm("the fit")  # SIGTERM: the cancel's clean-up, then the process ends (driver/signals.py)
-def run(data: FitInput, p: FitParams, backend_object: Any = None) -> TFTransformer:
-    """One fit, step by step: what ``HorovodEstimator.fit(df)`` and ``fit_on_parquet`` both run.
+def run(data: FitInput, p: FitParams, backend_object: Any = None, framework: Framework = KERAS) -> TFTransformer:
+    """One fit, step by step: what ``HorovodEstimator.fit(df)`` and ``fit_on_parquet`` both run (and
+    ``TorchEstimator``'s, with its ``framework``).
 
     Args:
         data: what the fit trains on: a DataFrame, or ``fit_on_parquet``'s files.
         p: the estimator's params, checked (``HorovodEstimator._fit_params``).
         backend_object: the estimator's backend object (``backend``), or None.
+        framework: the model's framework (``ml/framework.py``): Keras by default.
 
     Returns:
-        The fitted ``TFTransformer``.
+        The fitted model: a ``TFTransformer`` (Keras) or a ``TorchModel`` (torch).
     """
     t_start = time.time()
-    checked = check(data, p, backend_object)
+    checked = check(data, p, backend_object, framework)
     run_id = checked.p.run_id or plan_mod.new_run_id()
     with run_writer(checked, run_id) as lease:
         return _fit_run(data, checked, run_id, t_start, backend_object, lease)
@@ -172,7 +175,7 @@ def open_tracking(c: Checked, plan: plan_mod.ResumePlan, backend_object: Any = N
         "run_id": run_id,
         "store": url_without_credentials(store.prefix),  # never the storage options (credentials)
         "run_path": store.files.url(store.run_path(run_id)),
-        "model_path": store.files.url(plan_mod.model_path_of(store, plan, c.p.epochs)),
+        "model_path": store.files.url(plan_mod.model_path_of(store, plan, c.p.epochs, c.framework.suffix)),
         "checkpoints_path": store.files.url(store.checkpoints_path(run_id)),
         "logs_path": store.files.url(store.logs_path(run_id)),
         "resumed_from_epoch": str(plan.resume.epoch if plan.resume else 0),
@@ -216,10 +219,10 @@ def close_tracking(tracker, c: Checked, model: TFTransformer) -> None:
 def plan_resume(c: Checked, run_id: str) -> plan_mod.ResumePlan:
     """Step 2: the run id, and the checkpoint to continue from (a run with checkpoints continues
     only with the same architecture and columns): ``plan.plan_resume`` over this model's records."""
-    from hvd_spark._internal.ml.model_info import architecture, architecture_fingerprint, model_fingerprint
+    from hvd_spark._internal.ml.model_info import architecture_fingerprint
 
     p = c.p
-    arch = architecture(c.model, p.optimizer, p.loss, {"features": p.feature_cols, "labels": p.label_cols})
+    arch, legacy = c.framework.architecture(c)
     return plan_mod.plan_resume(
         c.store,
         run_id,
@@ -227,7 +230,7 @@ def plan_resume(c: Checked, run_id: str) -> plan_mod.ResumePlan:
         architecture=arch,
         feature_cols=p.feature_cols,
         label_cols=p.label_cols,
-        legacy_fingerprint=lambda: model_fingerprint(c.model),
+        legacy_fingerprint=legacy,
     )
 
 
@@ -288,10 +291,7 @@ def materialize(data: FitInput, c: Checked, plan: plan_mod.ResumePlan, ident: Id
     f_infos = [i for i in named_f if i is not None]  # features and labels are never None
     l_infos = [i for i in named_l if i is not None]
     t0 = time.time()
-    from hvd_spark._internal.ml.model_info import class_index_outputs
-
-    loss = c.p.loss if c.p.loss is not None else getattr(c.model, "loss", None)
-    indices = class_index_outputs(loss, c.outputs, c.p.label_shapes)
+    indices = c.framework.class_indices(c)
     shapes = label_shapes(c.p.label_shapes, c.outputs, indices)  # per-step class indices: (12,) for (12, 3)
     spec = DataSpec(tuple(f_infos), tuple(l_infos), w_info, tuple(c.inputs), tuple(c.outputs), shapes)
 
@@ -393,22 +393,6 @@ def _rank_units(c: Checked, w: Written):
     return train_paths, units, val_units
 
 
-def _compile_args(c: Checked) -> dict:
-    """How the ranks compile the model: the optimizer, loss and metrics as Keras objects' configs."""
-    from hvd_spark._internal.common.serde import dumps_keras_obj
-    from hvd_spark._internal.ml.model_info import compile_extras
-
-    p = c.p
-    comp = {
-        k: (dumps_keras_obj(v, c.custom_objects) if v is not None else None)
-        for k, v in (("optimizer", p.optimizer), ("loss", p.loss), ("metrics", p.metrics))
-    }
-    comp["loss_weights"] = p.loss_weights
-    comp["learning_rate"] = p.learning_rate
-    comp.update(compile_extras(c.model, p.optimizer))
-    return comp
-
-
 def _run_config(c: Checked, plan: plan_mod.ResumePlan, w: Written, units: tuple, lease) -> RunConfig:
     """The run configuration, before it is sized for the ranks (``controller.sized``); ``units``: what
     :func:`_rank_units` gave."""
@@ -419,7 +403,7 @@ def _run_config(c: Checked, plan: plan_mod.ResumePlan, w: Written, units: tuple,
         store=job_config(c.store),
         run_id=plan.run_id,
         epochs=p.epochs,
-        compile=_compile_args(c),
+        compile=c.framework.compile_args(c),
         custom_objects=cloudpickle.dumps(c.custom_objects) if c.custom_objects else None,
         callbacks=cloudpickle.dumps(list(p.callbacks)) if p.callbacks else None,
         data=w.data,
@@ -438,7 +422,7 @@ def _run_config(c: Checked, plan: plan_mod.ResumePlan, w: Written, units: tuple,
         num_threads=c.options.num_threads,
         backward_passes_per_step=p.backward_passes_per_step,
         compression=p.gradient_compression,
-        final_model=c.store.model_path(plan.run_id, plan.fit_id),
+        final_model=c.store.model_path(plan.run_id, plan.fit_id, suffix=c.framework.suffix),
         lease=(lease.path, lease.token) if lease is not None else None,
         validation_exact=p.validation_steps_per_epoch is None,
         train_paths=train_paths,
@@ -477,17 +461,16 @@ def train_with_restarts(
     Returns the ranks' results, the number of restarts, the seconds the attempts took and the
     recoveries (restarts and resizes).
     """
-    from hvd_spark._internal.common.serde import model_to_bytes
-
     store = c.store
     probe = controller.AttemptProbe()
     progress = FitProgress(c.p.verbose, bar=cfg.progress_interval > 0, listeners=[*listeners, probe])
     backend, rank_fn = fit_backend(
         backend_object,
+        c.framework.rank_fn(),
         spark=spark,
         options=c.options,
         on_event=progress,
-        description="HorovodEstimator.fit",
+        description=c.framework.description,
         channel=(store, f"{store.run_path(cfg.run_id)}/_live"),  # progress on Spark Connect
     )
     elastic = None
@@ -505,7 +488,7 @@ def train_with_restarts(
         cfg,
         store,
         max_restarts=c.p.max_restarts,
-        model_bytes=lambda: model_to_bytes(c.model, c.custom_objects),
+        model_bytes=lambda: c.framework.model_bytes(c),
         lease=lease,
         elastic=elastic,
         probe=probe,
@@ -556,25 +539,7 @@ def verify_and_build(c: Checked, w: Written, cfg: RunConfig, trained: controller
 
 def _transformer(c: Checked, model_path: str, run_id: str, epoch_logs: list) -> TFTransformer:
     """The fitted model: the trained (or finished run's) file, with the fit's columns and specs."""
-    from hvd_spark._internal.common.contracts import history_from
-
-    return TFTransformer(
-        model_url=c.store.files.url(model_path),
-        storage_options=c.store.storage_options,
-        feature_cols=c.p.feature_cols,
-        label_cols=c.p.label_cols,
-        output_cols=c.p.output_cols,
-        input_specs=specs_to_dicts(c.inputs),
-        output_specs=specs_to_dicts(c.outputs),
-        history=history_from(epoch_logs),
-        run_id=run_id,
-        custom_objects=c.custom_objects,
-        task=c.prediction[0],
-        from_logits=c.prediction[1],
-        output_vectors=[i.kind == "vector" for i in c.l_infos],
-        # bytes reach the model decoded: transform applies the fit's transformation_fn (other fits: rows only)
-        transformation_fn=c.p.transformation_fn if any(i.kind == "binary" for i in c.f_infos) else None,
-    )
+    return c.framework.transformer(c, model_path, run_id, epoch_logs)
 
 
 def _drop_fit(store: Store, plan: plan_mod.ResumePlan) -> None:

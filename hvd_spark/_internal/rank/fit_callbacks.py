@@ -14,6 +14,7 @@ from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.contracts import RunConfig
 from hvd_spark._internal.common.events import busy
 from hvd_spark._internal.rank.callbacks import is_number
+from hvd_spark._internal.rank.checkpoints import RunCommits
 
 logger = logging.getLogger(__name__)
 
@@ -177,64 +178,19 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.data, self.every_steps, self.every_seconds = data, every_steps, every_seconds
         self.step_multiple = max(1, step_multiple)
         self.keep, self.kept_from = keep, kept_from
+        self.commits = RunCommits(store, run_id, tmp, lease, epochs, keep=keep, kept_from=kept_from)
         self.segment: Any = None  # the rank/cursor.Segment being trained: set by train() before each model.fit
         self._epoch = 0
         self._last_commit = time.monotonic()
 
-    def _check_still_ours(self, epoch: int, meta_path: str, what: str) -> None:
-        from hvd_spark.errors import RunInUseError
-
-        if self.epochs is not None and epoch > self.epochs:
-            raise RunInUseError(f"run '{self.run_id}' asked for {self.epochs} epochs; not writing epoch {epoch}.")
-        if self.lease is not None:
-            path, token = self.lease
-            try:
-                held = self.store.files.read_json(path)
-            except FileNotFoundError:
-                held = None
-            if held is None or held.get("token") != token:
-                who = f"host {held.get('host')}, pid {held.get('pid')}" if held else "nobody (released)"
-                raise RunInUseError(
-                    f"run '{self.run_id}' is no longer this fit's to write: its writer lease is held by {who}. "
-                    f"The checkpoint of {what} was not written.",
-                    run_id=self.run_id,
-                )
-        if self.store.files.exists(meta_path):
-            raise RunInUseError(
-                f"the checkpoint of {what} of run '{self.run_id}' was written by another fit meanwhile; "
-                "not overwriting it.",
-                run_id=self.run_id,
-            )
-
     def _write(self, epoch: int, step: int, meta: dict) -> None:
-        """The checkpoint after ``epoch`` epochs and ``step`` steps of the next one."""
+        """The checkpoint after ``epoch`` epochs and ``step`` steps of the next one (``checkpoints.RunCommits``)."""
         from hvd_spark._internal.common.serde import save_model_file
-        from hvd_spark._internal.data.store import (
-            checkpoint_names,
-            file_digest,
-            prune_checkpoints,
-            remove_commits_before,
-        )
 
-        what = f"epoch {epoch} step {step}" if step else f"epoch {epoch}"
-        with busy(f"saving the checkpoint of {what}"):  # a large model to an object store: slow, not stalled
-            model_name, meta_name = checkpoint_names(epoch, step)
-            ckpt_dir = self.store.checkpoints_path(self.run_id)
-            self._check_still_ours(epoch if step == 0 else epoch + 1, f"{ckpt_dir}/{meta_name}", what)
-            local = os.path.join(self.tmp, model_name)
-            save_model_file(self.model, local)
-            written = file_digest(local)  # the JSON records them: a damaged upload is never resumed from
-            self.store.files.upload_file(local, f"{ckpt_dir}/{model_name}")
-            meta = dict(
-                meta, epoch=epoch, step=step, iterations=int(self.model.optimizer.iterations.numpy()), **written
-            )
-            if self.callback_states is not None:
-                meta["callbacks"] = self.callback_states()
-            self.store.files.write_json(f"{ckpt_dir}/{meta_name}", dict(meta, time=time.time()))
-            os.remove(local)
-            remove_commits_before(self.store, self.run_id, epoch, step)
-            if self.keep is not None and step == 0:  # after the new one is whole (its JSON last)
-                prune_checkpoints(self.store, self.run_id, self.keep, also=self.kept_from)
+        if self.callback_states is not None:
+            meta = dict(meta, callbacks=self.callback_states())
+        iterations = int(self.model.optimizer.iterations.numpy())
+        self.commits.write(epoch, step, meta, lambda local: save_model_file(self.model, local), iterations)
         self._last_commit = time.monotonic()
 
     def on_epoch_begin(self, epoch, logs=None):

@@ -1,0 +1,213 @@
+"""What each rank runs during ``TorchEstimator.fit``: a plain torch training loop over the rank's share of
+the data plan, its gradients averaged by ``DistributedDataParallel`` over ``torch.distributed``'s Gloo
+(ring-allreduce, overlapped with the backward pass), with the Keras ranks' checkpoints, cursor, progress
+events and results.
+
+The process group's rendezvous (``MASTER_ADDR`` / ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``) comes from
+the barrier task (``task/barrier.py``), which got rank 0's address through the driver service. No
+TensorFlow, Keras or Horovod here.
+"""
+
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+from datetime import timedelta
+
+from hvd_spark._internal.common import settings
+from hvd_spark._internal.common.contracts import RunConfig
+from hvd_spark._internal.common.events import busy, mark_progress, send_event
+from hvd_spark._internal.rank.checkpoints import RunCommits
+from hvd_spark._internal.rank.epochs import DataPlan
+from hvd_spark._internal.rank.torch_parts import Losses, Metrics, TorchSetup, batch_tensors, load_setup
+
+logger = logging.getLogger(__name__)
+
+SUFFIX = ".pt"
+
+
+def train(cfg: RunConfig) -> dict:
+    """Trains on this rank's share of every epoch; returns the final weights' digest (and, on rank 0,
+    the history)."""
+    import torch.distributed as dist
+
+    t_entry = time.time()
+    rank, size = _init_process_group(cfg)
+    tmp = tempfile.mkdtemp(prefix="hvd_spark-rank-")
+    try:
+        return _Trainer(cfg, rank, size, tmp, t_entry).run()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _init_process_group(cfg: RunConfig) -> tuple[int, int]:
+    """``torch.distributed`` over Gloo from the task's environment (a rank run in this process, as
+    the fast tests' backend does: a group of one on a free port)."""
+    import torch
+    import torch.distributed as dist
+
+    if "MASTER_ADDR" not in os.environ:  # not a barrier task's rank: a group of one
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]), RANK="0", WORLD_SIZE="1")
+    timeout = float(os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS") or 120)
+    mark_progress("torch.distributed.init_process_group")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+    torch.set_num_threads(max(1, int(cfg.num_threads)))
+    from hvd_spark._internal.common.events import report_initialized
+
+    report_initialized()
+    return dist.get_rank(), dist.get_world_size()
+
+
+class _Trainer:
+    """One attempt's training on this rank: the segments of epochs of the data plan, a checkpoint after
+    each epoch (rank 0), the result."""
+
+    def __init__(self, cfg: RunConfig, rank: int, size: int, tmp: str, t_entry: float):
+        from hvd_spark._internal.common import retry
+        from hvd_spark._internal.data.store import Store
+
+        self.cfg, self.rank, self.size, self.tmp = cfg, rank, size, tmp
+        self.store = Store.from_config(cfg.store)
+        retry.set_window(self.store.retry_window)
+        self.setup: TorchSetup = load_setup(cfg, self.store, rank)
+        self.data = DataPlan(cfg, size)
+        self.history = [dict(h) for h in cfg.history_so_far]
+        self.commits = RunCommits(
+            self.store,
+            cfg.run_id,
+            tmp,
+            cfg.lease,
+            cfg.epochs,
+            suffix=SUFFIX,
+            keep=cfg.keep_checkpoints,
+            kept_from=cfg.kept_from,
+        )
+        self.startup = {"process": time.time() - t_entry}
+        self.stopped_for_resize = False
+        self._last_position = 0.0
+        self._last_commit = time.monotonic()
+
+    def run(self) -> dict:
+        from hvd_spark._internal.data.store import remove_commits_before
+
+        cfg, s = self.cfg, self.setup
+        segments = self.data.segments()
+        if self.rank == 0 and self.data.restarted_epoch is not None:
+            remove_commits_before(self.store, cfg.run_id, self.data.restarted_epoch + 1, 0)
+        if self.rank == 0:
+            send_event({"kind": "start", "rank": 0, "initial_epoch": cfg.initial_epoch})
+        t0, start_iterations = time.time(), s.iterations
+        for seg in segments:
+            for epoch in range(seg.first, seg.end):
+                self._epoch(seg, epoch)
+                if self.stopped_for_resize:
+                    break
+            if self.stopped_for_resize:
+                break
+        result = {
+            "rank": self.rank,
+            "size": self.size,
+            "weights_digest": s.weights_digest(),
+            "iterations": s.iterations,
+            "start_iterations": start_iterations,
+            "train_seconds": time.time() - t0,
+            "host": os.environ.get(settings.ENV_HOST) or socket.gethostname(),
+            "startup": self.startup,
+        }
+        if self.stopped_for_resize:
+            result["stopped_for_resize"] = True
+            return result
+        if self.rank == 0:
+            self._save_final()
+            result["epoch_logs"] = self.history
+            result["stopped"] = None
+        return result
+
+    def _epoch(self, seg, epoch: int) -> None:
+        """One epoch (or the rest of a resumed one) of ``seg``; its logs and checkpoint."""
+        cfg, s = self.cfg, self.setup
+        s.train_mode(epoch)
+        losses, metrics = Losses(s), Metrics(s.metrics, s.output_names)
+        done = 0
+        for _, batch in s.batches(self.data, seg, self.rank, epoch):
+            xs, ys, w = batch_tensors(batch, cfg.data, s.class_indices)
+            outputs, loss_values = s.step(xs, ys, w)
+            losses.add(loss_values, len(w) if w is not None else len(ys[0]))
+            metrics.update(outputs, ys)
+            done += 1
+            mark_progress()
+            self._after_step(seg, epoch, done, losses)
+        logs = {**losses.result(), **metrics.result()}
+        if s.validates(epoch):
+            logs.update(s.validate(self.rank, self.size))
+        self.history = self.history[:epoch] + [logs]
+        if self.rank == 0:
+            logger.debug("epoch %d: %s", epoch + 1, logs)
+            meta = {"logs": logs, "history": self.history}
+            self.commits.write(epoch + 1, 0, meta, s.save_checkpoint, s.iterations)
+            send_event({"kind": "epoch", "epoch": epoch + 1, "epochs": cfg.epochs, "logs": logs})
+        if "first_epoch" not in self.startup:
+            self.startup["first_epoch"] = time.time() - self.startup["process"]
+        self._check_resize(epoch)
+
+    def _after_step(self, seg, epoch: int, done: int, losses) -> None:
+        """Rank 0's position and progress events; a commit inside the epoch when one is due."""
+        cfg, s = self.cfg, self.setup
+        now = time.monotonic()
+        if self.rank == 0 and now - self._last_position >= 0.5:
+            self._last_position = now
+            send_event({"kind": "position", "iterations": s.iterations, "time": time.time()})
+            if cfg.progress_interval > 0:
+                logs = {"loss": losses.running()}
+                event = {"kind": "batch", "epoch": epoch + 1, "epochs": cfg.epochs, "step": done}
+                send_event(dict(event, steps=seg.steps, logs=logs))
+        if done >= seg.steps or (cfg.checkpoint_steps is None and cfg.checkpoint_seconds is None):
+            return
+        in_epoch = (seg.steps_before if epoch == seg.first else 0) + done
+        due = (cfg.checkpoint_steps is not None and in_epoch % cfg.checkpoint_steps == 0) or (
+            cfg.checkpoint_seconds is not None and now - self._last_commit >= cfg.checkpoint_seconds
+        )
+        if not due or self._agreed(due) == 0:  # rank 0's clock decides for every rank
+            return
+        if self.rank == 0:
+            cursor = self.data.cursor(seg, epoch, done)
+            meta = {"logs": {}, "history": self.history[:epoch], "cursor": cursor.to_json()}
+            self.commits.write(epoch, in_epoch, meta, s.save_checkpoint, s.iterations)
+        self._last_commit = time.monotonic()
+
+    def _agreed(self, flag: bool) -> int:
+        """Rank 0's ``flag``, on every rank."""
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.broadcast(t, src=0)
+        return int(t[0])
+
+    def _check_resize(self, epoch: int) -> None:
+        """At an epoch end but the last: rank 0 looks for the driver's resize marker; all ranks stop together."""
+        cfg = self.cfg
+        if not cfg.resize_marker or epoch + 1 >= cfg.epochs:
+            return
+        marker = cfg.resize_marker
+        if self._agreed(self.rank == 0 and self.store.files.exists(marker)):
+            self.stopped_for_resize = True
+            if self.rank == 0:
+                logger.info("stopping after epoch %d: training resumes on more ranks", epoch + 1)
+
+    def _save_final(self) -> None:
+        """Rank 0: the trained model to this fit's file in the store, and the run's end record."""
+        from hvd_spark._internal.data.stops import write_end_record
+
+        cfg = self.cfg
+        final = os.path.join(self.tmp, "model.pt")
+        with busy("saving the final model"):
+            self.setup.save_model(final)
+            self.store.files.upload_file(final, cfg.final_model)
+            write_end_record(self.store, cfg.run_id, len(self.history), cfg.final_model, final)

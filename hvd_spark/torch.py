@@ -1,0 +1,14 @@
+"""hvd_spark for torch models: ``TorchEstimator`` -> ``TorchModel`` (horovod.spark.torch's names).
+
+    from hvd_spark.torch import TorchEstimator
+    model = TorchEstimator(num_proc=2, store="/tmp/store", model=net, optimizer=opt, loss=nn.CrossEntropyLoss(),
+                           feature_cols=["features"], label_cols=["label"], batch_size=32, epochs=5).fit(df)
+    model.transform(df)
+
+Needs the ``torch`` extra (``pip install 'hvd_spark[torch]'``); docs/torch.md says what works.
+"""
+
+from hvd_spark._internal.infer.torch_model import TorchModel
+from hvd_spark._internal.ml.torch_estimator import TorchEstimator
+
+__all__ = ["TorchEstimator", "TorchModel"]
