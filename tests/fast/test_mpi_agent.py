@@ -100,3 +100,21 @@ def test_stop_kills_running_commands(server, tmp_path):
     server.stop(0.5)
     proc.communicate(timeout=30)
     assert server.finished.wait(30) and server.returncode is not None and server.returncode < 0
+
+
+def test_rank_0s_task_exports_torchs_rendezvous_and_the_ranks_per_host_to_every_rank():
+    from hvd_spark._internal.task.mpi import TORCH_EXPORTS, torch_exports
+
+    ranks = assign_ranks(["10.0.0.2", "10.0.0.3", "10.0.0.2"])
+    exports = torch_exports(ranks, "10.0.0.2", 41000, "hvd_spark-r")
+    assert exports == {
+        "MASTER_ADDR": "10.0.0.2",
+        "MASTER_PORT": "41000",
+        "TORCHELASTIC_RUN_ID": "hvd_spark-r",
+        settings.ENV_NODE_SIZES: "2,1",
+    }
+    assert set(exports) == set(TORCH_EXPORTS)
+    cmd = mpirun_command(ranks, exports, "10.0.0.0/24", TORCH_EXPORTS)
+    entry = cmd.index(sys.executable)
+    flags = cmd[cmd.index("--tag-output") + 1 : entry]
+    assert flags == [x for name in TORCH_EXPORTS for x in ("-x", name)]  # remote ranks get them too

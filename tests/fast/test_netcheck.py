@@ -49,3 +49,42 @@ def test_bind_address_is_the_first_resolved_address_that_binds():
     assert netcheck.hostname_bind_address("nope", fails) is None
     # The real resolver: localhost binds to a loopback address.
     assert netcheck.hostname_bind_address("localhost") in ("127.0.0.1", "::1")
+
+
+def test_a_reserved_port_is_given_to_no_one_else_and_torchs_store_listens_on_it():
+    """The task holds rank 0's MASTER_PORT from before the exchange until it ends: a bind to port 0
+    (with or without SO_REUSEADDR) never gets it, a plain bind to it fails, and a listening socket
+    with SO_REUSEADDR, as torch's TCPStore opens (libuv's and c10d's), binds and serves on it."""
+    reserved = netcheck.ReservedPort("127.0.0.1")
+    assert netcheck.ReservedPort.HELD_FOR_TORCH  # the tests run on Linux
+    others = []
+    try:
+        for reuse in (0, 1) * 500:
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, reuse)
+            s.bind(("127.0.0.1", 0))
+            others.append(s)
+            assert s.getsockname()[1] != reserved.port
+        plain = socket.socket()
+        try:
+            plain.bind(("127.0.0.1", reserved.port))
+            raise AssertionError("a plain bind took the reserved port")
+        except OSError:
+            pass
+        finally:
+            plain.close()
+        store = socket.socket()
+        store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        store.bind(("0.0.0.0", reserved.port))  # TCPStore binds every address
+        store.listen()
+        with socket.create_connection(("127.0.0.1", reserved.port), timeout=5) as client:
+            conn, _ = store.accept()
+            client.sendall(b"x")
+            assert conn.recv(1) == b"x"
+            conn.close()
+        store.close()
+    finally:
+        for s in others:
+            s.close()
+        reserved.release()
+    reserved.release()  # twice: nothing

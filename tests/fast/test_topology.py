@@ -483,3 +483,54 @@ def test_the_rank_layout_setting_names_its_values():
     assert settings.RANK_LAYOUT.get(None, env={"HVD_SPARK_RANK_LAYOUT": " Slot "}, conf={}) == "slot"
     with pytest.raises(ValueError, match=r"HVD_SPARK_RANK_LAYOUT must be one of \['host', 'slot'\]. Received: 'core'"):
         settings.RANK_LAYOUT.get(None, env={"HVD_SPARK_RANK_LAYOUT": "core"}, conf={})
+
+
+def _torch(ranks, task):
+    from hvd_spark._internal.common.topology import node_of, torch_env
+
+    node, nodes = node_of(ranks[task], ranks)
+    return torch_env(
+        ranks[task], node=node, nodes=nodes, master_addr="10.0.0.2", master_port=29500, run_id="hvd_spark-x", iface="e0"
+    )
+
+
+def test_torch_env_is_torchruns_with_one_node_per_host():
+    """What torch.distributed's env:// init and a torchrun / TorchDistributor function read: the
+    local rank within its host, the host as the node, rank 0's address and port for every rank."""
+    ranks = assign_ranks(["b", "a", "b", "a", "b"])  # host b first (task 0), 3 ranks on b, 2 on a
+    envs = [_torch(ranks, t) for t in range(5)]
+    got = [
+        (e["RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["NODE_RANK"], e["GROUP_RANK"], e["ROLE_RANK"])
+        for e in envs
+    ]
+    assert got == [
+        ("0", "0", "3", "0", "0", "0"),
+        ("3", "0", "2", "1", "1", "3"),
+        ("1", "1", "3", "0", "0", "1"),
+        ("4", "1", "2", "1", "1", "4"),
+        ("2", "2", "3", "0", "0", "2"),
+    ]
+    for e in envs:
+        sizes = (e["WORLD_SIZE"], e["ROLE_WORLD_SIZE"], e["GROUP_WORLD_SIZE"], e["ROLE_NAME"])
+        assert sizes == ("5", "5", "2", "default")
+        assert (e["MASTER_ADDR"], e["MASTER_PORT"], e["TORCHELASTIC_RUN_ID"]) == ("10.0.0.2", "29500", "hvd_spark-x")
+        assert e["TORCHELASTIC_USE_AGENT_STORE"] == "False"  # rank 0's init serves the store, no agent does
+        assert e["GLOO_SOCKET_IFNAME"] == "e0"
+    from hvd_spark._internal.common.topology import TORCH_ENV
+
+    assert set(envs[0]) == set(TORCH_ENV)  # the names warm servers are not keyed by
+
+
+def test_mpi_torch_env_matches_the_gloo_ranks_layout():
+    """mpirun lays ranks out as assign_ranks does; a rank's variables from its MPI rank and the ranks per
+    host are the ones a Gloo rank's task gives it (GLOO_SOCKET_IFNAME aside: mpirun's ranks have no task)."""
+    from hvd_spark._internal.common.topology import mpi_torch_env
+
+    ranks = assign_ranks(["b", "a", "b", "a", "b"])
+    shared = {"MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "hvd_spark-x"}
+    for task, info in enumerate(ranks):
+        expected = _torch(ranks, task)
+        del expected["GLOO_SOCKET_IFNAME"]
+        assert mpi_torch_env(info.rank, [3, 2], shared) == expected
+    with pytest.raises(ValueError, match="rank 5 is not on any of the job's hosts"):
+        mpi_torch_env(5, [3, 2], shared)

@@ -199,3 +199,18 @@ def test_a_server_takes_a_lock_whose_file_a_sweep_removed(home):
         assert os.fstat(fd).st_ino == os.stat(path).st_ino and forks.held(path)
     finally:
         os.close(fd)
+
+
+def test_torchs_per_job_variables_do_not_key_a_server():
+    """Every job's ranks get their own MASTER_PORT, RANK, ... (topology.torch_env): read by torch after
+    the fork, they must not start a server per job, nor reach the server's environment."""
+    from hvd_spark._internal.common.topology import RankInfo, torch_env
+
+    base = {"PATH": "/bin", "OMP_NUM_THREADS": "2"}
+    for port, rank in ((41000, 0), (42000, 1)):
+        info = RankInfo(rank, 2, rank, 2, 0, 1, "127.0.0.1")
+        job = torch_env(info, node=0, nodes=1, master_addr="127.0.0.1", master_port=port, run_id=f"r{port}", iface="lo")
+        env = {**base, **job}
+        assert warm.fingerprint(env, "app") == warm.fingerprint(base, "app")
+        assert warm.server_env(env) == base
+    assert warm.fingerprint({**base, "OMP_NUM_THREADS": "3"}, "app") != warm.fingerprint(base, "app")

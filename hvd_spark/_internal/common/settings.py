@@ -419,6 +419,7 @@ ENV_WORKDIR = _internal("HVD_SPARK_WORKDIR", "task", "The task's folder: a rank'
 ENV_RANK_STARTED = _internal("HVD_SPARK_RANK_STARTED", "task", "When the task started the rank (its start-up profile).")
 ENV_WARM_RANK = _internal("HVD_SPARK_WARM_RANK", "warm server", "1 in a rank forked by a warm server.")
 ENV_MPI_HOSTS = _internal("HVD_SPARK_MPI_HOSTS", "task", "`{host: addr:port}` of every host's MPI command server.")
+ENV_NODE_SIZES = _internal("HVD_SPARK_NODE_SIZES", "task", "An MPI job's ranks per host (torch's variables).")
 ENV_NUM_THREADS = _internal("HVD_SPARK_NUM_THREADS", "task", "The rank's thread count (`num_threads`), for your code.")
 ENV_GPUS = _internal("HVD_SPARK_GPUS", "task", "The task's GPU addresses, for your code (`use_gpu`).")
 

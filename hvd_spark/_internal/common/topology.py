@@ -106,6 +106,102 @@ def horovod_env(
     return env
 
 
+# What torch.distributed's env:// init and a function written for torchrun / TorchDistributor read
+# (torch/distributed/run.py's list). hvd_spark sets them on every rank; warm servers are not keyed by them.
+TORCH_ENV = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "GLOO_SOCKET_IFNAME",
+)
+
+
+def node_of(info: RankInfo, ranks: Sequence[RankInfo]) -> tuple[int, int]:
+    """``(node, nodes)``: the index of ``info``'s host among the job's hosts in rank order (a host is
+    torchrun's node: :func:`assign_ranks` gives each one contiguous ranks) and how many there are."""
+    hosts: list[str] = []
+    for r in sorted(ranks, key=lambda r: r.rank):
+        if r.host not in hosts:
+            hosts.append(r.host)
+    return hosts.index(info.host), len(hosts)
+
+
+def torch_env(
+    info: RankInfo,
+    *,
+    node: int,
+    nodes: int,
+    master_addr: str,
+    master_port: int,
+    run_id: str,
+    iface: str | None = None,
+) -> dict[str, str]:
+    """The environment that makes ``torch.distributed.init_process_group()`` (``env://``) join the job
+    as ``info.rank``, with the variables ``torchrun`` gives its workers (what a function written for
+    ``TorchDistributor`` reads), one host being one node.
+
+    Args:
+        info: the rank's place in the job; ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` are its host's.
+        node, nodes: its host's index among the job's hosts, and their count (:func:`node_of`).
+        master_addr, master_port: where rank 0's ``TCPStore`` listens (rank 0's task reserved the port).
+        run_id: the job's id (``TORCHELASTIC_RUN_ID``: Lightning then takes the variables above as they
+            are, as under ``torchrun``).
+        iface: the interface that carries the rank's address: Gloo's (``GLOO_SOCKET_IFNAME``).
+    """
+    env = {
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(int(master_port)),
+        "RANK": str(info.rank),
+        "WORLD_SIZE": str(info.size),
+        "LOCAL_RANK": str(info.local_rank),
+        "LOCAL_WORLD_SIZE": str(info.local_size),
+        "NODE_RANK": str(node),
+        "GROUP_RANK": str(node),
+        "GROUP_WORLD_SIZE": str(nodes),
+        "ROLE_RANK": str(info.rank),
+        "ROLE_WORLD_SIZE": str(info.size),
+        "ROLE_NAME": "default",
+        "TORCHELASTIC_RUN_ID": run_id,
+        # No torchelastic agent hosts a store here: rank 0's init_process_group serves it on MASTER_PORT.
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+    }
+    if iface:
+        env["GLOO_SOCKET_IFNAME"] = iface
+    return env
+
+
+def mpi_torch_env(rank: int, node_sizes: Sequence[int], environ: dict[str, str]) -> dict[str, str]:
+    """:func:`torch_env` for rank ``rank`` of an MPI job. mpirun lays the ranks out as
+    :func:`assign_ranks` does (contiguous per host, hosts in rank order), ``node_sizes[i]`` ranks on
+    the ``i``-th host; ``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_RUN_ID`` come from rank 0's
+    task through mpirun (``environ``)."""
+    start = 0
+    for node, local_size in enumerate(node_sizes):
+        if rank < start + local_size:
+            info = RankInfo(rank, sum(node_sizes), rank - start, local_size, node, len(node_sizes), "")
+            return torch_env(
+                info,
+                node=node,
+                nodes=len(node_sizes),
+                master_addr=environ["MASTER_ADDR"],
+                master_port=int(environ["MASTER_PORT"]),
+                run_id=environ["TORCHELASTIC_RUN_ID"],
+            )
+        start += local_size
+    raise ValueError(f"rank {rank} is not on any of the job's hosts. Received: node_sizes={list(node_sizes)}.")
+
+
 def threads_env(num_threads: int) -> dict[str, str]:
     """Caps the compute threads of one rank so that ranks sharing a host do not oversubscribe it."""
     n = str(max(1, int(num_threads)))

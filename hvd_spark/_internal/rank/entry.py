@@ -67,11 +67,13 @@ def main(workdir: str) -> int:
     return 0
 
 
-def _finalize_horovod(timeout: float = 20.0) -> None:
+def _finalize_collectives(timeout: float = 20.0) -> None:
     """Shuts Horovod (and with it MPI) down: Horovod's shutdown is agreed by all ranks, so a rank
     that finishes first does not cut its peers' connections under them (Gloo logs a "connection
-    reset" error then), and mpirun sees a rank that finished, not one that vanished. Bounded: a peer
-    that is stuck must not keep this finished rank alive."""
+    reset" error then), and mpirun sees a rank that finished, not one that vanished. Then destroys
+    the process group a function left behind (``torch.distributed.init_process_group`` without
+    ``destroy_process_group``; an NCCL group's resources are freed, not cut by the exit). Bounded: a
+    peer that is stuck must not keep this finished rank alive."""
     import threading
 
     def shutdown():
@@ -80,10 +82,29 @@ def _finalize_horovod(timeout: float = 20.0) -> None:
             if module is not None and hasattr(module, "shutdown"):
                 with contextlib.suppress(Exception):
                     module.shutdown()
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None:
+            with contextlib.suppress(Exception):
+                if dist.is_available() and dist.is_initialized():
+                    dist.destroy_process_group()
 
     t = threading.Thread(target=shutdown, daemon=True)
     t.start()
     t.join(timeout)
+
+
+def _mpi_torch_env() -> None:
+    """In a rank mpirun started: torch.distributed's variables for this rank (a Gloo rank's task sets
+    them; mpirun's ranks share one environment, ``task/mpi.py``'s exports, and their MPI rank)."""
+    from hvd_spark._internal.common import settings
+
+    sizes = os.environ.get(settings.ENV_NODE_SIZES)
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK")
+    if not sizes or rank is None:
+        return
+    from hvd_spark._internal.common.topology import mpi_torch_env
+
+    os.environ.update(mpi_torch_env(int(rank), [int(n) for n in sizes.split(",")], dict(os.environ)))
 
 
 def _gpu_operations() -> None:
@@ -131,11 +152,12 @@ def entry(workdir: str) -> int:
     from hvd_spark._internal.common.events import report_init_when_done
 
     own_tempdir(workdir)
+    _mpi_torch_env()
     _gpu_operations()
     report_init_when_done()
     code = main(workdir)
     if code == 0:
-        _finalize_horovod()
+        _finalize_collectives()
     sys.stdout.flush()
     sys.stderr.flush()
     return code

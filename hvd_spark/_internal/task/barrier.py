@@ -7,6 +7,7 @@ would reach the driver.
 """
 
 import os
+import secrets
 import socket
 import sys
 import tempfile
@@ -19,7 +20,15 @@ from hvd_spark._internal.common import logs, settings
 from hvd_spark._internal.common.forks import Payload
 from hvd_spark._internal.common.outcomes import ABORTED, ERROR, RankOutcome, TaskSpec
 from hvd_spark._internal.common.service import KIND, Kind, TaskClient
-from hvd_spark._internal.common.topology import RankInfo, assign_ranks, gpu_env, horovod_env, threads_env
+from hvd_spark._internal.common.topology import (
+    RankInfo,
+    assign_ranks,
+    gpu_env,
+    horovod_env,
+    node_of,
+    threads_env,
+    torch_env,
+)
 from hvd_spark._internal.task import netcheck, warm
 from hvd_spark._internal.task.procs import FolderJanitor
 from hvd_spark._internal.task.watch import Watch, read_outcome, report, run_watched, wait_for_end, write_payload
@@ -91,18 +100,23 @@ def run_task(spec: TaskSpec) -> list[bytes]:
     beating = threading.Event()
     threading.Thread(target=_beat, args=(client, beating), daemon=True, name="hvd_spark-task-beat").start()
     server = None
+    reserved = None
     workdir = tempfile.mkdtemp(prefix="hvd_spark-")
     janitor = FolderJanitor(workdir)  # the rank's folder goes however the task ends, killed included
     try:
         ip = client.local_ip
         hostname = socket.gethostname()
-        mine = {"host": ip, "iface": iface_for_ip(ip), "hostname": hostname}
+        mine: dict[str, str | int] = {"host": ip, "iface": iface_for_ip(ip), "hostname": hostname}
         if spec.backend == "gloo":
             mine["bind"] = netcheck.hostname_bind_address(hostname) or ""
             # Every task serves a rendezvous before the one exchange (a second round would cost a
             # round trip); the task that gets rank 0 keeps its server, the others stop theirs.
             server = _Rendezvous(ip)
             mine["rendezvous_port"] = server.port
+            # torch.distributed's too (MASTER_PORT): rank 0's task keeps its port, the others free theirs.
+            reserved = netcheck.ReservedPort(ip)
+            mine["torch_port"] = reserved.port
+            mine["torch_run"] = secrets.token_hex(8)
         # Through the driver service, not Spark's allGather (about a second a round).
         infos = client.gather("hosts", mine, spec.heartbeat_timeout)
         ranks = assign_ranks([i["host"] for i in infos])
@@ -119,12 +133,13 @@ def run_task(spec: TaskSpec) -> list[bytes]:
 
         first = next(t for t, r in enumerate(ranks) if r.rank == 0)
         rendezvous = {"addr": infos[first]["host"], "port": infos[first]["rendezvous_port"]}
-        assert server is not None  # a Gloo job: started above
+        assert server is not None and reserved is not None  # a Gloo job: started above
         if me.rank == 0:
             server.plan(_plan(ranks))
         else:
             server.stop()
             server = None
+            reserved.release()
 
         env = dict(os.environ)
         env.update(
@@ -137,6 +152,7 @@ def run_task(spec: TaskSpec) -> list[bytes]:
                 num_threads=spec.num_threads,
             )
         )
+        env.update(_torch_env(me, ranks, infos[first], infos[partition]["iface"]))
         try:
             env.update(gpu_env(_task_gpus(ctx), spec.use_gpu, spec.env))
         except ValueError as e:  # GPUs asked for, none assigned: this rank's failure, named
@@ -156,6 +172,8 @@ def run_task(spec: TaskSpec) -> list[bytes]:
         # process sets (hvd.add_process_set after init) rendezvous again, so it stays open for them.
         dynamic = env.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0").strip().lower() not in ("", "0", "false")
         close = server.stop if server is not None and not dynamic else None
+        if not netcheck.ReservedPort.HELD_FOR_TORCH:
+            reserved.release()  # TCPStore could not bind a held port here: the window of docs/launcher.md
         outcome, watch = _run_child(spec, client, me.rank, env, workdir, on_ranks_initialized=close)
         report(client, outcome)
         if server is not None:
@@ -166,8 +184,25 @@ def run_task(spec: TaskSpec) -> list[bytes]:
         beating.set()
         if server is not None:
             server.stop()
+        if reserved is not None:
+            reserved.release()
         client.close()
         janitor.close()
+
+
+def _torch_env(me: RankInfo, ranks: list[RankInfo], first: dict, iface: str) -> dict[str, str]:
+    """torch.distributed's variables for this rank: rank 0's task's address and reserved port are the
+    job's MASTER_ADDR / MASTER_PORT, its random id the job's TORCHELASTIC_RUN_ID."""
+    node, nodes = node_of(me, ranks)
+    return torch_env(
+        me,
+        node=node,
+        nodes=nodes,
+        master_addr=first["host"],
+        master_port=first["torch_port"],
+        run_id=f"hvd_spark-{first['torch_run']}",
+        iface=iface,
+    )
 
 
 def _task_gpus(ctx) -> list[str] | None:

@@ -6,6 +6,7 @@ Runs inside Spark barrier tasks, like :mod:`.barrier`, whose watch and reporting
 
 import json
 import os
+import secrets
 import sys
 
 import cloudpickle
@@ -14,7 +15,7 @@ from hvd_spark._internal.common import logs, settings
 from hvd_spark._internal.common.outcomes import ERROR, PROCESS_DIED, TaskSpec
 from hvd_spark._internal.common.service import TaskClient
 from hvd_spark._internal.common.topology import RankInfo, threads_env
-from hvd_spark._internal.task import mpi_agent
+from hvd_spark._internal.task import mpi_agent, netcheck
 from hvd_spark._internal.task.watch import (
     ENV_WORKDIR,
     Watch,
@@ -66,10 +67,31 @@ def _network_of(ip: str) -> str:
     return f"{ip}/32"
 
 
-def mpirun_command(ranks: list[RankInfo], env: dict[str, str], network: str | None) -> list[str]:
+# What rank 0's task passes every rank through mpirun (``-x``): torch.distributed's rendezvous and the
+# ranks per host, from which each rank's entry sets the rest (topology.mpi_torch_env).
+TORCH_EXPORTS = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", settings.ENV_NODE_SIZES)
+
+
+def torch_exports(ranks: list[RankInfo], master_addr: str, master_port: int, run_id: str) -> dict[str, str]:
+    """The values of :data:`TORCH_EXPORTS` for a job laid out as ``ranks``."""
+    sizes: dict[str, int] = {}
+    for r in sorted(ranks, key=lambda r: r.rank):
+        sizes[r.host] = sizes.get(r.host, 0) + 1
+    return {
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(int(master_port)),
+        "TORCHELASTIC_RUN_ID": run_id,
+        settings.ENV_NODE_SIZES: ",".join(str(n) for n in sizes.values()),
+    }
+
+
+def mpirun_command(
+    ranks: list[RankInfo], env: dict[str, str], network: str | None, exports: tuple[str, ...] = ()
+) -> list[str]:
     """mpirun for the whole job: one slot per barrier task, ranks laid out as :func:`assign_ranks` did
     (contiguous per host, hosts in rank order). ``network`` (a CIDR) is set for jobs on several hosts:
-    remote daemons are then started through hvd_spark's rsh agent and talk over that subnet."""
+    remote daemons are then started through hvd_spark's rsh agent and talk over that subnet.
+    ``exports``: variables of ``env`` every rank gets (``-x``), remote ones included."""
     slots: dict[str, int] = {}
     for r in sorted(ranks, key=lambda r: r.rank):
         slots[r.host] = slots.get(r.host, 0) + 1
@@ -82,6 +104,8 @@ def mpirun_command(ranks: list[RankInfo], env: dict[str, str], network: str | No
             if not any(f"OMPI_MCA_{kind}_{x}" in env for x in ("include", "exclude")):
                 cmd += ["--mca", param, network]  # the user's own interface choice wins
     cmd += ["--oversubscribe", "--bind-to", "none", "--map-by", "slot", "--tag-output"]
+    for name in exports:
+        cmd += ["-x", name]
     return cmd + [sys.executable, "-m", "hvd_spark._internal.rank.entry"]
 
 
@@ -103,6 +127,8 @@ def run_mpi(spec: TaskSpec, client: TaskClient, me: RankInfo, ranks: list[RankIn
     several_hosts = len({r.host for r in ranks}) > 1
     env = _mpi_env(spec, workdir, me.host)
     server = None
+    # Rank 0's TCPStore port (torch.distributed), held from here on as a Gloo job's (netcheck.ReservedPort).
+    reserved = netcheck.ReservedPort(me.host) if me.rank == 0 else None
     if several_hosts and me.local_rank == 0 and me.host != first_host:
         write_payload(spec, workdir)
         server = mpi_agent.CommandServer(me.host, spec.token, env, workdir)
@@ -123,7 +149,12 @@ def run_mpi(spec: TaskSpec, client: TaskClient, me: RankInfo, ranks: list[RankIn
         if me.rank == 0:
             write_payload(spec, workdir)
             env[mpi_agent.ENV_HOSTS] = json.dumps(servers)
-            cmd = mpirun_command(ranks, env, _network_of(me.host) if several_hosts else None)
+            assert reserved is not None
+            env.update(torch_exports(ranks, me.host, reserved.port, f"hvd_spark-{secrets.token_hex(8)}"))
+            if not reserved.HELD_FOR_TORCH:
+                reserved.release()
+            network = _network_of(me.host) if several_hosts else None
+            cmd = mpirun_command(ranks, env, network, TORCH_EXPORTS)
             rc, aborted = run_watched(cmd, env, workdir, watch, spec.abort_grace)
         elif server is not None:
             # This host's ranks are done when its orted ends; an abort stops it.
@@ -143,3 +174,5 @@ def run_mpi(spec: TaskSpec, client: TaskClient, me: RankInfo, ranks: list[RankIn
     finally:
         if server is not None:
             server.stop(1.0)
+        if reserved is not None:
+            reserved.release()

@@ -8,10 +8,13 @@ address to connect to and ``hvd.init()`` aborts with ``connect [127.0.0.1]:...: 
 refused``. hvd_spark's build of Horovod (``scripts/setup.sh``, version ``0.28.1+hvdspark.N``)
 fixes the device to use the job's interface; with any other build this check names the host and
 the fix instead of letting the ranks abort. Pure stdlib: runs in the barrier task.
+
+Also the port a task holds for torch.distributed's ``TCPStore`` (:class:`ReservedPort`).
 """
 
 import ipaddress
 import socket
+import sys
 from collections.abc import Callable, Sequence
 
 # The local version label of hvd_spark's patched Horovod build (scripts/setup.sh).
@@ -94,3 +97,25 @@ def gloo_host_problem(
         f"and hvd.init() would abort. Fix one of: install Horovod with hvd_spark's build (scripts/setup.sh, "
         f"version 0.28.1+hvdspark.N), or map {hostname!r} to {ip} in /etc/hosts on that host."
     )
+
+
+class ReservedPort:
+    """A free TCP port on the task's address, held for rank 0's ``TCPStore`` (``MASTER_PORT``) from
+    before the exchange of host infos until the task ends: bound with ``SO_REUSEADDR`` and never
+    listening. On Linux no other socket is given it meanwhile (a ``bind`` to port 0 or a ``connect``
+    passes over a port that has a bound socket), and ``TCPStore``'s own socket (``SO_REUSEADDR``, from
+    libuv or c10d) binds and listens on it all the same: there is no window. Elsewhere (BSD rules: a
+    second bind to a held port fails) the task frees it just before its rank starts."""
+
+    HELD_FOR_TORCH = sys.platform.startswith("linux")
+
+    def __init__(self, addr: str):
+        self._sock: socket.socket | None = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((addr, 0))
+        self.port: int = self._sock.getsockname()[1]
+
+    def release(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

@@ -11,8 +11,8 @@ settings at ``hvd.init()``, after the fork, so one server serves every job of it
 
 The server is safe to share only with identical processes, so it is keyed by a fingerprint of
 everything that could change what an import does: the Python executable, the rank's environment
-(minus the variables that differ per job and are read after the fork: ``HOROVOD_*`` and the
-launcher's per-job ones), the Spark application and the user. A different environment gets a
+(minus the variables that differ per job and are read after the fork: ``HOROVOD_*``, torch.distributed's
+and the launcher's per-job ones), the Spark application and the user. A different environment gets a
 server of its own, or a fresh process when warm ranks are off (``HVD_SPARK_WARM=0``).
 
 Lifetime: a server ends when it has had no request for ``HVD_SPARK_WARM_IDLE`` seconds (default
@@ -77,6 +77,7 @@ from hvd_spark._internal.common.forks import (
     sweep_stale,
     take_lock,
 )
+from hvd_spark._internal.common.topology import TORCH_ENV
 from hvd_spark._internal.task import procs
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ PER_JOB = (
     settings.ENV_JOB_TOKEN,
     settings.ENV_WORKDIR,
     settings.ENV_RANK_STARTED,
+    *TORCH_ENV,  # torch.distributed's (topology.torch_env): read after the fork, by torch
 )
 _MAX_MESSAGE = 1 << 20
 _MAX_FDS = 8  # file descriptors a request may carry: the child's output, then its payload's
