@@ -48,7 +48,7 @@ def test_the_horovod_names_are_public():
         assert name in hvd_spark.__all__
     # horovod.spark.keras's names are the same classes, loaded lazily (they need pyspark.ml and Keras)
     assert hvd_spark._LAZY["KerasEstimator"] == "hvd_spark._internal.ml.estimator:HorovodEstimator"
-    assert hvd_spark._LAZY["KerasModel"] == "hvd_spark._internal.infer.transformer:TFTransformer"
+    assert hvd_spark._LAZY["KerasModel"] == "hvd_spark._internal.ml.transformer:TFTransformer"
 
 
 def test_horovods_example_arguments_are_taken():

@@ -1,8 +1,9 @@
 """``TFTransformer``: batch prediction with a trained Keras model through an Arrow or pandas UDF.
 
-Its params and persistence live on the driver. ``_transform`` builds the UDF: in each of Spark's
-Python UDF workers the model is loaded once (:mod:`.cache`) on the task's device (:mod:`.device`)
-and whole Arrow batches go through :mod:`.batching`, cut into ``batch_size`` chunks.
+Its params and persistence live on the driver, beside the estimator's. ``_transform`` builds the UDF:
+in each of Spark's Python UDF workers the model is loaded once (``infer/cache.py``) on the task's
+device (``infer/device.py``) and whole Arrow batches go through ``infer/batching.py``, cut into
+``batch_size`` chunks.
 """
 
 import functools
@@ -18,9 +19,9 @@ from pyspark.ml.util import MLReadable, MLWritable
 from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.choices import INFERENCE_UDFS, PREDICTION_TASKS
 from hvd_spark._internal.common.contracts import FitSummary
+from hvd_spark._internal.common.sessions import application_id, session_conf
 from hvd_spark._internal.common.specs import TensorSpec, check_string_input, column_label, stack_for_single_input
 from hvd_spark._internal.common.topology import task_cpus
-from hvd_spark._internal.driver.sessions import application_id, session_conf
 from hvd_spark._internal.infer.batching import (
     column_transformation,
     is_scalar,
@@ -30,7 +31,7 @@ from hvd_spark._internal.infer.batching import (
 )
 from hvd_spark._internal.infer.cache import load_cached, load_uncached, model_version
 from hvd_spark._internal.infer.device import GPU_BATCH_SIZE, on_device, task_device
-from hvd_spark._internal.infer.expressions import (
+from hvd_spark._internal.ml.expressions import (
     arrow_udfs_available,
     feature_status,
     has_nonfinite,
