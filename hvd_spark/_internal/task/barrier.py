@@ -152,22 +152,30 @@ def run_task(spec: TaskSpec) -> list[bytes]:
                 settings.ENV_JOB_TOKEN: spec.token,
             }
         )
-        # Rank 0's task closes the rendezvous once every rank's hvd.init() returned; Horovod's dynamic
-        # process sets (hvd.add_process_set after init) rendezvous again, so it stays open for them.
-        dynamic = env.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0").strip().lower() not in ("", "0", "false")
-        close = server.stop if server is not None and not dynamic else None
-        outcome, watch = _run_child(spec, client, me.rank, env, workdir, on_ranks_initialized=close)
-        report(client, outcome)
-        if server is not None:
-            # Rank 0's task serves the rendezvous until every rank is done (or the job is aborted).
-            wait_for_end(watch)
-        return [cloudpickle.dumps(outcome)]
+        return _run_rank(spec, client, me.rank, env, workdir, server)
     finally:
         beating.set()
         if server is not None:
             server.stop()
         client.close()
         janitor.close()
+
+
+def _run_rank(
+    spec: TaskSpec, client: TaskClient, rank: int, env: dict, workdir: str, server: "_Rendezvous | None"
+) -> list[bytes]:
+    """Starts the rank's process with ``env`` and watches it to its end; reports and returns its
+    outcome. ``server``: the rendezvous rank 0's task serves (None in the other tasks)."""
+    # Rank 0's task closes the rendezvous once every rank's hvd.init() returned; Horovod's dynamic
+    # process sets (hvd.add_process_set after init) rendezvous again, so it stays open for them.
+    dynamic = env.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0").strip().lower() not in ("", "0", "false")
+    close = server.stop if server is not None and not dynamic else None
+    outcome, watch = _run_child(spec, client, rank, env, workdir, on_ranks_initialized=close)
+    report(client, outcome)
+    if server is not None:
+        # Rank 0's task serves the rendezvous until every rank is done (or the job is aborted).
+        wait_for_end(watch)
+    return [cloudpickle.dumps(outcome)]
 
 
 def _task_gpus(ctx) -> list[str] | None:
