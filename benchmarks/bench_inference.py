@@ -283,7 +283,7 @@ def main(quick: bool, only_protocol: bool = False):
                 sweep[b] = stats([rows / _run(transformer.transform(df)) for _ in range(repeats)])
             spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
             # The two UDF kinds of transform side by side (Arrow UDFs exist from pyspark 4.1).
-            from hvd_spark._internal.infer.expressions import arrow_udfs_available
+            from hvd_spark._internal.ml.expressions import arrow_udfs_available
 
             kinds = ["arrow", "pandas"] if arrow_udfs_available() else ["pandas"]
             by_kind = {k: transformer.copy({transformer.inference_udf: k}) for k in kinds}

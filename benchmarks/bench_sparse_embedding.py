@@ -127,7 +127,7 @@ def _update_alone(model, sparse_as_dense: bool, repeats: int = 5) -> list[float]
     import numpy as np
     import tensorflow as tf
 
-    from hvd_spark._internal.rank.optimizer import plain_class
+    from hvd_spark._internal.common.serde import plain_class
 
     variables = model.trainable_variables
     table = model.get_layer("table").embeddings

@@ -50,9 +50,9 @@ from hvd_spark.errors import (
 # name -> "module" (the name itself there) or "module:name there" (horovod.spark.keras's names)
 _LAZY = {
     "HorovodEstimator": "hvd_spark._internal.ml.estimator",
-    "TFTransformer": "hvd_spark._internal.infer.transformer",
+    "TFTransformer": "hvd_spark._internal.ml.transformer",
     "KerasEstimator": "hvd_spark._internal.ml.estimator:HorovodEstimator",
-    "KerasModel": "hvd_spark._internal.infer.transformer:TFTransformer",
+    "KerasModel": "hvd_spark._internal.ml.transformer:TFTransformer",
 }
 
 

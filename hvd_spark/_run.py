@@ -136,7 +136,8 @@ def run(
     if elastic_timeout is not None and not elastic:
         raise ValueError("elastic_timeout applies to elastic jobs only: set min_num_proc or max_num_proc too.")
     if elastic:
-        from hvd_spark._internal.driver.sessions import active_session, is_connect
+        from hvd_spark._internal.common.sessions import is_connect
+        from hvd_spark._internal.driver.sessions import active_session
 
         if is_connect(active_session(spark)):
             raise NotImplementedError(

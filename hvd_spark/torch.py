@@ -8,7 +8,7 @@
 Needs the ``torch`` extra (``pip install 'hvd_spark[torch]'``); docs/torch.md says what works.
 """
 
-from hvd_spark._internal.infer.torch_model import TorchModel
 from hvd_spark._internal.ml.torch_estimator import TorchEstimator
+from hvd_spark._internal.ml.torch_model import TorchModel
 
 __all__ = ["TorchEstimator", "TorchModel"]

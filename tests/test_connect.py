@@ -77,7 +77,7 @@ def _test_frame(connect, rows):
 
 @pytest.mark.parametrize("udf", UDF_KINDS)
 def test_transform_through_connect_equals_classic(connect, classic, udf):
-    from hvd_spark._internal.driver.sessions import is_connect
+    from hvd_spark._internal.common.sessions import is_connect
 
     _, model, rows, expected = classic
     df = _test_frame(connect, rows)

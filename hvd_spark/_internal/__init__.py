@@ -6,9 +6,10 @@
 - ``task``: inside a Spark barrier task (Spark's Python worker): rendezvous, start and watch the
   rank's process, warm fork servers, mpirun and its agent.
 - ``rank``: inside one rank's own process: the entry point, Keras training with Horovod, the reader.
-- ``infer``: the transformer, on the driver (params) and in Spark's Python UDF workers (prediction).
+- ``infer``: prediction in Spark's Python UDF workers (the transformer that asks for it is ``ml``'s).
 - ``data``: the store and the data written to it (driver side; no TF).
-- ``ml``: the Spark ML front on the driver: the estimator, its params, fit planning, persistence.
+- ``ml``: the Spark ML front on the driver: the estimator and the transformer, their params, fit planning,
+  persistence.
 """
 
 import importlib
@@ -22,7 +23,7 @@ import sys
 # is a module of its own holding the names of the modules that took its code.
 _SAVED_NAMES: dict[str, tuple[str, ...]] = {
     "hvd_spark._internal.estimator": ("hvd_spark._internal.ml.estimator",),
-    "hvd_spark._internal.transformer": ("hvd_spark._internal.infer.transformer",),
+    "hvd_spark._internal.transformer": ("hvd_spark._internal.ml.transformer",),
     "hvd_spark._internal.store": ("hvd_spark._internal.data.store",),
     # callbacks of hvd_spark.keras in a saved estimator's objects
     "hvd_spark._internal.keras_hvd": (

@@ -97,7 +97,7 @@ def test_launcher_md_gives_run_s_signature():
 
 
 _SETTERS = """
-from hvd_spark._internal.infer.transformer import TFTransformer
+from hvd_spark._internal.ml.transformer import TFTransformer
 print(" ".join(sorted(n for n in dir(TFTransformer) if re.match(r"set[A-Z]", n))))
 """
 

@@ -82,7 +82,7 @@ tmp = sys.argv[1]
 runs = []
 steps.run = lambda data, p, backend: runs.append((data, p, backend)) or "model"
 given = FitInput(None, inplace.Scan((tmp + "/t/part-0.parquet",), {"x": "x"}, "t", "t"))
-fit_data.parquet_input = lambda path, val, store: given
+fit_data.parquet_input = lambda path, val, store, session: given
 est = estimator_mod.HorovodEstimator(store=tmp + "/s", model=Model(), feature_cols=["x"], label_cols=["y"])
 class Frame:  # a DataFrame's stand-in: fit looks for a Spark DataFrame's sparkSession and schema
     sparkSession = schema = None

@@ -1,4 +1,5 @@
-"""Imports: hvd_spark's modules form no cycle, and the modules other processes start from import alone.
+"""Imports: hvd_spark's modules form no cycle, nor do its packages (each imports only the packages below
+it), and the modules other processes start from import alone.
 
 The graph is built statically from every module's syntax tree: imports at the top and inside
 functions alike (an import inside a function that closes a cycle is a cycle all the same: it only
@@ -42,6 +43,20 @@ ENTRY_POINTS = (
     "hvd_spark._internal.task.warm",
 )
 
+# The layers of hvd_spark/_internal (docs/architecture.md's table), bottom first: what each package may
+# import, at the top or inside a function. ``hvd_spark.errors`` (which imports nothing of hvd_spark) is
+# below them all; the root modules (``hvd_spark``, ``_run``, ``_session``, ``keras``, ...) are above them.
+MAY_IMPORT: dict[str, set[str]] = {
+    "common": set(),  # the bottom layer: every process imports it
+    "task": {"common"},
+    "data": {"common"},
+    "driver": {"common", "task", "data"},
+    "rank": {"common", "data"},
+    "infer": {"common", "task", "rank"},
+    "ml": {"common", "data", "driver", "rank", "infer"},
+}
+ERRORS = "hvd_spark.errors"
+
 
 def module_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     """Module name -> file, for the package at ``root`` (a package's name is its ``__init__.py``'s)."""
@@ -81,6 +96,25 @@ def import_graph(root: pathlib.Path) -> dict[str, set[str]]:
                 continue
             graph[module].update(t for t in targets if t in files and t != module)
     return graph
+
+
+def package_of(module: str, internal: str = "hvd_spark._internal") -> str:
+    """A module's node in the package graph: its package of ``internal``, else itself (a root module)."""
+    prefix = internal + "."
+    return module[len(prefix) :].split(".")[0] if module.startswith(prefix) else module
+
+
+def package_graph(graph: dict[str, set[str]], internal: str = "hvd_spark._internal") -> dict[str, set[str]]:
+    """Package -> the other packages (and root modules) its modules import, from the module graph."""
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        packages.setdefault(package_of(module, internal), set()).update(package_of(t, internal) for t in targets)
+    return {p: targets - {p} for p, targets in packages.items()}
+
+
+def _imports_between(graph: dict[str, set[str]], a: str, b: str) -> list[str]:
+    """The module imports that make package ``a`` import package ``b``."""
+    return sorted(f"{m} -> {t}" for m, ts in graph.items() if package_of(m) == a for t in ts if package_of(t) == b)
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -153,6 +187,53 @@ def test_hvd_spark_has_no_import_cycle():
     assert not cycles, "import cycles (each module imports the next, at the top or inside a function):\n" + "\n".join(
         " -> ".join(c) for c in cycles
     )
+
+
+def test_the_packages_form_no_import_cycle():
+    graph = import_graph(ROOT)
+    packages = package_graph(graph)
+    assert {"common", "data", "driver", "infer", "ml", "rank", "task", "hvd_spark", ERRORS} <= set(packages)
+    cycles = find_cycles(packages)
+    assert not cycles, "import cycles between packages (each imports the next, through these modules):\n" + "\n".join(
+        " -> ".join(c) + "\n" + "\n".join(f"  {e}" for a, b in zip(c, c[1:]) for e in _imports_between(graph, a, b))
+        for c in cycles
+    )
+
+
+def test_each_package_imports_only_the_layers_below_it():
+    graph = import_graph(ROOT)
+    packages = package_graph(graph)
+    internal = sorted(p.name for p in (ROOT / "_internal").iterdir() if (p / "__init__.py").exists())
+    assert internal == sorted(MAY_IMPORT), "give each package of _internal its layer in MAY_IMPORT"
+    assert find_cycles(MAY_IMPORT) == []  # the layers themselves
+    assert packages[ERRORS] == set(), "hvd_spark.errors, below every package, imports nothing of hvd_spark"
+    wrong = {
+        f"{p} -> {q}": _imports_between(graph, p, q)
+        for p in internal
+        for q in sorted(packages[p] - MAY_IMPORT[p] - {ERRORS})
+    }
+    assert not wrong, f"imports against the layers (docs/architecture.md): {wrong}"
+    assert packages["common"] <= {ERRORS}  # the bottom layer: no other package of _internal
+
+
+def test_the_package_graph_finds_a_cycle_no_module_closes(tmp_path):
+    pkg = tmp_path / "pkg"
+    for sub in ("_internal", "_internal/a", "_internal/b"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "errors.py").write_text("")
+    (pkg / "_internal" / "a" / "x.py").write_text("from ..b import y\nfrom ...errors import E\n")
+    (pkg / "_internal" / "b" / "y.py").write_text("")
+    (pkg / "_internal" / "b" / "z.py").write_text("def f():\n    from pkg._internal.a import w\n")
+    (pkg / "_internal" / "a" / "w.py").write_text("")
+    graph = import_graph(pkg)
+    assert find_cycles(graph) == []  # x -> y and z -> w: no module imports one that imports it back
+    packages = package_graph(graph, internal="pkg._internal")
+    assert packages == {"pkg": set(), "pkg._internal": set(), "pkg.errors": set(), "a": {"b", "pkg.errors"}, "b": {"a"}}
+    assert find_cycles(packages) == [["a", "b", "a"]]
+    (pkg / "_internal" / "b" / "z.py").write_text("")
+    assert find_cycles(package_graph(import_graph(pkg), internal="pkg._internal")) == []
 
 
 def test_the_graph_finds_a_cycle_through_relative_and_function_level_imports(tmp_path):

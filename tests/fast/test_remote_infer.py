@@ -192,7 +192,8 @@ def test_a_udf_worker_predicting_remotely_does_not_import_tensorflow():
 
     code = (
         "import sys\n"
-        "from hvd_spark._internal.infer import transformer, cache, remote, batching\n"
+        "from hvd_spark._internal.infer import cache, remote, batching\n"
+        "from hvd_spark._internal.ml import transformer\n"
         "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, 'imported TF'\n"
         "print('ok')\n"
     )

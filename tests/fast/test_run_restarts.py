@@ -102,7 +102,7 @@ def test_failures_are_told_apart_by_type_not_by_a_names_ending():
 def test_two_elastic_jobs_of_one_driver_size_themselves_by_what_the_other_leaves(monkeypatch):
     """Before, each counted every slot of the application: two elastic fits side by side both sized
     themselves to all of them, and the second waited for the first in the slot pool (or timed out)."""
-    from hvd_spark._internal.driver import sessions
+    from hvd_spark._internal.common import sessions
     from hvd_spark._internal.driver.slots import SLOTS
 
     monkeypatch.setattr(sessions, "application_id", lambda spark: "app-two-fits")

@@ -48,7 +48,7 @@ def test_the_horovod_names_are_public():
         assert name in hvd_spark.__all__
     # horovod.spark.keras's names are the same classes, loaded lazily (they need pyspark.ml and Keras)
     assert hvd_spark._LAZY["KerasEstimator"] == "hvd_spark._internal.ml.estimator:HorovodEstimator"
-    assert hvd_spark._LAZY["KerasModel"] == "hvd_spark._internal.infer.transformer:TFTransformer"
+    assert hvd_spark._LAZY["KerasModel"] == "hvd_spark._internal.ml.transformer:TFTransformer"
 
 
 def test_horovods_example_arguments_are_taken():
@@ -149,7 +149,9 @@ def test_an_argument_set_in_both_places_must_agree():
 
 def test_the_fit_runs_hvd_spark_training_on_the_backends_ranks_with_its_output(monkeypatch):
     # rank_function's default is rank/train.py's train, which imports Keras: stood in for here
-    monkeypatch.setattr(backend_mod, "rank_function", lambda b, default=None: "train" if b.rank_fn is None else b.rank_fn)
+    monkeypatch.setattr(
+        backend_mod, "rank_function", lambda b, default=None: "train" if b.rank_fn is None else b.rank_fn
+    )
     buf = io.StringIO()
     backend = SparkBackend(num_proc=2, env={"A": "1"}, stdout=buf, start_timeout=30)
     launch_kwargs = dict(

@@ -21,7 +21,7 @@ package may use it.
 Private names used elsewhere, because they are pyspark.ml's API for ``Params`` subclasses (what
 pyspark's own estimators use): ``Params._dummy()`` (ml/params.py), ``_set`` / ``_setDefault`` /
 ``_paramMap`` / ``_resetUid`` (ml/estimator.py, ml/params.py, ml/persistence.py,
-infer/transformer.py), ``_input_kwargs`` set by ``pyspark.keyword_only`` (ml/estimator.py) and
+ml/transformer.py), ``_input_kwargs`` set by ``pyspark.keyword_only`` (ml/estimator.py) and
 ``MLWriter._handleOverwrite`` (ml/persistence.py). ``tests/test_internals.py`` checks that they
 still exist.
 """

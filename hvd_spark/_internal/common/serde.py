@@ -202,14 +202,32 @@ def _registered_names(config) -> set:
     return names
 
 
+# The attribute where ``rank/optimizer.py``'s ``make_distributed`` keeps a distributed optimizer's
+# original class.
+DIST_BASE_ATTR = "_hvd_spark_base_class"
+
+
+@contextlib.contextmanager
+def plain_class(optimizer):
+    """Within the block, ``optimizer`` is an instance of its original class (for saving)."""
+    base = getattr(optimizer, DIST_BASE_ATTR, None) if optimizer is not None else None
+    if base is None:
+        yield optimizer
+        return
+    dist = type(optimizer)
+    optimizer.__class__ = base
+    try:
+        yield optimizer
+    finally:
+        optimizer.__class__ = dist
+
+
 def save_model_file(model, path: str) -> None:
     """Writes ``model`` as a local ``.keras`` file: the one way hvd_spark saves a model.
 
     A distributed optimizer is saved under its original class, so that the file loads in plain
     Keras (and, for checkpoints, on the ranks, which wrap it again).
     """
-    from hvd_spark._internal.rank.optimizer import plain_class
-
     with plain_class(getattr(model, "optimizer", None)):
         model.save(path)
 

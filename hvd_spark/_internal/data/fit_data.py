@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from hvd_spark._internal.common import retry, settings
@@ -41,10 +42,11 @@ class FitInput:
         return self.scan is not None
 
 
-def parquet_input(path: str, validation_path: str | None, store: Store) -> FitInput:
+def parquet_input(path: str, validation_path: str | None, store: Store, session: Callable[[], Any]) -> FitInput:
     """``fit_on_parquet``'s files: those at ``path`` and ``validation_path`` (a file or a folder searched
     recursively, at any URL the store's filesystem reaches), with an empty DataFrame of the first file's
-    schema for the columns' checks.
+    schema for the columns' checks, made in the SparkSession ``session()`` gives (the driver's
+    ``active_session``), asked for once the files are found.
 
     Raises:
         ValueError: no Parquet files at ``path`` or ``validation_path``, or only validation files at ``path``.
@@ -67,9 +69,7 @@ def parquet_input(path: str, validation_path: str | None, store: Store) -> FitIn
     fs, first = sources.file_system(found["path"][0], inplace.options_for(found["path"][0], store))
     with fs.open(first, "rb") as f:
         schema = pq.ParquetFile(f).schema_arrow
-    from hvd_spark._internal.driver.sessions import active_session
-
-    spark = active_session()
+    spark = session()
     frame = spark.createDataFrame([], inplace.spark_schema(schema))
     val_files = set(found.get("validation_path", []))
     found["path"] = [f for f in found["path"] if f not in val_files]  # a validation folder inside path
@@ -226,9 +226,9 @@ def scan_in_place(
     Raises:
         inplace.NotReadableInPlace: the scan found what the ranks cannot read.
     """
+    from hvd_spark._internal.common.sessions import is_connect
     from hvd_spark._internal.common.topology import is_local_master
     from hvd_spark._internal.data import inplace
-    from hvd_spark._internal.driver.sessions import is_connect
 
     meta = inplace.scan_table(
         spark,

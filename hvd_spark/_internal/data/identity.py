@@ -90,7 +90,7 @@ def _explain_text(df) -> str:
     ``explain`` asks for it (Connect: ``_explain_string``; classic: the JVM's ``explainString``),
     falling back to a captured ``explain`` under a lock."""
     from hvd_spark._internal.common import internals
-    from hvd_spark._internal.driver.sessions import is_connect
+    from hvd_spark._internal.common.sessions import is_connect
 
     try:
         return internals.explain_string(df, is_connect(df.sparkSession))

@@ -23,10 +23,11 @@ from typing import Any
 
 import cloudpickle
 
+from hvd_spark._internal.common.sessions import is_connect
 from hvd_spark._internal.driver.classic import launch_classic
 from hvd_spark._internal.driver.connect import launch_connect
 from hvd_spark._internal.driver.options import LaunchOptions, resolve_launch_options
-from hvd_spark._internal.driver.sessions import active_session, is_connect
+from hvd_spark._internal.driver.sessions import active_session
 from hvd_spark._internal.driver.slots import SLOTS
 
 logger = logging.getLogger(__name__)

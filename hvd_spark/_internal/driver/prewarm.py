@@ -9,8 +9,8 @@ import logging
 import threading
 import time
 
+from hvd_spark._internal.common.sessions import is_connect
 from hvd_spark._internal.driver.options import LaunchOptions
-from hvd_spark._internal.driver.sessions import is_connect
 from hvd_spark.errors import ExecutorPythonError, HvdSparkError, JobCancelledError
 
 logger = logging.getLogger(__name__)

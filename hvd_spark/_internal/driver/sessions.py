@@ -1,31 +1,11 @@
-"""Classic SparkSession or Spark Connect: what hvd_spark reads from a session, without touching a
-SparkContext where there is none (a Connect client has no JVM and no RDDs)."""
+"""The session ``run`` and ``fit_on_parquet`` use: the one given, the active one, or one this driver
+starts. What hvd_spark reads from a session (classic or Connect) is in ``common/sessions.py``."""
 
 import logging
 import os
 import sys
-from typing import Any
 
 logger = logging.getLogger(__name__)
-
-
-def is_connect(spark) -> bool:
-    """Whether ``spark`` is a Spark Connect session (``SparkSession.builder.remote(...)``)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def session_conf(spark) -> Any:
-    """Something with ``get(key, default)`` holding the application's settings: the SparkConf of a
-    classic session, the runtime conf of a Connect session (which answers for static keys too)."""
-    if is_connect(spark):
-        return spark.conf
-    return spark.sparkContext.getConf()
-
-
-def application_id(spark) -> str:
-    """The application's id (what warm servers are keyed by): ``spark.app.id``, or for a Connect
-    session that does not tell it, one per session."""
-    return session_conf(spark).get("spark.app.id", None) or f"connect-{spark.session_id}"
 
 
 def active_session(spark=None):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvd_spark._internal.common import settings
+from hvd_spark._internal.common.sessions import application_id, is_connect
 from hvd_spark._internal.common.topology import (
     barrier_refusal,
     executor_target,
@@ -22,7 +23,6 @@ from hvd_spark._internal.common.topology import (
     task_cpus,
     task_slots,
 )
-from hvd_spark._internal.driver.sessions import application_id, is_connect
 
 logger = logging.getLogger(__name__)
 

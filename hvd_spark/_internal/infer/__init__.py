@@ -1,2 +1,3 @@
-"""Batch prediction: the transformer's params and persistence on the driver, and the prediction
-code that runs in Spark's Python UDF workers. Loads no Horovod."""
+"""Batch prediction in Spark's Python UDF workers (and a warm server's inference child): the
+batching, the per-worker model cache, the device. ``TFTransformer``, which builds the UDF on the
+driver, is ``ml/transformer.py``'s. Loads no Horovod."""

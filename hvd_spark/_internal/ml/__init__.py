@@ -1,2 +1,2 @@
-"""The Spark ML front on the driver: ``HorovodEstimator``, its params, model introspection,
-fit planning and MLWritable / MLReadable."""
+"""The Spark ML front on the driver: ``HorovodEstimator`` and ``TFTransformer``, their params, model
+introspection, fit planning and MLWritable / MLReadable."""

@@ -235,7 +235,8 @@ class SparkBackend(Backend):
     def _held_slots(self) -> int:
         """The slots this driver's hvd_spark jobs hold now (``driver/slots.py``'s pool): two elastic fits
         side by side each size themselves by what the other leaves."""
-        from hvd_spark._internal.driver.sessions import active_session, application_id
+        from hvd_spark._internal.common.sessions import application_id
+        from hvd_spark._internal.driver.sessions import active_session
         from hvd_spark._internal.driver.slots import SLOTS
 
         return SLOTS.held(application_id(active_session(self._kwargs.get("spark"))))

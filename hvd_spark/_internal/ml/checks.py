@@ -107,7 +107,7 @@ def _launch_options(spark, p: FitParams, backend_object: Any):
 
     spark_launch = launches_with_spark(backend_object)  # no object, or a SparkBackend
     if p.elastic and spark_launch:
-        from hvd_spark._internal.driver.sessions import is_connect
+        from hvd_spark._internal.common.sessions import is_connect
 
         if is_connect(spark):
             raise NotImplementedError(

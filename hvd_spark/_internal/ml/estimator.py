@@ -252,7 +252,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 f"(a split of path's rows), not both. Received: validation={p.validation!r}, "
                 f"validation_path={validation_path!r}."
             )
-        data = fit_data.parquet_input(path, validation_path, Store.create(p.store))
+        from hvd_spark._internal.driver.sessions import active_session
+
+        data = fit_data.parquet_input(path, validation_path, Store.create(p.store), active_session)
         return steps.run(data, p, est._backend_object)
 
     # --- fit: its steps are ml/steps.py's ---

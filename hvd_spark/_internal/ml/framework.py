@@ -136,7 +136,7 @@ class KerasFramework(Framework):
         return train
 
     def transformer(self, c, model_path: str, run_id: str, epoch_logs: list):
-        from hvd_spark._internal.infer.transformer import TFTransformer
+        from hvd_spark._internal.ml.transformer import TFTransformer
 
         return TFTransformer(**transformer_params(c, model_path, run_id, epoch_logs))
 

@@ -200,7 +200,7 @@ def check_safe_mode(metadata: dict, path: str, safe_mode: bool | None) -> None:
 def _spark(io) -> Any:
     """What Spark's metadata reader / writer gets: the session on Spark Connect (no SparkContext
     there; pyspark >= 4.0 accepts it), the SparkContext on a classic session (any pyspark)."""
-    from hvd_spark._internal.driver.sessions import is_connect
+    from hvd_spark._internal.common.sessions import is_connect
 
     return io.sparkSession if is_connect(io.sparkSession) else io.sc
 
@@ -214,7 +214,7 @@ class _Writer(MLWriter):
         self.instance = instance
 
     def _handleOverwrite(self, path: str) -> None:
-        from hvd_spark._internal.driver.sessions import is_connect
+        from hvd_spark._internal.common.sessions import is_connect
 
         if not is_connect(self.sparkSession) and not _through_fsspec(path):
             super()._handleOverwrite(path)

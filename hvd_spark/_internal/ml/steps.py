@@ -25,13 +25,13 @@ from hvd_spark._internal.data.stats import check_stats
 from hvd_spark._internal.data.store import Store, job_config, prune_checkpoints
 from hvd_spark._internal.driver.progress import BATCH_INTERVAL, FitProgress, interactive
 from hvd_spark._internal.driver.signals import ends_on_sigterm
-from hvd_spark._internal.infer.transformer import TFTransformer
 from hvd_spark._internal.ml import controller, policies
 from hvd_spark._internal.ml import plan as plan_mod
 from hvd_spark._internal.ml.backend import fit_backend
 from hvd_spark._internal.ml.checks import Checked, check
 from hvd_spark._internal.ml.fit_params import FitParams, every_seconds
 from hvd_spark._internal.ml.framework import KERAS, Framework
+from hvd_spark._internal.ml.transformer import TFTransformer
 from hvd_spark.errors import DataChangedError, HvdSparkError, RankFailedError, RunInUseError
 
 logger = logging.getLogger(__name__)

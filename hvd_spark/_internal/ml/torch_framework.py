@@ -158,7 +158,7 @@ class TorchFramework(Framework):
         return train
 
     def transformer(self, c, model_path: str, run_id: str, epoch_logs: list):
-        from hvd_spark._internal.infer.torch_model import TorchModel
+        from hvd_spark._internal.ml.torch_model import TorchModel
 
         return TorchModel(**transformer_params(c, model_path, run_id, epoch_logs))
 

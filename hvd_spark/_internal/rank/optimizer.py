@@ -3,17 +3,15 @@
 ``horovod.tensorflow.keras`` does not work with Keras 3 (its optimizer wrapper touches
 ``Variable.ref``, which Keras 3 variables lack). Here the optimizer instance gets a subclass of its
 own class that averages the gradients of each update with one ``hvd.grouped_allreduce``
-(:func:`make_distributed`); :func:`plain_class` gives it back its original class while it is saved.
+(:func:`make_distributed`); ``common/serde.py``'s ``plain_class`` gives it back its original class while it
+is saved.
 """
-
-import contextlib
 
 import keras
 import tensorflow as tf
 
 from hvd_spark._internal.common import internals
-
-_DIST_ATTR = "_hvd_spark_base_class"
+from hvd_spark._internal.common.serde import DIST_BASE_ATTR as _DIST_ATTR
 
 
 def make_distributed(
@@ -27,7 +25,7 @@ def make_distributed(
 
     The instance keeps its state and configuration; only its class is swapped for a subclass
     with the same name and module that allreduces the gradients of every update. Use
-    :func:`plain_class` while saving, so that the saved file names the original class and
+    ``common/serde.py``'s ``plain_class`` while saving, so that the saved file names the original class and
     loads anywhere (Keras cannot find a class made at run time).
 
     The allreduce sits where Keras takes the gradients of an update, before clipping: once per
@@ -153,18 +151,3 @@ def set_accumulation(optimizer, steps: int) -> None:
             f"{current} (a run resumed from a checkpoint keeps the setting it started with)."
         )
     optimizer.gradient_accumulation_steps = steps
-
-
-@contextlib.contextmanager
-def plain_class(optimizer):
-    """Within the block, ``optimizer`` is an instance of its original class (for saving)."""
-    base = getattr(optimizer, _DIST_ATTR, None) if optimizer is not None else None
-    if base is None:
-        yield optimizer
-        return
-    dist = type(optimizer)
-    optimizer.__class__ = base
-    try:
-        yield optimizer
-    finally:
-        optimizer.__class__ = dist

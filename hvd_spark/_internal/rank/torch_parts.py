@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from hvd_spark._internal.common.contracts import DataSpec, RunConfig
-from hvd_spark._internal.infer.torch_predict import FORMAT
+from hvd_spark._internal.common.torch_files import FORMAT
 
 _STEPS = 0x70C4  # the rank's generator seeds, apart from the data order's
 
@@ -34,7 +34,7 @@ def load_setup(cfg: RunConfig, store, rank: int) -> "TorchSetup":
     parts = cloudpickle.loads(cfg.compile["torch"])
     torch.manual_seed(rank_generator_seed(cfg.seed, rank))
     if cfg.resume_ckpt:
-        from hvd_spark._internal.infer.torch_predict import read_torch_file
+        from hvd_spark._internal.common.torch_files import read_torch_file
 
         saved = read_torch_file(store.files.url(cfg.resume_ckpt), store.storage_options)
     else:

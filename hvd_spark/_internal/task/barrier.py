@@ -131,8 +131,7 @@ def run_task(spec: TaskSpec) -> list[bytes]:
 
             return run_mpi(spec, client, me, ranks, workdir)
 
-        first = next(t for t, r in enumerate(ranks) if r.rank == 0)
-        rendezvous = {"addr": infos[first]["host"], "port": infos[first]["rendezvous_port"]}
+        first = infos[next(t for t, r in enumerate(ranks) if r.rank == 0)]
         assert server is not None and reserved is not None  # a Gloo job: started above
         if me.rank == 0:
             server.plan(_plan(ranks))
@@ -140,19 +139,7 @@ def run_task(spec: TaskSpec) -> list[bytes]:
             server.stop()
             server = None
             reserved.release()
-
-        env = dict(os.environ)
-        env.update(
-            horovod_env(
-                me,
-                rendezvous_addr=rendezvous["addr"],
-                rendezvous_port=rendezvous["port"],
-                iface=infos[partition]["iface"],
-                gloo_timeout=spec.gloo_timeout,
-                num_threads=spec.num_threads,
-            )
-        )
-        env.update(_torch_env(me, ranks, infos[first], infos[partition]["iface"]))
+        env = _collective_env(spec, me, ranks, first, infos[partition]["iface"])
         try:
             env.update(gpu_env(_task_gpus(ctx), spec.use_gpu, spec.env))
         except ValueError as e:  # GPUs asked for, none assigned: this rank's failure, named
@@ -168,18 +155,9 @@ def run_task(spec: TaskSpec) -> list[bytes]:
                 settings.ENV_JOB_TOKEN: spec.token,
             }
         )
-        # Rank 0's task closes the rendezvous once every rank's hvd.init() returned; Horovod's dynamic
-        # process sets (hvd.add_process_set after init) rendezvous again, so it stays open for them.
-        dynamic = env.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0").strip().lower() not in ("", "0", "false")
-        close = server.stop if server is not None and not dynamic else None
         if not netcheck.ReservedPort.HELD_FOR_TORCH:
             reserved.release()  # TCPStore could not bind a held port here: the window of docs/launcher.md
-        outcome, watch = _run_child(spec, client, me.rank, env, workdir, on_ranks_initialized=close)
-        report(client, outcome)
-        if server is not None:
-            # Rank 0's task serves the rendezvous until every rank is done (or the job is aborted).
-            wait_for_end(watch)
-        return [cloudpickle.dumps(outcome)]
+        return _run_rank(spec, client, me.rank, env, workdir, server)
     finally:
         beating.set()
         if server is not None:
@@ -188,6 +166,24 @@ def run_task(spec: TaskSpec) -> list[bytes]:
             reserved.release()
         client.close()
         janitor.close()
+
+
+def _collective_env(spec: TaskSpec, me: RankInfo, ranks: list[RankInfo], first: dict, iface: str) -> dict:
+    """The task's environment with Horovod's Gloo variables (rank 0's task serves the rendezvous) and
+    torch.distributed's (:func:`_torch_env`)."""
+    env = dict(os.environ)
+    env.update(
+        horovod_env(
+            me,
+            rendezvous_addr=first["host"],
+            rendezvous_port=first["rendezvous_port"],
+            iface=iface,
+            gloo_timeout=spec.gloo_timeout,
+            num_threads=spec.num_threads,
+        )
+    )
+    env.update(_torch_env(me, ranks, first, iface))
+    return env
 
 
 def _torch_env(me: RankInfo, ranks: list[RankInfo], first: dict, iface: str) -> dict[str, str]:
@@ -203,6 +199,23 @@ def _torch_env(me: RankInfo, ranks: list[RankInfo], first: dict, iface: str) -> 
         run_id=f"hvd_spark-{first['torch_run']}",
         iface=iface,
     )
+
+
+def _run_rank(
+    spec: TaskSpec, client: TaskClient, rank: int, env: dict, workdir: str, server: "_Rendezvous | None"
+) -> list[bytes]:
+    """Starts the rank's process with ``env`` and watches it to its end; reports and returns its
+    outcome. ``server``: the rendezvous rank 0's task serves (None in the other tasks)."""
+    # Rank 0's task closes the rendezvous once every rank's hvd.init() returned; Horovod's dynamic
+    # process sets (hvd.add_process_set after init) rendezvous again, so it stays open for them.
+    dynamic = env.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0").strip().lower() not in ("", "0", "false")
+    close = server.stop if server is not None and not dynamic else None
+    outcome, watch = _run_child(spec, client, rank, env, workdir, on_ranks_initialized=close)
+    report(client, outcome)
+    if server is not None:
+        # Rank 0's task serves the rendezvous until every rank is done (or the job is aborted).
+        wait_for_end(watch)
+    return [cloudpickle.dumps(outcome)]
 
 
 def _task_gpus(ctx) -> list[str] | None:

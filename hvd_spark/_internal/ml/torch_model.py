@@ -2,7 +2,7 @@
 Keras ``TFTransformer`` (``transformer.py``), whose params, checks of the rows, Spark ML classifier
 columns and persistence it shares; only the model differs (``torch_predict.py``)."""
 
-from hvd_spark._internal.infer.transformer import TFTransformer
+from hvd_spark._internal.ml.transformer import TFTransformer
 
 
 class TorchModel(TFTransformer):

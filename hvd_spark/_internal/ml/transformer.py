@@ -1,8 +1,9 @@
 """``TFTransformer``: batch prediction with a trained Keras model through an Arrow or pandas UDF.
 
-Its params and persistence live on the driver. ``_transform`` builds the UDF: in each of Spark's
-Python UDF workers the model is loaded once (:mod:`.cache`) on the task's device (:mod:`.device`)
-and whole Arrow batches go through :mod:`.batching`, cut into ``batch_size`` chunks.
+Its params and persistence live on the driver, beside the estimator's. ``_transform`` builds the UDF:
+in each of Spark's Python UDF workers the model is loaded once (``infer/cache.py``) on the task's
+device (``infer/device.py``) and whole Arrow batches go through ``infer/batching.py``, cut into
+``batch_size`` chunks.
 """
 
 import functools
@@ -18,9 +19,9 @@ from pyspark.ml.util import MLReadable, MLWritable
 from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.choices import INFERENCE_UDFS, PREDICTION_TASKS
 from hvd_spark._internal.common.contracts import FitSummary
+from hvd_spark._internal.common.sessions import application_id, session_conf
 from hvd_spark._internal.common.specs import TensorSpec, check_string_input, column_label, stack_for_single_input
 from hvd_spark._internal.common.topology import task_cpus
-from hvd_spark._internal.driver.sessions import application_id, session_conf
 from hvd_spark._internal.infer.batching import (
     column_transformation,
     is_scalar,
@@ -30,7 +31,7 @@ from hvd_spark._internal.infer.batching import (
 )
 from hvd_spark._internal.infer.cache import load_cached, load_uncached, model_version
 from hvd_spark._internal.infer.device import GPU_BATCH_SIZE, on_device, task_device
-from hvd_spark._internal.infer.expressions import (
+from hvd_spark._internal.ml.expressions import (
     arrow_udfs_available,
     feature_status,
     has_nonfinite,
@@ -38,6 +39,19 @@ from hvd_spark._internal.infer.expressions import (
 )
 from hvd_spark._internal.ml.fit_params import boolean, choice, int_at_least
 from hvd_spark._internal.ml.params import ColumnParams, _checked, _param, with_accessors
+
+
+def _all_valid(infos, exprs):
+    """``handleInvalid="skip"``'s filter: every feature present, without null elements, finite."""
+    from pyspark.sql import functions as F
+
+    from hvd_spark._internal.data.materialize import col
+
+    present = [col(p).isNotNull() for info in infos for p in (info.parts or [info.name])]
+    present += [~has_null_element(col(info.name)) for info in infos if info.kind == "array" and not info.parts]
+    nonfinite = [has_nonfinite(info, e) for info, e in zip(infos, exprs)]
+    present += [~F.coalesce(c, F.lit(False)) for c in nonfinite if c is not None]
+    return functools.reduce(operator.and_, present)
 
 
 @with_accessors(setters=("batch_size", "inference_udf", "transformation_fn"))
@@ -354,83 +368,26 @@ class TFTransformer(
 
     def _transform(self, dataset):
         from pyspark.sql import functions as F
-        from pyspark.sql.functions import pandas_udf
 
-        from hvd_spark._internal.data.materialize import col, column_info, feature_expr
+        from hvd_spark._internal.data.materialize import col, feature_expr
 
         self._check_columns(dataset)
         self._use_arrow_udf()  # a bad inference_udf fails here, before any Spark job
         invalid = self.getHandleInvalid()
         if invalid not in ("error", "keep", "skip"):
             raise ValueError(f"handleInvalid must be 'error', 'keep' or 'skip'. Received: handleInvalid={invalid!r}.")
-        keep = invalid == "keep"
-        import cloudpickle
-
         inputs, outputs = self._inputs(), self._outputs()
         entries = stack_for_single_input(self.getFeatureCols(), inputs)
-        feature_cols = [column_label(c) for c in entries]  # a stacked group by its name: [a, b, c]
         output_cols = self.getOutputCols()
-        url, opts = self.getModelUrl(), self.getStorageOptions()
-        co = self.getOrDefault(self.custom_objects)
-        co_bytes = cloudpickle.dumps(co) if co else None
-        batch_size = int(self.getOrDefault(self.batch_size))
-        batch_set = self.isSet(self.batch_size)  # on a GPU, an unset batch_size grows to GPU_BATCH_SIZE
-        conf = session_conf(dataset.sparkSession)
-        num_threads = task_cpus(conf)
-        # After a fit, the host's warm server has TensorFlow imported: the workers predict in its children.
-        warm_app = application_id(dataset.sparkSession) if settings.WARM.get(conf=conf) else None
-        names = [f"_f{i}" for i in range(len(feature_cols))]
-        key = model_version(url, opts)
-        arrow = self._use_arrow_udf()
-        infos = [column_info(dataset, c, "feature") for c in entries]
-        fn = self.getOrDefault(self.transformation_fn)
-        fn_bytes = cloudpickle.dumps(fn) if fn is not None else None  # by value, as the ranks get it
-
-        def transformation():
-            return column_transformation(cloudpickle.loads(fn_bytes), infos, inputs) if fn_bytes else None
-
-        if arrow:
-            import pyarrow as pa
-            from pyspark.sql.functions import arrow_udf
-
-            def predict_arrow(structs: Iterator[pa.Array]) -> Iterator[pa.Array]:
-                device = task_device()
-                model = load_cached(key, url, opts, co_bytes, num_threads, device, warm_app)
-                rows = batch_size if device is None or batch_set else max(batch_size, GPU_BATCH_SIZE)
-                with on_device(device):
-                    yield from short_errors(
-                        predict_arrow_batches(
-                            model, structs, inputs, outputs, feature_cols, output_cols, rows, keep, transformation()
-                        )
-                    )
-
-            # pyspark's stubs type returnType as a DataType literal; a StructType / ArrayType works.
-            udf = arrow_udf(predict_arrow, returnType=self._output_type())  # type: ignore[call-overload]
-        else:
-
-            def predict(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
-                device = task_device()
-                model = load_cached(key, url, opts, co_bytes, num_threads, device, warm_app)
-                rows = batch_size if device is None or batch_set else max(batch_size, GPU_BATCH_SIZE)
-                with on_device(device):
-                    yield from short_errors(
-                        predict_batches(
-                            model, frames, inputs, outputs, feature_cols, output_cols, rows, keep, transformation()
-                        )
-                    )
-
-            udf = pandas_udf(predict, returnType=self._output_type(True))  # type: ignore[call-overload]
+        udf, infos, arrow = self._prediction_udf(dataset, entries, inputs, outputs, keep=invalid == "keep")
+        names = [f"_f{i}" for i in range(len(entries))]
         exprs = [feature_expr(info) for info in infos]
         fields = [e.alias(n) for e, n in zip(exprs, names)]
         if not arrow:  # pandas turns a null into NaN: Spark says which rows are null (or hold null elements)
             fields += [feature_status(info, e).alias(f"_s{i}") for i, (info, e) in enumerate(zip(infos, exprs))]
         packed = F.struct(*fields)
         if invalid == "skip":
-            present = [col(p).isNotNull() for info in infos for p in (info.parts or [info.name])]
-            present += [~has_null_element(col(info.name)) for info in infos if info.kind == "array" and not info.parts]
-            nonfinite = [has_nonfinite(info, e) for info, e in zip(infos, exprs)]
-            present += [~F.coalesce(c, F.lit(False)) for c in nonfinite if c is not None]
-            dataset = dataset.where(functools.reduce(operator.and_, present))
+            dataset = dataset.where(_all_valid(infos, exprs))
 
         def nan_back(column, spec):  # the pandas UDF's list outputs hold their NaNs as null elements
             if arrow or is_scalar(spec):
@@ -458,6 +415,67 @@ class TFTransformer(
         for i in range(len(output_cols)):
             result = typed(result, i)
         return result
+
+    def _prediction_udf(self, dataset, entries, inputs, outputs, *, keep: bool):
+        """The UDF that predicts in Spark's Python workers (Arrow or pandas), with the feature columns'
+        infos and whether it is an Arrow UDF. Its closure holds plain values only: the model's URL and
+        version, the pickled custom objects and ``transformation_fn``, the batch size, the threads."""
+        import cloudpickle
+        from pyspark.sql.functions import pandas_udf
+
+        from hvd_spark._internal.data.materialize import column_info
+
+        feature_cols = [column_label(c) for c in entries]  # a stacked group by its name: [a, b, c]
+        output_cols = self.getOutputCols()
+        url, opts = self.getModelUrl(), self.getStorageOptions()
+        co = self.getOrDefault(self.custom_objects)
+        co_bytes = cloudpickle.dumps(co) if co else None
+        batch_size = int(self.getOrDefault(self.batch_size))
+        batch_set = self.isSet(self.batch_size)  # on a GPU, an unset batch_size grows to GPU_BATCH_SIZE
+        conf = session_conf(dataset.sparkSession)
+        num_threads = task_cpus(conf)
+        # After a fit, the host's warm server has TensorFlow imported: the workers predict in its children.
+        warm_app = application_id(dataset.sparkSession) if settings.WARM.get(conf=conf) else None
+        key = model_version(url, opts)
+        arrow = self._use_arrow_udf()
+        infos = [column_info(dataset, c, "feature") for c in entries]
+        fn = self.getOrDefault(self.transformation_fn)
+        fn_bytes = cloudpickle.dumps(fn) if fn is not None else None  # by value, as the ranks get it
+
+        def transformation():
+            return column_transformation(cloudpickle.loads(fn_bytes), infos, inputs) if fn_bytes else None
+
+        if arrow:
+            import pyarrow as pa
+            from pyspark.sql.functions import arrow_udf
+
+            def predict_arrow(structs: Iterator[pa.Array]) -> Iterator[pa.Array]:
+                device = task_device()
+                model = load_cached(key, url, opts, co_bytes, num_threads, device, warm_app)
+                rows = batch_size if device is None or batch_set else max(batch_size, GPU_BATCH_SIZE)
+                with on_device(device):
+                    yield from short_errors(
+                        predict_arrow_batches(
+                            model, structs, inputs, outputs, feature_cols, output_cols, rows, keep, transformation()
+                        )
+                    )
+
+            # pyspark's stubs type returnType as a DataType literal; a StructType / ArrayType works.
+            udf = arrow_udf(predict_arrow, returnType=self._output_type())  # type: ignore[call-overload]
+            return udf, infos, arrow
+
+        def predict(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
+            device = task_device()
+            model = load_cached(key, url, opts, co_bytes, num_threads, device, warm_app)
+            rows = batch_size if device is None or batch_set else max(batch_size, GPU_BATCH_SIZE)
+            with on_device(device):
+                yield from short_errors(
+                    predict_batches(
+                        model, frames, inputs, outputs, feature_cols, output_cols, rows, keep, transformation()
+                    )
+                )
+
+        return pandas_udf(predict, returnType=self._output_type(True)), infos, arrow  # type: ignore[call-overload]
 
     def _with_classifier_cols(self, df, out: str):
         """Adds a classifier's prediction (class index, double), probability and rawPrediction (Vectors)
