@@ -8,6 +8,7 @@ their mean losses: the gradient of the mean over the 2B rows. So the weights and
 must match to 1e-5. One rank at B must equal the plain loop at B on the rows in their order.
 """
 
+import os
 import sys
 
 import cloudpickle
@@ -178,3 +179,206 @@ def test_resume_continues_as_one_fit_and_transform(spark, tmp_path):
     loaded = TorchModel.load(saved)
     again = loaded.transform(df).orderBy("label").collect()
     assert [r["prediction"] for r in again] == [r["prediction"] for r in rows]
+
+
+class FailOnce(Net):
+    """Net whose rank 1 fails once, at its ``at``-th training step, while ``flag`` exists."""
+
+    def __init__(self, flag: str, at: int):
+        super().__init__()
+        self.flag, self.at, self.calls = flag, at, 0
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == self.at and os.environ.get("RANK") == "1" and os.path.exists(self.flag):
+                os.remove(self.flag)
+                raise RuntimeError("injected failure of rank 1")
+        return super().forward(x)
+
+
+def test_a_restart_from_a_commit_inside_an_epoch_equals_plain_torch(spark, tmp_path):
+    """Commits every 2 steps; rank 1 fails at step 3 of epoch 2 (its 9th step); the restart resumes at
+    epoch 2 step 2 from the cursor, with the optimizer's state and the epoch's loss sums so far: the
+    history and weights equal plain torch's 3 epochs at 2B."""
+    from hvd_spark.torch import TorchEstimator
+
+    x, y = _data(3)
+    path = _write(tmp_path, x, y)
+    plain, want = _plain(x, y, "adam", 2, epochs=3)
+    flag = tmp_path / "fail-once"
+    flag.write_text("1")
+    torch.manual_seed(0)
+    model = FailOnce(str(flag), at=9)
+    est = TorchEstimator(
+        num_proc=2,
+        store=str(tmp_path / "store"),
+        model=model,
+        optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
+        loss=nn.CrossEntropyLoss(),
+        feature_cols=["features"],
+        label_cols=["label"],
+        validation="is_val",
+        batch_size=B,
+        val_batch_size=B,
+        epochs=3,
+        shuffle=False,
+        materialize="never",
+        verbose=0,
+        checkpoint_every=2,
+        max_restarts=1,
+    )
+    fitted = est.fit(spark.read.parquet(path))
+    assert not flag.exists()
+    summary = fitted.getFitSummary()
+    assert summary.restarts == 1
+    assert "epoch 1 step 2" in summary.recoveries[0].resumed_from, summary.recoveries[0]
+    _assert_equal(fitted, plain, want)
+
+
+def test_a_run_refuses_another_model(spark, tmp_path):
+    from hvd_spark.torch import TorchEstimator
+
+    x, y = _data(4)
+    path = _write(tmp_path, x, y)
+    _fit(spark, tmp_path, path, "sgd", 1, epochs=1, run_id="one-model")
+
+    class Wider(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hidden = nn.Linear(FEATURES, 32)
+            self.out = nn.Linear(32, CLASSES)
+
+        def forward(self, x):
+            return self.out(torch.relu(self.hidden(x)))
+
+    wider = Wider()
+    est = TorchEstimator(
+        num_proc=1,
+        store=str(tmp_path / "store"),
+        model=wider,
+        optimizer=torch.optim.SGD(wider.parameters(), lr=0.1),
+        loss=nn.CrossEntropyLoss(),
+        feature_cols=["features"],
+        label_cols=["label"],
+        epochs=2,
+        run_id="one-model",
+        verbose=0,
+    )
+    with pytest.raises(ValueError, match="one-model"):
+        est.fit(spark.read.parquet(path))
+
+
+VOCAB, STEPS = 30, 5
+
+
+class Bag(nn.Module):
+    """A sparse nn.Embedding (its gradient is a sparse tensor) under a linear classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 4, sparse=True)
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, ids):
+        return self.out(self.emb(ids).mean(1))
+
+
+def test_a_sparse_embedding_on_two_ranks_equals_plain_torch(spark, tmp_path):
+    """DDP all-reduces the sparse gradient of nn.Embedding(sparse=True): SGD at 2 x B equals plain torch at 2B."""
+    from hvd_spark.torch import TorchEstimator
+
+    rng = np.random.default_rng(5)
+    n = ROWS + VAL_ROWS
+    ids = rng.integers(0, VOCAB, size=(n, STEPS)).astype("int64")
+    y = (ids.sum(1) % 2).astype("int64")
+    ids_col = pa.array(list(ids), type=pa.list_(pa.int64()))
+    table = pa.table({"ids": ids_col, "label": y, "is_val": np.arange(n) >= ROWS})
+    path = str(tmp_path / "ids.parquet")
+    pq.write_table(table, path, row_group_size=n)
+
+    def make():
+        torch.manual_seed(0)
+        return Bag()
+
+    plain, loss_fn = make(), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(plain.parameters(), lr=0.5)
+    order, it, yt = _interleaved(ROWS, 2), torch.as_tensor(ids), torch.as_tensor(y)
+    losses = []
+    for _ in range(2):
+        total = 0.0
+        for start in range(0, ROWS, 2 * B):
+            idx = order[start : start + 2 * B]
+            opt.zero_grad()
+            loss = loss_fn(plain(it[idx]), yt[idx])
+            loss.backward()
+            opt.step()
+            total += float(loss.detach()) * len(idx)
+        losses.append(total / ROWS)
+    model = make()
+    fitted = TorchEstimator(
+        num_proc=2,
+        store=str(tmp_path / "store"),
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        loss=nn.CrossEntropyLoss(),
+        feature_cols=["ids"],
+        label_cols=["label"],
+        validation="is_val",
+        batch_size=B,
+        epochs=2,
+        shuffle=False,
+        materialize="never",
+        verbose=0,
+    ).fit(spark.read.parquet(path))
+    np.testing.assert_allclose(fitted.getHistory()["loss"], losses, rtol=RTOL, atol=ATOL)
+    for name, value in plain.state_dict().items():
+        np.testing.assert_allclose(fitted.getModel().state_dict()[name].numpy(), value.numpy(), rtol=RTOL, atol=ATOL)
+
+
+class Dropped(Net):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.out(self.drop(torch.relu(self.hidden(x))))
+
+
+def test_dropout_rank_0_draws_from_random_seed(spark, tmp_path):
+    """The dropout rule (docs/torch.md): rank 0's generator is seeded with random_seed, as one process
+    seeded with it after building the model: one rank with Dropout equals that plain loop; the masks of
+    other ranks come from seeds of their own."""
+    from hvd_spark.torch import TorchEstimator
+
+    x, y = _data(6)
+    path = _write(tmp_path, x, y)
+    torch.manual_seed(0)
+    plain = Dropped()
+    opt, loss_fn = torch.optim.SGD(plain.parameters(), lr=0.1), nn.CrossEntropyLoss()
+    torch.manual_seed(7)  # random_seed
+    xt, yt = torch.as_tensor(x), torch.as_tensor(y)
+    for start in range(0, ROWS, B):
+        opt.zero_grad()
+        loss_fn(plain(xt[start : start + B]), yt[start : start + B]).backward()
+        opt.step()
+    torch.manual_seed(0)
+    model = Dropped()
+    fitted = TorchEstimator(
+        num_proc=1,
+        store=str(tmp_path / "store"),
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        loss=nn.CrossEntropyLoss(),
+        feature_cols=["features"],
+        label_cols=["label"],
+        validation="is_val",
+        batch_size=B,
+        epochs=1,
+        shuffle=False,
+        materialize="never",
+        random_seed=7,
+        verbose=0,
+    ).fit(spark.read.parquet(path))
+    for name, value in plain.state_dict().items():
+        np.testing.assert_allclose(fitted.getModel().state_dict()[name].numpy(), value.numpy(), rtol=RTOL, atol=ATOL)

@@ -151,19 +151,23 @@ class TorchEstimator(HorovodEstimator):
     )
 
     _params_record = TorchFitParams
-    _framework_params = ("input_shapes", "train_minibatch_fn", "loss_constructors")
+    _framework_params: tuple[str, ...] = ("input_shapes", "train_minibatch_fn", "loss_constructors")
     # Saved in one pickle: an optimizer built on the model keeps its parameters (persistence.py).
     _pickled_together = ("model", "optimizer", "loss", "metrics", "train_minibatch_fn", "loss_constructors")
 
     @keyword_only
     def __init__(self, **kwargs: Any):
+        given = self._input_kwargs  # type: ignore[attr-defined]  # set by @keyword_only
         super(HorovodEstimator, self).__init__()
-        self._backend_object = None
+        self._init_defaults()
+        self.setParams(**given)
+
+    def _init_defaults(self) -> None:
         from hvd_spark._internal.ml.fit_params import DEFAULTS
 
+        self._backend_object = None
         self._setDefault(**DEFAULTS)
         self._setDefault(input_shapes=None, train_minibatch_fn=None, loss_constructors=None)
-        self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]  # set by @keyword_only
 
     @keyword_only
     def setParams(self, **kwargs: Any) -> "TorchEstimator":

@@ -83,9 +83,9 @@ class TorchSetup:
             workers = cfg.reader_workers[0]
             opts = cfg.store.get("storage_options")
             self._parquet = ParquetSet(cfg.train_paths, opts, source=cfg.source, workers=workers, cache=cfg.cache_all)
-        names = _names(cfg.data)
+        names = column_names(cfg.data)
         share = [data.epoch_share(seg, rank, epoch)]
-        fn = _user_transformation(cfg)
+        fn = user_transformation(cfg)
         for e, batch in epoch_batches(self._parquet, data.units, share, names, cfg.batch_size, numbered=True):
             yield e, (fn(batch) if fn is not None else batch)
 
@@ -115,6 +115,10 @@ class TorchSetup:
             self.optimizer.zero_grad(set_to_none=True)
             self.iterations += 1
         return outs, {"loss": float(total.detach()), **parts}
+
+    def accumulating(self) -> bool:
+        """Whether gradients of batches are waiting for their update (``backward_passes_per_step``)."""
+        return self.minibatch_fn is None and self._micro % self.k != 0
 
     def loss_fn(self, outputs, labels, sample_weights=None):
         """horovod.spark's ``loss_fn(outputs, labels, sample_weights)`` for a ``train_minibatch_fn``."""
@@ -164,7 +168,7 @@ class TorchSetup:
         self.model.eval()
         try:
             with torch.no_grad():
-                for batch in _val_batches(self.cfg, rank, size):
+                for batch in val_batches(self.cfg, rank, size):
                     xs, ys, w = batch_tensors(batch, self.cfg.data, self.class_indices)
                     out = self.model(*xs)
                     outs = list(out) if isinstance(out, (list, tuple)) else [out]
@@ -218,6 +222,15 @@ class Losses:
     def running(self) -> float:
         return self.sums.get("loss", 0.0) / max(1, self.rows)
 
+    def partial(self) -> dict:
+        """The sums so far over all ranks (every rank calls it): what a commit inside the epoch records."""
+        return _global_sums(self.sums, self.rows)
+
+    def restore(self, partial: dict | None) -> None:
+        """Rank 0 of a resumed epoch: the sums of the steps before the commit (the other ranks add theirs)."""
+        if partial:
+            self.sums, self.rows = dict(partial["sums"]), int(partial["rows"])
+
     def result(self) -> dict:
         names = sorted(self.sums)
         totals = _all_sum([self.sums[k] for k in names] + [float(self.rows)])
@@ -255,6 +268,15 @@ class Metrics:
                         self.sums[k] = self.sums.get(k, 0.0) + float(m(o.detach(), y)) * len(y)
             self.rows += len(ys[0]) if ys else 0
 
+    def partial(self) -> dict:
+        """The functions' sums so far over all ranks (every rank calls it), for a commit inside the epoch.
+        A torchmetrics metric's state is not recorded: after a resume it covers the steps after the commit."""
+        return _global_sums(self.sums, self.rows)
+
+    def restore(self, partial: dict | None) -> None:
+        if partial:
+            self.sums, self.rows = dict(partial["sums"]), int(partial["rows"])
+
     def result(self) -> dict:
         out = {}
         for m in self.metrics:
@@ -268,6 +290,12 @@ class Metrics:
         return out
 
 
+def _global_sums(sums: dict, rows: int) -> dict:
+    names = sorted(sums)
+    totals = _all_sum([sums[k] for k in names] + [float(rows)])
+    return {"sums": dict(zip(names, totals[:-1])), "rows": int(totals[-1])}
+
+
 def _all_sum(values: list[float]) -> list[float]:
     """``values`` summed over the ranks (in float64)."""
     import torch
@@ -279,11 +307,11 @@ def _all_sum(values: list[float]) -> list[float]:
     return t.tolist()
 
 
-def _names(d: DataSpec) -> list[str]:
+def column_names(d: DataSpec) -> list[str]:
     return [c.stored for c in (*d.features, *d.labels, *([d.weight] if d.weight else []))]
 
 
-def _user_transformation(cfg: RunConfig):
+def user_transformation(cfg: RunConfig):
     if not cfg.transformation_fn:
         return None
     import cloudpickle
@@ -302,21 +330,20 @@ def batch_tensors(batch: dict, d: DataSpec, class_indices: list[bool]):
 
     n = len(next(iter(batch.values())))
     xs = [
-        torch.as_tensor(_shaped(batch[c.stored], s.shape, s.dtype or "float32", n))
-        for c, s in zip(d.features, d.inputs)
+        torch.as_tensor(shaped(batch[c.stored], s.shape, s.dtype or "float32", n)) for c, s in zip(d.features, d.inputs)
     ]
     ys = []
     for i, (c, s) in enumerate(zip(d.labels, d.outputs)):
         given = d.label_shapes[i] if d.label_shapes else None
         if class_indices[i]:
-            ys.append(torch.as_tensor(_shaped(batch[c.stored], given or (), "int64", n)))
+            ys.append(torch.as_tensor(shaped(batch[c.stored], given or (), "int64", n)))
         else:
-            ys.append(torch.as_tensor(_shaped(batch[c.stored], given or s.shape, s.dtype or "float32", n)))
+            ys.append(torch.as_tensor(shaped(batch[c.stored], given or s.shape, s.dtype or "float32", n)))
     w = torch.as_tensor(np.asarray(batch[d.weight.stored], dtype=np.float32)) if d.weight is not None else None
     return xs, ys, w
 
 
-def _shaped(values, shape, dtype: str, n: int) -> np.ndarray:
+def shaped(values, shape, dtype: str, n: int) -> np.ndarray:
     arr = np.asarray(values)
     dims = tuple(int(x) for x in shape if x is not None)
     if len(dims) == len(shape) and int(np.prod(dims, dtype=np.int64)) * n == arr.size:
@@ -324,15 +351,15 @@ def _shaped(values, shape, dtype: str, n: int) -> np.ndarray:
     return np.ascontiguousarray(arr.astype(np.dtype(dtype), copy=False))
 
 
-def _val_batches(cfg: RunConfig, rank: int, size: int):
+def val_batches(cfg: RunConfig, rank: int, size: int):
     """This rank's validation rows, in ``val_batch_size`` batches: its contiguous share of a table's
     validation side read in place, or its own files of the store's copy."""
     from hvd_spark._internal.common.dataplan import Unit, epoch_plan
     from hvd_spark._internal.rank.rows import ParquetSet, batched, column_values, open_parquet
 
-    names = _names(cfg.data)
+    names = column_names(cfg.data)
     opts = cfg.store.get("storage_options")
-    fn = _user_transformation(cfg)
+    fn = user_transformation(cfg)
     if cfg.val_units:
         units = [Unit(*u) for u in cfg.val_units]
         plan = epoch_plan(units, 0, seed=cfg.seed, shuffle=False, window_rows=0)

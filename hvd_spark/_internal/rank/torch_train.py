@@ -89,6 +89,10 @@ class _Trainer:
             kept_from=cfg.kept_from,
         )
         self.startup = {"process": time.time() - t_entry}
+        self.resumed_partial: dict = {}  # rank 0, resuming inside an epoch: its sums before the commit
+        if rank == 0 and cfg.resume_ckpt and cfg.resume_step:
+            meta_path = cfg.resume_ckpt[: -len(SUFFIX)] + ".json"
+            self.resumed_partial = self.store.files.read_json(meta_path).get("partial") or {}
         self.stopped_for_resize = False
         self._last_position = 0.0
         self._last_commit = time.monotonic()
@@ -134,6 +138,9 @@ class _Trainer:
         cfg, s = self.cfg, self.setup
         s.train_mode(epoch)
         losses, metrics = Losses(s), Metrics(s.metrics, s.output_names)
+        if self.rank == 0 and epoch == seg.first and seg.steps_before:  # the resumed epoch's steps before its commit
+            losses.restore(self.resumed_partial.get("losses"))
+            metrics.restore(self.resumed_partial.get("metrics"))
         done = 0
         for _, batch in s.batches(self.data, seg, self.rank, epoch):
             xs, ys, w = batch_tensors(batch, cfg.data, s.class_indices)
@@ -142,7 +149,7 @@ class _Trainer:
             metrics.update(outputs, ys)
             done += 1
             mark_progress()
-            self._after_step(seg, epoch, done, losses)
+            self._after_step(seg, epoch, done, losses, metrics)
         logs = {**losses.result(), **metrics.result()}
         if s.validates(epoch):
             logs.update(s.validate(self.rank, self.size))
@@ -156,7 +163,7 @@ class _Trainer:
             self.startup["first_epoch"] = time.time() - self.startup["process"]
         self._check_resize(epoch)
 
-    def _after_step(self, seg, epoch: int, done: int, losses) -> None:
+    def _after_step(self, seg, epoch: int, done: int, losses, metrics) -> None:
         """Rank 0's position and progress events; a commit inside the epoch when one is due."""
         cfg, s = self.cfg, self.setup
         now = time.monotonic()
@@ -169,15 +176,18 @@ class _Trainer:
                 send_event(dict(event, steps=seg.steps, logs=logs))
         if done >= seg.steps or (cfg.checkpoint_steps is None and cfg.checkpoint_seconds is None):
             return
+        if s.accumulating():
+            return  # never between the batches of one update
         in_epoch = (seg.steps_before if epoch == seg.first else 0) + done
-        due = (cfg.checkpoint_steps is not None and in_epoch % cfg.checkpoint_steps == 0) or (
-            cfg.checkpoint_seconds is not None and now - self._last_commit >= cfg.checkpoint_seconds
-        )
-        if not due or self._agreed(due) == 0:  # rank 0's clock decides for every rank
+        due = cfg.checkpoint_steps is not None and in_epoch % cfg.checkpoint_steps == 0  # the same on every rank
+        if not due and cfg.checkpoint_seconds is not None:  # rank 0's clock decides, every rank asks
+            due = bool(self._agreed(now - self._last_commit >= cfg.checkpoint_seconds))
+        if not due:
             return
+        partial = {"losses": losses.partial(), "metrics": metrics.partial()}  # every rank: summed over all
         if self.rank == 0:
             cursor = self.data.cursor(seg, epoch, done)
-            meta = {"logs": {}, "history": self.history[:epoch], "cursor": cursor.to_json()}
+            meta = {"logs": {}, "history": self.history[:epoch], "cursor": cursor.to_json(), "partial": partial}
             self.commits.write(epoch, in_epoch, meta, s.save_checkpoint, s.iterations)
         self._last_commit = time.monotonic()
 
