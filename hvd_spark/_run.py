@@ -38,6 +38,10 @@ def run(
     so ``fn`` calls ``hvd.init()`` and finds its rank, size and peers. Rank 0's task serves
     Gloo's rendezvous. The ranks' output reaches the driver's ``hvd_spark.rank`` logger,
     prefixed with the rank.
+    Each rank also has the variables ``torchrun`` sets (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ...), so a function written for ``torch.distributed`` or pyspark's
+    ``TorchDistributor`` calls ``dist.init_process_group("gloo")`` unchanged (docs/launcher.md,
+    "torch.distributed functions").
 
     Args:
         fn: the function each rank runs; it and its arguments must pickle with cloudpickle.

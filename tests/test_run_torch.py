@@ -267,3 +267,28 @@ def test_a_failed_rank_stops_its_peer_waiting_in_a_torch_collective(spark):
         hvd_spark.run(one_rank_fails_in_a_collective, num_proc=2, spark=spark, verbose=0, timeout=300)
     assert info.value.rank == 1
     assert not isinstance(info.value, hvd_spark.JobTimeoutError)
+
+
+def fabric_all_reduce():
+    import lightning as L
+    import torch
+
+    # The layout from the variables: a host is a node (under TorchDistributor: devices=1, num_nodes=N).
+    fabric = L.Fabric(
+        accelerator="cpu",
+        devices=int(os.environ["LOCAL_WORLD_SIZE"]),
+        num_nodes=int(os.environ["GROUP_WORLD_SIZE"]),
+        strategy="ddp",
+    )
+    fabric.launch()
+    summed = fabric.all_reduce(torch.tensor([fabric.global_rank + 1.0]), reduce_op="sum")
+    environment = type(fabric._connector.cluster_environment).__name__
+    return fabric.global_rank, fabric.world_size, fabric.node_rank, fabric.local_rank, environment, summed.tolist()
+
+
+def test_lightning_takes_the_variables_as_under_torchrun(spark):
+    """TORCHELASTIC_RUN_ID makes Lightning pick its TorchElasticEnvironment: it starts no processes of
+    its own and reads the ranks from the variables."""
+    pytest.importorskip("lightning", reason="lightning is not installed")
+    results = hvd_spark.run(fabric_all_reduce, num_proc=2, spark=spark, verbose=0, warm=False, timeout=600)
+    assert results == [(0, 2, 0, 0, "TorchElasticEnvironment", [3.0]), (1, 2, 0, 1, "TorchElasticEnvironment", [3.0])]
