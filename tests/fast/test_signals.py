@@ -18,8 +18,8 @@ _CHILD = textwrap.dedent(
         signal.signal(signal.SIGTERM, lambda *a: print("own handler", flush=True))
     try:
         with sigterm_as_cancel("the test's block"):
-            print("ready", flush=True)
             try:
+                print("ready", flush=True)  # inside the try: a SIGTERM right after it is caught too
                 time.sleep(60)
             except KeyboardInterrupt as e:
                 print("cancelled:", type(e).__name__, flush=True)
