@@ -12,6 +12,18 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 
+@pytest.fixture(autouse=True)
+def _examples_by_value():
+    """The example's module is importable here, not on the ranks: its classes and functions travel by
+    value (as a script's or a notebook's do, defined in __main__)."""
+    import cloudpickle
+    import torch_digits
+
+    cloudpickle.register_pickle_by_value(torch_digits)
+    yield
+    cloudpickle.unregister_pickle_by_value(torch_digits)
+
+
 def _accuracy(fitted, test_df) -> float:
     rows = fitted.transform(test_df).select("label", "prediction").collect()
     return float(np.mean([r["label"] == r["prediction"] for r in rows]))
