@@ -42,7 +42,7 @@ def predict_columns(
     """
     if isinstance(model, ColumnPredictor):
         return model.predict_columns(cols, n, inputs, outputs, batch_size, names)
-    from hvd_spark._internal.rank.reader import to_model_inputs
+    from hvd_spark._internal.rank.model_inputs import to_model_inputs
 
     if n == 0:  # e.g. a batch whose rows all had a null feature (handleInvalid="keep")
         return [np.zeros((0, spec.elements or 1)) for spec in outputs]

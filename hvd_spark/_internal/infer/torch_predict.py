@@ -5,9 +5,13 @@ The batching, the checks of the rows and the Arrow / pandas plumbing are the Ker
 (``batching.py``): a :class:`TorchPredictor` is a model with ``predict_on_batch``.
 """
 
+import warnings
 from typing import Any
 
 from hvd_spark._internal.common.torch_files import read_torch_file
+
+# torch's warning for a tensor over a read-only numpy array (a batch from Arrow's buffers, never written to)
+_READ_ONLY = "The given NumPy array is not writable"
 
 
 def load_torch_model(url: str, storage_options: dict | None = None):
@@ -37,7 +41,8 @@ class TorchPredictor:
         def tensor(v):
             return torch.as_tensor(v, device=self.device)
 
-        with torch.inference_mode():
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_READ_ONLY)  # Arrow's buffers: the model only reads them
             if isinstance(x, dict):
                 out = self.module(**{k: tensor(v) for k, v in x.items()})
             elif isinstance(x, (list, tuple)):
