@@ -1,7 +1,8 @@
-"""horovod's own Spark Keras examples run on hvd_spark with only their import lines changed.
+"""horovod's own Spark Keras and PyTorch examples run on hvd_spark with only their import lines changed.
 
-``tests/ports/`` holds ``examples/spark/keras/keras_spark_mnist.py`` and
-``keras_spark_rossmann_estimator.py`` of horovod v0.28.1 (horovod's sdist has no ``examples/``),
+``tests/ports/`` holds ``examples/spark/keras/keras_spark_mnist.py``,
+``keras_spark_rossmann_estimator.py`` and ``examples/spark/pytorch/pytorch_spark_mnist.py`` of horovod
+v0.28.1 (horovod's sdist has no ``examples/``),
 with the import lines (and Keras 3's ``lr=`` -> ``learning_rate=``) changed as each file's header
 lists; ``tests/fast/test_horovod_ports_text.py`` checks that nothing else differs. Each example
 runs as a user runs it, ``python <example> --master local[2] --num-proc 2 ...``, in its own process
@@ -94,6 +95,37 @@ def test_keras_spark_mnist_runs_with_only_its_imports_changed(tmp_path):
     )
     accuracy = float(re.search(r"^Test accuracy: ([0-9.]+)$", out, re.MULTILINE).group(1))
     print(f"mnist port: test accuracy {accuracy:.3f} (chance 0.1) in {took:.1f} s")
+    assert accuracy > 0.8, out[-3000:]
+    assert (tmp_path / "store" / "runs").is_dir()  # Store.create(args.work_dir) held the run
+
+
+def test_pytorch_spark_mnist_runs_with_only_its_imports_changed(tmp_path):
+    """horovod's PyTorch example: its ``Net`` (defined in ``__main__``), ``input_shapes=[[-1, 1, 28, 28]]``
+    on the LIBSVM Vector column, its loss a lambda ``NLLLoss(input, target.long())`` on the double
+    ``label`` column, ``validation=0.1``, ``backward_passes_per_step``, then ``setOutputCols`` and its own
+    argmax UDF and evaluator on the held-out rows."""
+    pytest.importorskip("torch")
+    _write_mnist_libsvm(tmp_path / "mnist.bz2", rows=600)
+    out, took = _run_example(
+        "pytorch_spark_mnist.py",
+        "--master",
+        "local[2]",
+        "--num-proc",
+        "2",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "4",
+        "--backward-passes-per-step",
+        "1",
+        "--work-dir",
+        str(tmp_path / "store"),
+        "--data-dir",
+        str(tmp_path),
+        cwd=tmp_path,
+    )
+    accuracy = float(re.search(r"^Test accuracy: ([0-9.]+)$", out, re.MULTILINE).group(1))
+    print(f"pytorch mnist port: test accuracy {accuracy:.3f} (chance 0.1) in {took:.1f} s")
     assert accuracy > 0.8, out[-3000:]
     assert (tmp_path / "store" / "runs").is_dir()  # Store.create(args.work_dir) held the run
 
