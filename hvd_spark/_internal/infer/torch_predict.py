@@ -7,6 +7,8 @@ The batching, the checks of the rows and the Arrow / pandas plumbing are the Ker
 
 from typing import Any
 
+import numpy as np
+
 from hvd_spark._internal.common.torch_files import read_torch_file
 
 
@@ -35,6 +37,10 @@ class TorchPredictor:
         import torch
 
         def tensor(v):
+            # a read-only array is a view of the batch's Arrow buffers: the module gets its own copy to
+            # edit in place if it does
+            if isinstance(v, np.ndarray) and not v.flags.writeable:
+                v = v.copy()
             return torch.as_tensor(v, device=self.device)
 
         with torch.inference_mode():
