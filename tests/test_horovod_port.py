@@ -1,7 +1,8 @@
-"""horovod's own Spark Keras examples run on hvd_spark with only their import lines changed.
+"""horovod's own Spark Keras and PyTorch examples run on hvd_spark with only their import lines changed.
 
-``tests/ports/`` holds ``examples/spark/keras/keras_spark_mnist.py`` and
-``keras_spark_rossmann_estimator.py`` of horovod v0.28.1 (horovod's sdist has no ``examples/``),
+``tests/ports/`` holds ``examples/spark/keras/keras_spark_mnist.py``,
+``keras_spark_rossmann_estimator.py`` and ``examples/spark/pytorch/pytorch_spark_mnist.py`` of horovod
+v0.28.1 (horovod's sdist has no ``examples/``),
 with the import lines (and Keras 3's ``lr=`` -> ``learning_rate=``) changed as each file's header
 lists; ``tests/fast/test_horovod_ports_text.py`` checks that nothing else differs. Each example
 runs as a user runs it, ``python <example> --master local[2] --num-proc 2 ...``, in its own process
@@ -31,6 +32,12 @@ RANK_LINE = re.compile(r"^\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\[([01])\]<std
 
 
 def _run_example(name: str, *args: str, cwd: Path, timeout: float = 600) -> tuple[str, float]:
+    out, _, took = _run_example_logged(name, *args, cwd=cwd, timeout=timeout)
+    return out, took
+
+
+def _run_example_logged(name: str, *args: str, cwd: Path, timeout: float = 600) -> tuple[str, str, float]:
+    """The example's stdout, its stderr (hvd_spark's log lines) and how long it took."""
     env = dict(
         os.environ,
         PYSPARK_PYTHON=sys.executable,
@@ -49,7 +56,7 @@ def _run_example(name: str, *args: str, cwd: Path, timeout: float = 600) -> tupl
     )
     took = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-4000:] + "\n--- stderr ---\n" + proc.stderr[-8000:]
-    return proc.stdout, took
+    return proc.stdout, proc.stderr, took
 
 
 # --- MNIST ---------------------------------------------------------------------------------------
@@ -96,6 +103,52 @@ def test_keras_spark_mnist_runs_with_only_its_imports_changed(tmp_path):
     print(f"mnist port: test accuracy {accuracy:.3f} (chance 0.1) in {took:.1f} s")
     assert accuracy > 0.8, out[-3000:]
     assert (tmp_path / "store" / "runs").is_dir()  # Store.create(args.work_dir) held the run
+
+
+def test_pytorch_spark_mnist_runs_with_only_its_imports_changed(tmp_path):
+    """horovod's PyTorch example: its ``Net`` (defined in ``__main__``), ``input_shapes=[[-1, 1, 28, 28]]``
+    on the LIBSVM Vector column, its loss a lambda ``NLLLoss(input, target.long())`` on the double
+    ``label`` column, ``validation=0.1``, ``--backward-passes-per-step``, then ``setOutputCols`` and its
+    own argmax UDF and evaluator on the held-out rows."""
+    pytest.importorskip("torch")
+    import json
+
+    _write_mnist_libsvm(tmp_path / "mnist.bz2", rows=600)
+    epochs, k = 4, 2
+    out, err, took = _run_example_logged(
+        "pytorch_spark_mnist.py",
+        "--master",
+        "local[2]",
+        "--num-proc",
+        "2",
+        "--batch-size",
+        "16",
+        "--epochs",
+        str(epochs),
+        "--backward-passes-per-step",
+        str(k),
+        "--work-dir",
+        str(tmp_path / "store"),
+        "--data-dir",
+        str(tmp_path),
+        cwd=tmp_path,
+    )
+    accuracy = float(re.search(r"^Test accuracy: ([0-9.]+)$", out, re.MULTILINE).group(1))
+    fit = re.search(r"on 2 ranks: (\d+) train rows, (\d+) val rows, (\d+) steps/epoch", err)
+    assert fit, err[-3000:]
+    val_rows, steps = int(fit.group(2)), int(fit.group(3))
+    # Store.create(args.work_dir) held the run; its last checkpoint: every epoch validated, and one
+    # optimizer step per k batches (the example's backward_passes_per_step)
+    (run,) = (tmp_path / "store" / "runs").iterdir()
+    last = json.loads((run / "checkpoints" / f"epoch-{epochs:04d}.json").read_text())
+    history = last["history"]
+    print(
+        f"pytorch mnist port: test accuracy {accuracy:.3f} (chance 0.1) in {took:.1f} s; {steps} steps/epoch, "
+        f"{last['iterations']} optimizer steps, val_loss {[round(h['val_loss'], 4) for h in history]}"
+    )
+    assert accuracy > 0.8, out[-3000:]
+    assert val_rows > 0 and len(history) == epochs and history[-1]["val_loss"] < history[0]["val_loss"]
+    assert last["iterations"] == epochs * steps // k
 
 
 # --- Rossmann ------------------------------------------------------------------------------------

@@ -96,11 +96,11 @@ def _plain(x, y, opt_name, size, epochs):
     return model, history
 
 
-def _fit(spark, tmp_path, path, opt_name, size, epochs, **params):
+def _fit(spark, tmp_path, path, opt_name, size, epochs, net=Net, **params):
     from hvd_spark.torch import TorchEstimator
 
     torch.manual_seed(0)
-    model = Net()
+    model = net()
     est = TorchEstimator(
         num_proc=size,
         store=str(tmp_path / "store"),
@@ -140,6 +140,28 @@ def test_one_rank_equals_plain_torch(spark, tmp_path):
     fitted = _fit(spark, tmp_path, path, "sgd", 1, epochs=2)
     _assert_equal(fitted, plain, want)
     assert fitted.getFitSummary().ranks[0].iterations == 2 * ROWS // B
+
+
+class DoublesItsInput(Net):
+    """``Net`` on twice its input, doubled in place (as ``x.div_(255)`` would scale an image)."""
+
+    def forward(self, x):
+        return super().forward(x.mul_(2.0))
+
+
+def test_a_module_editing_its_input_in_place_edits_its_own_copy(spark, tmp_path):
+    """The rank's batches are views of the Arrow tables it reads (and keeps, with inmemory_cache_all):
+    a module that edits its input in place must get its own copy, or every epoch after the first trains
+    on the edited rows (4x, 8x). So the fit equals plain torch on 2x in every epoch."""
+    x, y = _data(3)
+    path = _write(tmp_path, x, y)
+    plain, want = _plain(2.0 * x, y, "sgd", 1, epochs=3)
+    fitted = _fit(spark, tmp_path, path, "sgd", 1, epochs=3, net=DoublesItsInput, inmemory_cache_all=True)
+    _assert_equal(fitted, plain, want)
+    rows = fitted.transform(spark.read.parquet(path).where("is_val")).collect()
+    with torch.no_grad():  # transform's batches too: the module's output on 2x
+        logits = plain(torch.as_tensor(np.stack([r["features"] for r in rows]).astype("float32") * 2.0)).numpy()
+    np.testing.assert_allclose(np.stack([r["label__output"] for r in rows]), logits, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("opt", ["sgd", "adam", "adamw"])

@@ -12,10 +12,12 @@ PORTS = Path(__file__).parent.parent / "ports"
 ORIGINAL_SHA256 = {
     "keras_spark_mnist.py": "a23d55d81fc0b1265147695a95f39715259009c48a103e24bca9f8aa1773443b",
     "keras_spark_rossmann_estimator.py": "1cea56c9a6dd6ad670ee6eb9e4260e96d48be530fe2fd793c3b005da0361a016",
+    "pytorch_spark_mnist.py": "8c89ae1100ffdee14921078556dd28c44459427672686c4f99938eb05848bfb8",
 }
 # The only edits a port may make: horovod's imports to hvd_spark's, and Keras 3's learning_rate=.
 ALLOWED = {
     "import horovod.spark.keras as hvd": "import hvd_spark as hvd",
+    "import horovod.spark.torch as hvd": "import hvd_spark.torch as hvd",
     "from horovod.spark.common.backend import SparkBackend": "from hvd_spark import SparkBackend",
     "from horovod.spark.common.store import Store": "from hvd_spark import Store",
     "from horovod.tensorflow.keras.callbacks import BestModelCheckpoint": (

@@ -5,13 +5,11 @@ The batching, the checks of the rows and the Arrow / pandas plumbing are the Ker
 (``batching.py``): a :class:`TorchPredictor` is a model with ``predict_on_batch``.
 """
 
-import warnings
 from typing import Any
 
-from hvd_spark._internal.common.torch_files import read_torch_file
+import numpy as np
 
-# torch's warning for a tensor over a read-only numpy array (a batch from Arrow's buffers, never written to)
-_READ_ONLY = "The given NumPy array is not writable"
+from hvd_spark._internal.common.torch_files import read_torch_file
 
 
 def load_torch_model(url: str, storage_options: dict | None = None):
@@ -39,10 +37,13 @@ class TorchPredictor:
         import torch
 
         def tensor(v):
+            # a read-only array is a view of the batch's Arrow buffers: the module gets its own copy to
+            # edit in place if it does
+            if isinstance(v, np.ndarray) and not v.flags.writeable:
+                v = v.copy()
             return torch.as_tensor(v, device=self.device)
 
-        with torch.inference_mode(), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_READ_ONLY)  # Arrow's buffers: the model only reads them
+        with torch.inference_mode():
             if isinstance(x, dict):
                 out = self.module(**{k: tensor(v) for k, v in x.items()})
             elif isinstance(x, (list, tuple)):

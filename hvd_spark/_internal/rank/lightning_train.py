@@ -13,7 +13,6 @@ import shutil
 import socket
 import tempfile
 import time
-import warnings
 from typing import Any
 
 import lightning.pytorch as pl
@@ -40,7 +39,6 @@ def train(cfg: RunConfig) -> dict:
     from hvd_spark._internal.rank.torch_parts import rank_generator_seed
 
     t0 = time.time()
-    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")  # batches are only read
     store = Store.from_config(cfg.store)
     parts = cloudpickle.loads(cfg.compile["torch"])
     rank = int(os.environ.get("RANK", "0"))

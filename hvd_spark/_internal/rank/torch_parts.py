@@ -339,16 +339,21 @@ def batch_tensors(batch: dict, d: DataSpec, class_indices: list[bool]):
             ys.append(torch.as_tensor(shaped(batch[c.stored], given or (), "int64", n)))
         else:
             ys.append(torch.as_tensor(shaped(batch[c.stored], given or s.shape, s.dtype or "float32", n)))
-    w = torch.as_tensor(np.asarray(batch[d.weight.stored], dtype=np.float32)) if d.weight is not None else None
+    w = None
+    if d.weight is not None:
+        w = torch.as_tensor(np.array(batch[d.weight.stored], dtype=np.float32, copy=True))
     return xs, ys, w
 
 
 def shaped(values, shape, dtype: str, n: int) -> np.ndarray:
+    """``values`` in ``shape`` (after the batch axis) and ``dtype``, always a copy of its own: a batch is a
+    view of the rows the rank read (of its cache of them, with ``inmemory_cache_all``), so a module that
+    edits its input in place (``x.div_(255)``) must edit its own copy, not the rows a later epoch reads."""
     arr = np.asarray(values)
     dims = tuple(int(x) for x in shape if x is not None)
     if len(dims) == len(shape) and int(np.prod(dims, dtype=np.int64)) * n == arr.size:
         arr = arr.reshape((n, *dims))
-    return np.ascontiguousarray(arr.astype(np.dtype(dtype), copy=False))
+    return arr.astype(np.dtype(dtype), order="C", copy=True)
 
 
 def val_batches(cfg: RunConfig, rank: int, size: int):

@@ -14,7 +14,6 @@ import shutil
 import socket
 import tempfile
 import time
-import warnings
 from datetime import timedelta
 
 from hvd_spark._internal.common import settings
@@ -35,7 +34,6 @@ def train(cfg: RunConfig) -> dict:
     import torch.distributed as dist
 
     t_entry = time.time()
-    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")  # batches are only read
     rank, size = _init_process_group(cfg)
     tmp = tempfile.mkdtemp(prefix="hvd_spark-rank-")
     try:
