@@ -404,3 +404,70 @@ def test_dropout_rank_0_draws_from_random_seed(spark, tmp_path):
     ).fit(spark.read.parquet(path))
     for name, value in plain.state_dict().items():
         np.testing.assert_allclose(fitted.getModel().state_dict()[name].numpy(), value.numpy(), rtol=RTOL, atol=ATOL)
+
+
+class Normed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(FEATURES, 16)
+        self.norm = nn.BatchNorm1d(16)
+        self.out = nn.Linear(16, CLASSES)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.norm(self.hidden(x))))
+
+
+def test_batchnorm_follows_its_documented_rule(spark, tmp_path):
+    """BatchNorm on 2 ranks (docs/torch.md): each rank normalizes with its own batch's statistics (the
+    gradients are the average of the two halves'), and the running statistics are rank 0's (DDP
+    broadcasts them from rank 0 before every forward pass). Checked against that rule played in one
+    process, to 1e-5, and against plain torch at 2B, from which it differs."""
+    from hvd_spark.torch import TorchEstimator
+
+    x, y = _data(8)
+    path = _write(tmp_path, x, y)
+    xt, yt = torch.as_tensor(x), torch.as_tensor(y)
+    order, loss_fn = _interleaved(ROWS, 2), nn.CrossEntropyLoss()
+
+    def played(per_rank: bool):
+        torch.manual_seed(0)
+        model = Normed()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            for start in range(0, ROWS, 2 * B):
+                idx = order[start : start + 2 * B]
+                opt.zero_grad()
+                if per_rank:  # rank 1's half first, its running statistics then replaced by rank 0's
+                    before = [b.clone() for b in model.norm.buffers()]
+                    (loss_fn(model(xt[idx[B:]]), yt[idx[B:]]) / 2).backward()
+                    with torch.no_grad():
+                        for b, v in zip(model.norm.buffers(), before):
+                            b.copy_(v)
+                    (loss_fn(model(xt[idx[:B]]), yt[idx[:B]]) / 2).backward()
+                else:
+                    loss_fn(model(xt[idx]), yt[idx]).backward()
+                opt.step()
+        return model
+
+    rule, plain = played(True), played(False)
+    torch.manual_seed(0)
+    model = Normed()
+    fitted = TorchEstimator(
+        num_proc=2,
+        store=str(tmp_path / "store"),
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        loss=nn.CrossEntropyLoss(),
+        feature_cols=["features"],
+        label_cols=["label"],
+        validation="is_val",
+        batch_size=B,
+        epochs=2,
+        shuffle=False,
+        materialize="never",
+        verbose=0,
+    ).fit(spark.read.parquet(path))
+    trained = fitted.getModel().state_dict()
+    for name, value in rule.state_dict().items():
+        np.testing.assert_allclose(trained[name].numpy(), value.numpy(), rtol=RTOL, atol=ATOL, err_msg=name)
+    assert not np.allclose(trained["norm.running_mean"].numpy(), plain.state_dict()["norm.running_mean"].numpy())

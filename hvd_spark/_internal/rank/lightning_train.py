@@ -242,6 +242,11 @@ class _StoreCallback(pl.Callback):
         if trainer.global_rank == 0:
             send_event({"kind": "start", "rank": 0, "initial_epoch": self.cfg.initial_epoch})
 
+    def on_train_end(self, trainer, module):
+        from hvd_spark._internal.rank.torch_parts import sync_buffers
+
+        sync_buffers(module)  # BatchNorm's running statistics: rank 0's on every rank (docs/torch.md)
+
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         mark_progress()
         now = time.monotonic()

@@ -193,6 +193,11 @@ class TorchSetup:
 
         torch.save({"format": FORMAT, "model": self.model}, local, pickle_module=cloudpickle)
 
+    def sync_buffers(self) -> None:
+        """Every rank: the module's buffers (BatchNorm's running statistics) made rank 0's. DDP broadcasts
+        them before each forward pass, so after the last one every other rank holds its own update."""
+        sync_buffers(self.model)
+
     def weights_digest(self) -> str:
         """A hash of every tensor of the module's ``state_dict``, in its order."""
         import hashlib
@@ -201,6 +206,15 @@ class TorchSetup:
         for v in self.model.state_dict().values():
             h.update(np.ascontiguousarray(v.detach().cpu().numpy()).tobytes())
         return h.hexdigest()
+
+
+def sync_buffers(module) -> None:
+    """``module``'s buffers broadcast from rank 0 (every rank calls it)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        for b in module.buffers():
+            dist.broadcast(b.data, src=0)
 
 
 def _identity_outputs(outputs, labels):

@@ -114,6 +114,7 @@ class _Trainer:
                     break
             if self.stopped_for_resize:
                 break
+        s.sync_buffers()  # BatchNorm's running statistics: rank 0's on every rank (docs/torch.md)
         result = {
             "rank": self.rank,
             "size": self.size,
