@@ -33,6 +33,7 @@ ORDER = [
     "inplace",
     "overhead",
     "vs_keras",
+    "vs_torch",
 ]
 ROOT_ONLY = ["multihost"]  # needs root (network namespaces): run with --only multihost
 MODULES = {
@@ -51,6 +52,7 @@ MODULES = {
     "inplace": "bench_inplace",
     "overhead": "bench_overhead",
     "vs_keras": "bench_vs_keras",
+    "vs_torch": "bench_vs_torch",
 }
 FILES = {
     "multihost": "multihost",
@@ -68,6 +70,7 @@ FILES = {
     "inplace": "inplace",
     "overhead": "overhead",
     "vs_keras": "vs_keras",
+    "vs_torch": "vs_torch",
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -306,6 +309,9 @@ def report() -> str:
     vs_keras = _load("vs_keras")
     if vs_keras:
         _vs_keras_section(lines, vs_keras)
+    vs_torch = _load("vs_torch")
+    if vs_torch:
+        _vs_torch_section(lines, vs_torch)
     multihost = _load("multihost")
     if multihost:
         _multihost_section(lines, multihost)
@@ -567,6 +573,88 @@ def _vs_keras_section(lines, d) -> None:
         f"- {d.get('what', '')}; medians of {d.get('repeats')} run(s); tail = rank 0's last `on_epoch_end` to `fit` "
         "returning in the driver. Per-run figures (the driver's 'ranks finished' line, each rank's exit from "
         "training, peak RSS per process, start-up phases) in results/vs_keras.json."
+    )
+    lines.append("")
+
+
+VS_TORCH_NAMES = {
+    "plain": "plain torch, 1 process",
+    "hvd_1rank": "TorchEstimator, num_proc=1",
+    "hvd_2ranks": "TorchEstimator, num_proc=2",
+    "run": "hvd_spark.run(train_fn)",
+    "td_tasks": "TorchDistributor(local_mode=False)(train_fn)",
+    "td_local": "TorchDistributor(local_mode=True)(train_fn)",
+}
+
+
+def _vs_torch_section(lines, d) -> None:
+    """hvd_spark against plain torch and TorchDistributor on the same cores and rows (bench_vs_torch, issue 48)."""
+    header = [
+        "system",
+        "ranks x batch",
+        "whole job s",
+        "fit / launcher call s",
+        "training s",
+        "training rows/s",
+        "rows/s / plain",
+        "rows/s / plain's read + training",
+        "whole / plain",
+        "outside the function s",
+        "epoch loss",
+    ]
+    title = (
+        f"### hvd_spark against plain torch and TorchDistributor ({d['rows']:,} rows, global batch {d['global_batch']})"
+    )
+    if d.get("quick"):
+        title += " (--quick: a smoke test)"
+    _table(lines, title, header, d)
+    order = list(VS_TORCH_NAMES)
+    for system, med in sorted(d["medians"].items(), key=lambda kv: (order + [kv[0]]).index(kv[0])):
+        runs = [r for r in d["runs"][system] if r.get("outcome") == "ok"]
+        ranks = runs[0].get("ranks", 1) if runs else 1
+        per_rank = runs[0].get("batch_per_rank", d["global_batch"]) if runs else "-"
+        ratio = d["ratios"].get(system, {})
+        failed = med["runs"] - med["runs_ok"]
+        name = VS_TORCH_NAMES.get(system, system) + (f" ({failed} of {med['runs']} runs failed)" if failed else "")
+        fit = None if system == "plain" else _med({"w": med.get("work_s")}, "w")
+        cells = [
+            _fmt(_med(med, "whole_s")),
+            _fmt(fit),
+            _fmt(_med(med, "train_s")),
+            _fmt(_med(med, "train_rows_per_s"), ",.0f"),
+            _fmt(ratio.get("train_rows_per_s_over_plain"), ".2f") if system != "plain" else "1",
+            _fmt(ratio.get("read_train_rows_per_s_over_plain"), ".2f") if system != "plain" else "1",
+            _fmt(ratio.get("whole_over_plain"), ".2f") if system != "plain" else "1",
+            _fmt(_med(med, "launcher_overhead_s")),
+            _fmt(_med(med, "final_loss"), ".4f"),
+        ]
+        lines.append(f"| {name} | {ranks} x {per_rank} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for t in d.get("targets", []):
+        value = "n/a" if t["value"] is None else f"{t['value']:.2f}"
+        state = "not measured" if t["met"] is None else _ok(t["met"])
+        note = f" ({t['note']})" if t.get("note") else ""
+        lines.append(f"- Target {t['target']} >= {t['limit']:g}: {value}, {state}{note}.")
+    for system in ("td_tasks", "td_local"):
+        r = d["ratios"].get(system)
+        if not r:
+            continue
+        lines.append(
+            f"- {VS_TORCH_NAMES[system]} / hvd_spark.run, the same function: whole job "
+            f"{_fmt(r.get('whole_s_over_run'), '.2f')}, launcher call {_fmt(r.get('work_s_over_run'), '.2f')}, time "
+            f"outside the function {_fmt(r.get('launcher_overhead_s_over_run'), '.2f')} "
+            f"({_fmt(_med(d['medians'][system], 'launcher_overhead_s'))} s against "
+            f"{_fmt(_med(d['medians'].get('run'), 'launcher_overhead_s'))} s), training rows/s "
+            f"{_fmt(r.get('train_rows_per_s_over_run'), '.2f')}."
+        )
+    lines.append(
+        f"- {d.get('what', '')}; medians of {d.get('repeats')} run(s). Training: plain torch's loop; TorchEstimator's "
+        "ranks' `train_seconds` (the fit summary: the loop, reading the table in place as it goes, and the epoch's "
+        "checkpoint); the function's first step to its last rank's end of training. Plain torch and the function "
+        'read their rows before training: "read + training" counts that read in their time, as the estimator\'s '
+        "ranks do. Outside the function: the launcher call to the first rank entering it, plus its last rank "
+        "leaving it to the call returning. Per-run figures (reading, the process group's start, start-up phases) in "
+        "results/vs_torch.json." + (f" {d['note']}" if d.get("note") else "")
     )
     lines.append("")
 
