@@ -167,3 +167,22 @@ def test_a_lightning_module_refuses_an_optimizer_param(spark, tmp_path):
     with pytest.raises(ValueError, match="configure_optimizers"):
         est.fit(spark.read.parquet(path))
     assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("*.pt"))
+
+
+def test_lightning_params_refused_and_saved(spark, tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    from hvd_spark.lightning import TorchEstimator
+
+    x, y = _data(3)
+    path = _write(tmp_path, x, y)
+    common = dict(num_proc=2, store=str(tmp_path / "store"), feature_cols=["features"], label_cols=["label"])
+    with pytest.raises(ValueError, match="learning_rate"):
+        TorchEstimator(model=LitNet(), learning_rate=0.5, **common).fit(spark.read.parquet(path))
+    one_val_row = spark.read.parquet(path).where(f"not is_val or features[0] = {float(x[ROWS, 0])}")
+    with pytest.raises(Exception, match="no validation rows"):
+        TorchEstimator(model=LitNet(), validation="is_val", **common).fit(one_val_row)
+    est = TorchEstimator(model=LitNet(), logger=CSVLogger(str(tmp_path / "logs")), epochs=2, **common)
+    est.write().save(str(tmp_path / "est"))
+    loaded = TorchEstimator.load(str(tmp_path / "est"))
+    assert isinstance(loaded.getOrDefault("logger"), CSVLogger) and loaded.getOrDefault("epochs") == 2

@@ -471,3 +471,56 @@ def test_batchnorm_follows_its_documented_rule(spark, tmp_path):
     for name, value in rule.state_dict().items():
         np.testing.assert_allclose(trained[name].numpy(), value.numpy(), rtol=RTOL, atol=ATOL, err_msg=name)
     assert not np.allclose(trained["norm.running_mean"].numpy(), plain.state_dict()["norm.running_mean"].numpy())
+
+
+def test_accumulated_gradients_resume_where_one_fit_steps(spark, tmp_path):
+    """backward_passes_per_step=4 over 6 steps an epoch: the epoch's last batch steps with what it holds
+    (an accumulation never spans two epochs), so a run resumed after epoch 1 equals one fit of 2 epochs."""
+    x, y = _data(9)
+    path = _write(tmp_path, x, y)
+    one = _fit(spark, tmp_path / "one", path, "adam", 2, epochs=2, backward_passes_per_step=4)
+    _fit(spark, tmp_path / "two", path, "adam", 2, epochs=1, backward_passes_per_step=4, run_id="acc")
+    two = _fit(spark, tmp_path / "two", path, "adam", 2, epochs=2, backward_passes_per_step=4, run_id="acc")
+    assert [r.iterations for r in one.getFitSummary().ranks] == [2 * 2] * 2  # 6 steps: 4 + 2, twice
+    np.testing.assert_allclose(two.getHistory()["loss"], one.getHistory()["loss"], rtol=RTOL, atol=ATOL)
+    for name, value in one.getModel().state_dict().items():
+        np.testing.assert_allclose(two.getModel().state_dict()[name].numpy(), value.numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_bad_torch_params_are_refused_before_any_work(spark, tmp_path):
+    from hvd_spark.torch import TorchEstimator, TorchModel
+
+    x, y = _data(10)
+    path = _write(tmp_path, x, y)
+    df = spark.read.parquet(path).selectExpr("features", "label", "cast(label as float) as w")
+    model = Net()
+    common = dict(num_proc=1, store=str(tmp_path / "store"), model=model, feature_cols=["features"])
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="sample_weight_col"):
+        TorchEstimator(
+            optimizer=sgd,
+            loss=lambda o, t: nn.functional.cross_entropy(o, t),
+            label_cols=["label"],
+            sample_weight_col="w",
+            **common,
+        ).fit(df)
+    with pytest.raises(ValueError, match="model's parameters"):
+        TorchEstimator(
+            optimizer=torch.optim.SGD(Net().parameters(), lr=0.1),
+            loss=nn.CrossEntropyLoss(),
+            label_cols=["label"],
+            **common,
+        ).fit(df)
+    with pytest.raises(ValueError, match="label_cols"):
+        TorchEstimator(optimizer=sgd, loss=nn.CrossEntropyLoss(), label_cols=["label", "w"], **common).fit(df)
+    with pytest.raises(ValueError, match="Keras"):
+        TorchEstimator(class_weight={0: 1.0}, **common)
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("*.pt"))
+
+    est = TorchEstimator(optimizer=sgd, loss=nn.CrossEntropyLoss(), label_cols=["label"], epochs=3, **common)
+    est.write().save(str(tmp_path / "est"))
+    loaded = TorchEstimator.load(str(tmp_path / "est"))
+    assert loaded.getOrDefault("epochs") == 3
+    opt, net = loaded.getOrDefault("optimizer"), loaded.getOrDefault("model")
+    assert all(any(p is q for q in net.parameters()) for g in opt.param_groups for p in g["params"])
+    assert TorchModel.__module__ == "hvd_spark.torch"

@@ -88,6 +88,7 @@ class TorchEstimator(_TorchEstimator):
     )
 
     _params_record = LightningFitParams
+    _pickled_together = (*_TorchEstimator._pickled_together, "logger")
     _framework_params = (
         *_TorchEstimator._framework_params,
         "logger",
@@ -102,6 +103,13 @@ class TorchEstimator(_TorchEstimator):
 
     def _framework(self):
         from hvd_spark._internal.ml.lightning_framework import LightningFramework
+
+        for name in ("train_minibatch_fn", "loss_constructors", "find_unused_parameters"):
+            if self.getOrDefault(name) not in (None, False):
+                raise ValueError(
+                    f"{name} is not taken with a LightningModule: its training_step is the step, and Lightning's "
+                    f"DDP strategy its own. Received: {name}={self.getOrDefault(name)!r}."
+                )
 
         return LightningFramework(
             input_shapes=self.getOrDefault(self.input_shapes),

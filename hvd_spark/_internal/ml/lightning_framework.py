@@ -35,6 +35,18 @@ class LightningFramework(TorchFramework):
                 f"{given} are not taken with a LightningModule: it configures its optimizers (configure_optimizers), "
                 "computes its loss (training_step) and logs its metrics (self.log). Leave them unset."
             )
+        unsupported = {
+            "learning_rate": p.learning_rate,
+            "gradient_compression": None if p.gradient_compression == "none" else p.gradient_compression,
+            "checkpoint_every": p.checkpoint_every,
+        }
+        for name, value in unsupported.items():
+            if value is not None:
+                raise ValueError(
+                    f"{name} is not supported with a LightningModule yet (its Trainer runs the steps: set the "
+                    f"learning rate in configure_optimizers; checkpoints come after every epoch). Received: "
+                    f"{name}={value!r}."
+                )
         if p.sample_weight_col:
             raise ValueError("sample_weight_col: a LightningModule reads the weight column from its batch itself.")
         if isinstance(p.feature_cols, dict) or isinstance(p.label_cols, dict):

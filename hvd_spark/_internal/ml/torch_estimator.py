@@ -84,6 +84,12 @@ def _optional_callable(name: str):
     return conv
 
 
+def _optional_bool(x):
+    if x is None or isinstance(x, bool):
+        return x
+    raise TypeError(f"find_unused_parameters must be True or False. Received: {x!r}.")
+
+
 def _loss_constructors(x):
     if x is None or (isinstance(x, (list, tuple)) and all(callable(v) for v in x)):
         return x
@@ -144,6 +150,11 @@ class TorchEstimator(HorovodEstimator):
         "(outputs, loss), replacing the training step (it calls backward and optimizer.step itself).",
         _optional_callable("train_minibatch_fn"),
     )
+    find_unused_parameters = _param(
+        "find_unused_parameters",
+        "DistributedDataParallel's: True for a model whose forward leaves some parameters unused (default False).",
+        _optional_bool,
+    )
     loss_constructors = _param(
         "loss_constructors",
         "horovod.spark's: functions () -> loss, one per output (in place of loss).",
@@ -151,9 +162,21 @@ class TorchEstimator(HorovodEstimator):
     )
 
     _params_record = TorchFitParams
-    _framework_params: tuple[str, ...] = ("input_shapes", "train_minibatch_fn", "loss_constructors")
+    _framework_params: tuple[str, ...] = (
+        "input_shapes",
+        "train_minibatch_fn",
+        "loss_constructors",
+        "find_unused_parameters",
+    )
     # Saved in one pickle: an optimizer built on the model keeps its parameters (persistence.py).
-    _pickled_together = ("model", "optimizer", "loss", "metrics", "train_minibatch_fn", "loss_constructors")
+    _pickled_together: tuple[str, ...] = (
+        "model",
+        "optimizer",
+        "loss",
+        "metrics",
+        "train_minibatch_fn",
+        "loss_constructors",
+    )
 
     @keyword_only
     def __init__(self, **kwargs: Any):
@@ -167,7 +190,9 @@ class TorchEstimator(HorovodEstimator):
 
         self._backend_object = None
         self._setDefault(**DEFAULTS)
-        self._setDefault(input_shapes=None, train_minibatch_fn=None, loss_constructors=None)
+        self._setDefault(
+            input_shapes=None, train_minibatch_fn=None, loss_constructors=None, find_unused_parameters=False
+        )
 
     @keyword_only
     def setParams(self, **kwargs: Any) -> "TorchEstimator":
@@ -184,6 +209,7 @@ class TorchEstimator(HorovodEstimator):
         return TorchFramework(
             input_shapes=self.getOrDefault(self.input_shapes),
             train_minibatch_fn=self.getOrDefault(self.train_minibatch_fn),
+            find_unused_parameters=bool(self.getOrDefault(self.find_unused_parameters)),
         )
 
     def _fit_params(self):

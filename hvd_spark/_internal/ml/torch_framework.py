@@ -52,6 +52,9 @@ class TorchFramework(Framework):
                 "optimizer built on the model's parameters (or a function params -> optimizer) and a loss."
             )
         _check_optimizer(p.model, p.optimizer)
+        if p.sample_weight_col:
+            for loss in _as_list(p.loss):
+                _check_per_row(loss)
         if isinstance(p.feature_cols, dict) or isinstance(p.label_cols, dict):
             raise ValueError("feature_cols and label_cols must be lists for a torch model (it has no input names).")
         inputs = self._input_specs(dataset, p)
@@ -175,6 +178,25 @@ def _losses_for(loss, outputs: int) -> list:
     if len(losses) != outputs:
         raise ValueError(f"loss must be one loss, or one per output ({outputs}). Received {len(losses)} losses.")
     return losses
+
+
+def _check_per_row(loss) -> None:
+    """With sample weights each row's loss is weighted: a loss module is copied with ``reduction="none"``,
+    a function must take a ``reduction`` argument (as ``torch.nn.functional``'s losses do)."""
+    import inspect
+
+    if hasattr(loss, "reduction"):
+        return
+    try:
+        params = inspect.signature(loss).parameters.values()
+    except (TypeError, ValueError):
+        return  # no signature to read (a builtin): tried on the ranks
+    if not any(p.name == "reduction" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        raise ValueError(
+            f"sample_weight_col weights each row's loss, so the loss must give one per row: a torch.nn loss module "
+            f"(copied with reduction='none') or a function taking reduction= (e.g. torch.nn.functional.mse_loss). "
+            f"Received: loss={loss!r}."
+        )
 
 
 def _check_optimizer(model, optimizer) -> None:

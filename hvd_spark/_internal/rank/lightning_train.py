@@ -155,6 +155,7 @@ class _Loaders:
         if not (cfg.val_units or (cfg.val_files and any(cfg.val_files))):
             return None
         loaders = self
+        _check_validation_rows(cfg, self.trainer.world_size)
 
         class Validation(torch.utils.data.IterableDataset):
             def __iter__(self):
@@ -203,6 +204,22 @@ class _Loaders:
         if d.weight is not None:
             out[d.weight.name] = torch.as_tensor(np.asarray(batch[d.weight.stored], dtype=np.float32))
         return out
+
+
+def _check_validation_rows(cfg: RunConfig, size: int) -> None:
+    """Every rank needs validation rows: a rank without any logs no ``val_*`` value, and the ranks' synced
+    logging (``sync_dist``) would wait for each other at different collectives."""
+    if cfg.val_units:
+        total = sum(u[2] for u in cfg.val_units)
+        empty = [r for r in range(size) if (r + 1) * total // size - r * total // size == 0]
+    else:
+        files = list(cfg.val_files or [])
+        empty = [r for r in range(size) if r >= len(files) or not files[r]]
+    if empty:
+        raise ValueError(
+            f"validation: ranks {empty} of {size} get no validation rows (a LightningModule's validation needs "
+            "rows on every rank). Give the validation more rows (or files) than ranks, or use fewer ranks."
+        )
 
 
 def _digest(module) -> str:

@@ -93,9 +93,12 @@ class TorchSetup:
         self.model.train()
 
     # --- one step ---
-    def step(self, xs: list, ys: list, w):
+    def step(self, xs: list, ys: list, w, last: bool = False):
         """One batch: forward, the loss, backward (gradients averaged over the ranks by DDP), and every
-        ``backward_passes_per_step`` batches the optimizer's step. Returns the outputs and the losses."""
+        ``backward_passes_per_step`` batches the optimizer's step; an epoch's ``last`` batch always steps
+        (an accumulation never spans two epochs: an epoch's checkpoint holds no pending gradients, so a
+        resumed run steps where one fit does, as Lightning's accumulation does). Returns the outputs and
+        the losses."""
         if self.minibatch_fn is not None:  # horovod.spark's train_minibatch_fn: the user's own step
             outputs, loss = self.minibatch_fn(
                 self.ddp, self.optimizer, _identity_outputs, self.loss_fn, xs, ys[0] if len(ys) == 1 else ys, w
@@ -104,7 +107,7 @@ class TorchSetup:
             outs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
             return outs, {"loss": float(loss.detach())}
         self._micro += 1
-        sync = self._micro % self.k == 0
+        sync = self._micro % self.k == 0 or last
         with contextlib.nullcontext() if sync else self.ddp.no_sync():
             out = self.ddp(*xs)
             outs = list(out) if isinstance(out, (list, tuple)) else [out]
@@ -114,6 +117,7 @@ class TorchSetup:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.iterations += 1
+            self._micro = 0
         return outs, {"loss": float(total.detach()), **parts}
 
     def accumulating(self) -> bool:

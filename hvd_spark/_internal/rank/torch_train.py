@@ -145,7 +145,7 @@ class _Trainer:
         done = 0
         for _, batch in s.batches(self.data, seg, self.rank, epoch):
             xs, ys, w = batch_tensors(batch, cfg.data, s.class_indices)
-            outputs, loss_values = s.step(xs, ys, w)
+            outputs, loss_values = s.step(xs, ys, w, last=done + 1 >= seg.steps)
             losses.add(loss_values, len(w) if w is not None else len(ys[0]))
             metrics.update(outputs, ys)
             done += 1
