@@ -524,3 +524,59 @@ def test_bad_torch_params_are_refused_before_any_work(spark, tmp_path):
     opt, net = loaded.getOrDefault("optimizer"), loaded.getOrDefault("model")
     assert all(any(p is q for q in net.parameters()) for g in opt.param_groups for p in g["params"])
     assert TorchModel.__module__ == "hvd_spark.torch"
+
+
+class StopOnce(Net):
+    """Net whose rank 1 stops its own process (SIGSTOP: alive and silent) at its ``at``-th step, once."""
+
+    def __init__(self, marker: str, at: int):
+        super().__init__()
+        self.marker, self.at, self.calls = marker, at, 0
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == self.at and os.environ.get("RANK") == "1" and not os.path.exists(self.marker):
+                import signal
+
+                with open(self.marker, "w") as f:
+                    f.write("stopped")
+                os.kill(os.getpid(), signal.SIGSTOP)
+        return super().forward(x)
+
+
+def test_a_stopped_torch_rank_is_found_by_the_stall_watchdog_and_the_fit_restarts(spark, tmp_path):
+    """The stall watchdog counts a torch rank's steps: rank 1 stopped in epoch 2 is reported after
+    stall_timeout, the job restarts from the latest checkpoint, and every epoch is trained once."""
+    from hvd_spark import Store
+    from hvd_spark.torch import TorchEstimator
+
+    x, y = _data(11)
+    path = _write(tmp_path, x, y)
+    marker = tmp_path / "stopped"
+    torch.manual_seed(0)
+    model = StopOnce(str(marker), at=9)
+    fitted = TorchEstimator(
+        num_proc=2,
+        store=str(tmp_path / "store"),
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        loss=nn.CrossEntropyLoss(),
+        feature_cols=["features"],
+        label_cols=["label"],
+        validation="is_val",
+        batch_size=B,
+        epochs=4,
+        shuffle=False,
+        materialize="never",
+        verbose=0,
+        run_id="stalled",
+        max_restarts=1,
+        stall_timeout=8,
+    ).fit(spark.read.parquet(path))
+    assert marker.exists()
+    summary = fitted.getFitSummary()
+    assert summary.restarts == 1 and "stall" in summary.recoveries[0].cause.lower(), summary.recoveries
+    assert len(fitted.getHistory()["loss"]) == 4
+    assert [c.epoch for c in Store(str(tmp_path / "store")).checkpoints("stalled")] == [1, 2, 3, 4]
+    assert summary.ranks[0].iterations == 4 * ROWS // (2 * B)

@@ -4,9 +4,13 @@ the Keras ranks (``cursor.py``'s callbacks, ``train.py``) and the torch ranks (`
 """
 
 import logging
+import os
+import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.contracts import RunConfig
 from hvd_spark._internal.common.dataplan import (
     Cursor,
@@ -109,3 +113,25 @@ class DataPlan:
         split = shares(self.rows, before, self.size, epoch)
         used = used_after(before, split, min(steps * self.cfg.batch_size, split.rows))
         return Cursor(epoch, tuple(used), self.layout, (seg.steps_before if epoch == seg.first else 0) + steps)
+
+
+def data_trace(rank: int, seg: Segment, size: int):
+    """``HVD_SPARK_DATA_TRACE``: a JSON line per batch read (epoch, step within the epoch, the first
+    feature column's values), appended to this process's file in that folder; None when unset."""
+    folder = settings.DATA_TRACE.get()
+    if not folder:
+        return None
+    import json
+
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{socket.gethostname()}-{os.getpid()}.jsonl")
+
+    def trace(epoch: int, step: int, batch: dict) -> None:
+        first = next(iter(batch.values()))
+        ids = first[:, 0] if first.ndim > 1 else first
+        step += seg.steps_before if epoch == seg.first else 0
+        record = {"t": time.time(), "rank": rank, "size": size, "epoch": epoch, "step": step, "ids": ids.tolist()}
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    return trace

@@ -2,12 +2,8 @@
 its validation batches, horovod.spark's ``transformation_fn``, the data trace, and reader errors
 raised as themselves out of ``model.fit``."""
 
-import os
-import socket
-import time
-
-from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.contracts import RunConfig
+from hvd_spark._internal.rank.epochs import data_trace
 from hvd_spark._internal.rank.model import rank_seed
 
 
@@ -44,7 +40,7 @@ def train_data(cfg: RunConfig, rank: int, data, seg, data_kw: dict):
             **data_kw,
         )
     kw = {k: v for k, v in data_kw.items() if k not in ("reader",)}
-    trace = _data_trace(rank, seg, data.size)
+    trace = data_trace(rank, seg, data.size)
     ds = planned_dataset(
         cfg.train_paths,
         data.units,
@@ -69,28 +65,6 @@ def user_transformation(cfg: RunConfig):
 
     d = cfg.data
     return transformation(cloudpickle.loads(cfg.transformation_fn), d.features, d.labels, d.weight, d.inputs)
-
-
-def _data_trace(rank: int, seg, size: int):
-    """``HVD_SPARK_DATA_TRACE``: a JSON line per batch read (epoch, step within the epoch, the first
-    feature column's values), appended to this process's file in that folder; None when unset."""
-    folder = settings.DATA_TRACE.get()
-    if not folder:
-        return None
-    import json
-
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{socket.gethostname()}-{os.getpid()}.jsonl")
-
-    def trace(epoch: int, step: int, batch: dict) -> None:
-        first = next(iter(batch.values()))
-        ids = first[:, 0] if first.ndim > 1 else first
-        step += seg.steps_before if epoch == seg.first else 0
-        record = {"t": time.time(), "rank": rank, "size": size, "epoch": epoch, "step": step, "ids": ids.tolist()}
-        with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-    return trace
 
 
 class _NullContext:

@@ -14,6 +14,7 @@ import numpy as np
 
 from hvd_spark._internal.common.contracts import DataSpec, RunConfig
 from hvd_spark._internal.common.torch_files import FORMAT
+from hvd_spark._internal.rank.epochs import data_trace
 
 _STEPS = 0x70C4  # the rank's generator seeds, apart from the data order's
 
@@ -86,8 +87,13 @@ class TorchSetup:
         names = column_names(cfg.data)
         share = [data.epoch_share(seg, rank, epoch)]
         fn = user_transformation(cfg)
-        for e, batch in epoch_batches(self._parquet, data.units, share, names, cfg.batch_size, numbered=True):
-            yield e, (fn(batch) if fn is not None else batch)
+        trace = data_trace(rank, seg, data.size)  # HVD_SPARK_DATA_TRACE: what each batch held
+        batches = epoch_batches(self._parquet, data.units, share, names, cfg.batch_size, numbered=True)
+        for step, (e, batch) in enumerate(batches):
+            batch = fn(batch) if fn is not None else batch
+            if trace is not None:
+                trace(e, step, batch)
+            yield e, batch
 
     def train_mode(self, epoch: int) -> None:
         self.model.train()
