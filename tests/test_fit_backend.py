@@ -92,7 +92,7 @@ def test_a_failed_attempt_restarts_through_the_backend(df, tmp_path):
     backend = InProcessBackend(2, rank_fn=rank)
     model = xor_estimator(tmp_path / "store", backend=backend, epochs=3, max_restarts=1, run_id="r").fit(df)
     assert model.getFitSummary().restarts == 1 and backend.calls == 2
-    assert [c.initial_epoch for c in rank.configs] == [0, 1]
+    assert [c.start.initial_epoch for c in rank.configs] == [0, 1]
     assert model.getHistory() == {"loss": [1.0, 0.5, 1.0 / 3]}
 
 
