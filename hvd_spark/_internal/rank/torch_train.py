@@ -175,16 +175,15 @@ class _Trainer:
                 logs = {"loss": losses.running()}
                 event = {"kind": "batch", "epoch": epoch + 1, "epochs": cfg.epochs, "step": done}
                 send_event(dict(event, steps=seg.steps, logs=logs))
-        if done >= seg.steps or (cfg.commits.checkpoint_steps is None and cfg.commits.checkpoint_seconds is None):
+        every_steps, every_seconds = cfg.commits.checkpoint_steps, cfg.commits.checkpoint_seconds
+        if done >= seg.steps or (every_steps is None and every_seconds is None):
             return
         if s.accumulating():
             return  # never between the batches of one update
         in_epoch = (seg.steps_before if epoch == seg.first else 0) + done
-        due = (
-            cfg.commits.checkpoint_steps is not None and in_epoch % cfg.commits.checkpoint_steps == 0
-        )  # the same on every rank
-        if not due and cfg.commits.checkpoint_seconds is not None:  # rank 0's clock decides, every rank asks
-            due = bool(self._agreed(now - self._last_commit >= cfg.commits.checkpoint_seconds))
+        due = every_steps is not None and in_epoch % every_steps == 0  # the same on every rank
+        if not due and every_seconds is not None:  # rank 0's clock decides, every rank asks
+            due = bool(self._agreed(now - self._last_commit >= every_seconds))
         if not due:
             return
         partial = {"losses": losses.partial(), "metrics": metrics.partial()}  # every rank: summed over all

@@ -152,10 +152,9 @@ def _distributed_model(cfg: RunConfig, rank: int, custom_objects: dict | None) -
 
     adopt_functions(custom_objects)  # shipped lambdas and closures save under their own names here
     model = build_model(cfg, custom_objects)
-    if cfg.training.compile.get("learning_rate") is not None:
-        model.optimizer.learning_rate = float(
-            cfg.training.compile["learning_rate"]
-        )  # the fit's own, also after a resume
+    learning_rate = cfg.training.compile.get("learning_rate")
+    if learning_rate is not None:
+        model.optimizer.learning_rate = float(learning_rate)  # the fit's own, also after a resume
     make_distributed(
         model.optimizer,
         compression=cfg.training.compression,
@@ -189,11 +188,8 @@ def _segments(r: _Rank) -> "tuple[DataPlan | None, list[Segment]]":
     cfg = r.cfg
     planned = cfg.reading.reader == "arrow" and bool(cfg.reading.train_units)
     data = DataPlan(cfg, r.size) if planned else None
-    segments = (
-        data.segments()
-        if data is not None
-        else [Segment(cfg.start.initial_epoch, cfg.epochs, cfg.shares.steps_per_epoch)]
-    )
+    whole = [Segment(cfg.start.initial_epoch, cfg.epochs, cfg.shares.steps_per_epoch)]
+    segments = data.segments() if data is not None else whole
     if r.rank == 0 and data is not None and data.restarted_epoch is not None:
         remove_commits_before(r.store, cfg.run_id, data.restarted_epoch + 1, 0)  # its new commits take their names
     return data, segments
