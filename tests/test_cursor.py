@@ -12,18 +12,25 @@ from tests.fast.test_fit_planning import _config
 UNITS = ((0, 0, 40), (0, 1, 35), (1, 0, 25))  # 100 rows
 
 
-def _cfg(**kw) -> RunConfig:
-    """The fast tier's run configuration, with the data plan's fields: 100 rows in 3 row groups, 3 ranks."""
+def _cfg(*, seed=5, steps_per_epoch=5, fixed_steps=None, **start) -> RunConfig:
+    """The fast tier's run configuration, with the data plan's fields: 100 rows in 3 row groups, 3 ranks
+    (``start``: the attempt's, ``AttemptStart``'s fields)."""
     base = _config(Store("/unused"), "r", 3)
-    fields = dict(
-        steps_per_epoch=5,  # on 3 ranks: floor(100 / 3) = 33 rows a rank, in steps of 8
-        batch_size=8,
-        shuffle_buffer_size=30,
-        seed=5,
-        train_paths=("a.parquet", "b.parquet"),
-        train_units=UNITS,
+    return dataclasses.replace(
+        base,
+        seed=seed,
+        reading=dataclasses.replace(
+            base.reading,
+            batch_size=8,
+            shuffle_buffer_size=30,
+            train_paths=("a.parquet", "b.parquet"),
+            train_units=UNITS,
+            fixed_steps=fixed_steps,
+        ),
+        # on 3 ranks: floor(100 / 3) = 33 rows a rank, in steps of 8
+        shares=dataclasses.replace(base.shares, steps_per_epoch=steps_per_epoch),
+        start=dataclasses.replace(base.start, **start),
     )
-    return dataclasses.replace(base, **dict(fields, **kw))
 
 
 def test_a_commit_made_on_three_ranks_resumes_on_two_with_the_rows_left():

@@ -28,9 +28,11 @@ class CopyingRank:
         store = Store.from_config(cfg.store)
         if me.rank == 0:
             self.configs.append(cfg)
-        start = cfg.model_bytes if cfg.resume_ckpt is None else store.files.read_bytes(cfg.resume_ckpt)
-        history = [dict(h) for h in cfg.history_so_far]
-        for epoch in range(cfg.initial_epoch + 1, cfg.epochs + 1):
+        start = (
+            cfg.start.model_bytes if cfg.start.resume_ckpt is None else store.files.read_bytes(cfg.start.resume_ckpt)
+        )
+        history = [dict(h) for h in cfg.start.history_so_far]
+        for epoch in range(cfg.start.initial_epoch + 1, cfg.epochs + 1):
             if self.fail_once == epoch:
                 if me.rank == 1:
                     self.fail_once = None
@@ -44,9 +46,9 @@ class CopyingRank:
                 store.files.write_json(
                     f"{folder}/{meta_name}", {"epoch": epoch, "logs": history[-1], "history": history, "time": 0.0}
                 )
-        result = {"rank": me.rank, "weights_digest": "same", "iterations": cfg.epochs * cfg.steps_per_epoch}
+        result = {"rank": me.rank, "weights_digest": "same", "iterations": cfg.epochs * cfg.shares.steps_per_epoch}
         if me.rank == 0:
-            store.files.write_bytes(cfg.final_model, start)
+            store.files.write_bytes(cfg.commits.final_model, start)
             result["epoch_logs"] = history
         return result
 
@@ -64,8 +66,8 @@ def test_fit_runs_its_ranks_through_the_backend_and_resumes(df, tmp_path):
     assert est.getBackend() is backend and est.getOrDefault("backend") == "gloo"
     model = est.fit(df)
     cfg = rank.configs[0]
-    assert len(cfg.train_files) == 2 and cfg.model_bytes and cfg.initial_epoch == 0
-    assert cfg.steps_per_epoch == math.ceil(128 / (16 * 2))
+    assert len(cfg.shares.train_files) == 2 and cfg.start.model_bytes and cfg.start.initial_epoch == 0
+    assert cfg.shares.steps_per_epoch == math.ceil(128 / (16 * 2))
     summary = model.getFitSummary()
     assert [r.rank for r in summary.ranks] == [0, 1] and summary.restarts == 0 and backend.calls == 1
     assert model.getHistory() == {"loss": [1.0, 0.5]}
@@ -76,7 +78,9 @@ def test_fit_runs_its_ranks_through_the_backend_and_resumes(df, tmp_path):
     est.setEpochs(3)
     resumed = est.fit(df)
     cfg = rank.configs[-1]
-    assert (cfg.initial_epoch, cfg.model_bytes) == (2, None) and cfg.resume_ckpt.endswith("epoch-0002.keras")
+    assert (cfg.start.initial_epoch, cfg.start.model_bytes) == (2, None) and cfg.start.resume_ckpt.endswith(
+        "epoch-0002.keras"
+    )
     assert resumed.getHistory() == {"loss": [1.0, 0.5, 1.0 / 3]}
     # and a run that has its epochs returns its model without a training job
     calls = backend.calls
@@ -88,7 +92,7 @@ def test_a_failed_attempt_restarts_through_the_backend(df, tmp_path):
     backend = InProcessBackend(2, rank_fn=rank)
     model = xor_estimator(tmp_path / "store", backend=backend, epochs=3, max_restarts=1, run_id="r").fit(df)
     assert model.getFitSummary().restarts == 1 and backend.calls == 2
-    assert [c.initial_epoch for c in rank.configs] == [0, 1]
+    assert [c.start.initial_epoch for c in rank.configs] == [0, 1]
     assert model.getHistory() == {"loss": [1.0, 0.5, 1.0 / 3]}
 
 

@@ -39,7 +39,7 @@ def test_rank_summary_from_a_rank_result_and_frozen_records():
 def test_run_config_pickles_and_changes_per_attempt():
     import pickle
 
-    from hvd_spark._internal.common.contracts import DataSpec, RunConfig
+    from hvd_spark._internal.common.contracts import AttemptStart, DataSpec, Reading, RunConfig, Shares, Training
     from hvd_spark._internal.common.specs import ColumnInfo, TensorSpec
 
     data = DataSpec(
@@ -53,27 +53,24 @@ def test_run_config_pickles_and_changes_per_attempt():
         store={"prefix": "/s", "storage_options": {}},
         run_id="r",
         epochs=3,
-        compile={},
-        custom_objects=None,
-        callbacks=None,
         data=data,
-        train_files=[["a"], ["b"]],
-        val_files=None,
-        batch_size=8,
-        val_batch_size=8,
-        steps_per_epoch=5,
-        validation_steps=None,
-        shuffle=True,
-        shuffle_buffer_size=100,
         seed=1,
         verbose=1,
         progress_interval=0.0,
-        reader="arrow",
         num_threads=1,
-        model_bytes=b"model",
+        reading=Reading(batch_size=8, val_batch_size=8, shuffle=True, shuffle_buffer_size=100, reader="arrow"),
+        training=Training(compile={}),
+        shares=Shares(train_files=[["a"], ["b"]], val_files=None, steps_per_epoch=5, validation_steps=None),
+        start=AttemptStart(model_bytes=b"model"),
     )
-    second = dataclasses.replace(base, initial_epoch=2, resume_ckpt="/s/ckpt", model_bytes=None)
-    assert pickle.loads(pickle.dumps(second)) == second and base.initial_epoch == 0
+    second = dataclasses.replace(base, start=dataclasses.replace(base.start, initial_epoch=2, resume_ckpt="/s/ckpt"))
+    assert pickle.loads(pickle.dumps(second)) == second and base.start.initial_epoch == 0
+    assert (
+        second.start.model_bytes == b"model" and second.reading is base.reading
+    )  # the other groups travel as they were
+    # a new attempt's start replaces the whole group: nothing of the earlier attempt's start is left
+    third = dataclasses.replace(second, start=AttemptStart(initial_epoch=3, resume_ckpt="/s/ckpt3"))
+    assert third.start.model_bytes is None and third.start.initial_epoch == 3 and third.shares == base.shares
     kw = data.reader_kwargs()
     assert kw["features"][0].stored == "c0" and kw["weight"] is None and kw["inputs"][0].dims == (4,)
 

@@ -107,7 +107,7 @@ def test_a_failure_restarts_and_is_accounted_once(tmp_path):
     (recovery,) = trained.recoveries
     assert (recovery.kind, recovery.from_size, recovery.to_size, recovery.resumed_from) == ("restart", 2, 2, "epoch 1")
     assert recovery.lost_hosts == ("h1",) and c.lost_hosts == {"h1"}
-    assert [cfg.initial_epoch for cfg in writer.seen] == [0, 1]
+    assert [cfg.start.initial_epoch for cfg in writer.seen] == [0, 1]
 
 
 def test_an_error_ends_in_the_errored_state_with_the_error_unchanged(tmp_path):

@@ -34,7 +34,7 @@ class ElasticWriter:
         store = Store.from_config(cfg.store)
         if me.rank == 0:
             self.sizes.append(me.size)
-        for epoch in range(cfg.initial_epoch + 1, cfg.epochs + 1):
+        for epoch in range(cfg.start.initial_epoch + 1, cfg.epochs + 1):
             event = self.events.get(epoch)
             if event in ("lose", "lose-still-counted") and me.rank == me.size - 1:
                 del self.events[epoch]
@@ -55,13 +55,13 @@ class ElasticWriter:
                 del self.events[epoch]
                 self.backend.slots = self.backend.slots + 1
                 deadline = time.monotonic() + 5
-                while not store.files.exists(cfg.resize_marker) and time.monotonic() < deadline:
+                while not store.files.exists(cfg.commits.resize_marker) and time.monotonic() < deadline:
                     time.sleep(0.02)
-            if epoch < cfg.epochs and cfg.resize_marker and store.files.exists(cfg.resize_marker):
+            if epoch < cfg.epochs and cfg.commits.resize_marker and store.files.exists(cfg.commits.resize_marker):
                 return {"rank": me.rank, "stopped_for_resize": True}
         result = {"rank": me.rank, "weights_digest": "same"}
         if me.rank == 0:
-            store.files.write_bytes(cfg.final_model, b"final")
+            store.files.write_bytes(cfg.commits.final_model, b"final")
             result["epoch_logs"] = [{"loss": 1.0 / e} for e in range(1, cfg.epochs + 1)]
         return result
 
@@ -70,9 +70,13 @@ def _elastic_cfg(store, run_id, epochs):
     cfg = _config(store, run_id, epochs)
     return dataclasses.replace(
         cfg,
-        train_table=(("part-0", 40), ("part-1", 40), ("part-2", 40)),
-        resize_marker=f"{store.run_path(run_id)}/_resize.json",
+        reading=dataclasses.replace(cfg.reading, train_table=(("part-0", 40), ("part-1", 40), ("part-2", 40))),
+        commits=dataclasses.replace(cfg.commits, resize_marker=f"{store.run_path(run_id)}/_resize.json"),
     )
+
+
+def _without_marker(cfg):
+    return dataclasses.replace(cfg, commits=dataclasses.replace(cfg.commits, resize_marker=None))
 
 
 def _run(store, backend, writer, epochs, *, max_restarts=1, cfg=None, **elastic):
@@ -105,11 +109,16 @@ def test_a_lost_executor_shrinks_the_job_and_returning_slots_grow_it(tmp_path):
 
 def test_each_attempt_is_sized_for_its_ranks(tmp_path):
     store = Store(str(tmp_path))
-    cfg = controller.sized(dataclasses.replace(_elastic_cfg(store, "r", 1), val_table=(("v0", 10), ("v1", 5))), 2)
-    assert cfg.steps_per_epoch == 15 and len(cfg.train_files) == 2 and len(cfg.val_files) == 2  # 120 rows / 2 / 4
+    cfg = _elastic_cfg(store, "r", 1)
+    cfg = controller.sized(
+        dataclasses.replace(cfg, reading=dataclasses.replace(cfg.reading, val_table=(("v0", 10), ("v1", 5)))), 2
+    )
+    assert (
+        cfg.shares.steps_per_epoch == 15 and len(cfg.shares.train_files) == 2 and len(cfg.shares.val_files) == 2
+    )  # 120 rows / 2 / 4
     cfg = controller.sized(cfg, 3)
-    assert cfg.steps_per_epoch == 10 and len(cfg.train_files) == 3
-    assert sorted(len(f) for f in cfg.val_files) == [0, 1, 1]  # each validation file read by one rank
+    assert cfg.shares.steps_per_epoch == 10 and len(cfg.shares.train_files) == 3
+    assert sorted(len(f) for f in cfg.shares.val_files) == [0, 1, 1]  # each validation file read by one rank
 
 
 def test_too_few_slots_for_too_long_is_a_clear_error_within_the_bound(tmp_path):
@@ -187,7 +196,7 @@ def test_the_first_attempt_starts_with_num_proc_ranks_at_most(tmp_path):
         writer,
         1,
         max_restarts=1,
-        cfg=dataclasses.replace(_elastic_cfg(store, "r", 1), resize_marker=None),
+        cfg=_without_marker(_elastic_cfg(store, "r", 1)),
         min_num_proc=1,
         max_num_proc=3,
         initial=2,

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hvd_spark._internal.common.contracts import DataSpec, RunConfig
+from hvd_spark._internal.common.contracts import Commits, DataSpec, Reading, RunConfig, Shares, Training
 from hvd_spark._internal.common.outcomes import TASK_LOST
 from hvd_spark._internal.data.leases import Lease
 from hvd_spark._internal.data.stops import write_end_record
@@ -54,8 +54,8 @@ class EpochWriter:
         if me.rank == 0:
             self.seen.append(cfg)
         store = Store.from_config(cfg.store)
-        history = [dict(h) for h in cfg.history_so_far]
-        for epoch in range(cfg.initial_epoch + 1, cfg.epochs + 1):
+        history = [dict(h) for h in cfg.start.history_so_far]
+        for epoch in range(cfg.start.initial_epoch + 1, cfg.epochs + 1):
             rank, error = self.fail.get(epoch, (None, None))
             if rank == me.rank:
                 del self.fail[epoch]
@@ -85,9 +85,13 @@ class EpochWriter:
             raise self.fail.pop("final")
         result = {"rank": me.rank, "weights_digest": "same", "size": me.size}
         if me.rank == 0:
-            store.files.write_bytes(cfg.final_model, b"final model")
-            end = self.stop if self.stop is not None and cfg.initial_epoch < self.stop <= cfg.epochs else cfg.epochs
-            write_end_record(store, cfg.run_id, end, cfg.final_model, tmp_local(b"final model"))  # rank/train.py's
+            store.files.write_bytes(cfg.commits.final_model, b"final model")
+            end = (
+                self.stop if self.stop is not None and cfg.start.initial_epoch < self.stop <= cfg.epochs else cfg.epochs
+            )
+            write_end_record(
+                store, cfg.run_id, end, cfg.commits.final_model, tmp_local(b"final model")
+            )  # rank/train.py's
             result["epoch_logs"] = history
         return result
 
@@ -104,24 +108,15 @@ def _config(store: Store, run_id: str, epochs: int) -> RunConfig:
         store=store.to_config(),
         run_id=run_id,
         epochs=epochs,
-        compile={},
-        custom_objects=None,
-        callbacks=None,
         data=DataSpec((), (), None, (), ()),
-        train_files=[["part-0"], ["part-1"]],
-        val_files=None,
-        batch_size=4,
-        val_batch_size=4,
-        steps_per_epoch=2,
-        validation_steps=None,
-        shuffle=True,
-        shuffle_buffer_size=16,
         seed=0,
         verbose=0,
         progress_interval=0.0,
-        reader="arrow",
         num_threads=1,
-        final_model=store.model_path(run_id, "fit-test"),
+        reading=Reading(batch_size=4, val_batch_size=4, shuffle=True, shuffle_buffer_size=16, reader="arrow"),
+        training=Training(compile={}),
+        shares=Shares(train_files=[["part-0"], ["part-1"]], val_files=None, steps_per_epoch=2, validation_steps=None),
+        commits=Commits(final_model=store.model_path(run_id, "fit-test")),
     )
 
 
@@ -250,7 +245,7 @@ def test_a_later_fit_resumes_from_the_latest_checkpoint(store):
     model_bytes = _ModelBytes()
     trained, _ = _train(store, "r1", 5, writer, model_bytes=model_bytes)
     cfg = writer.seen[0]
-    assert (cfg.initial_epoch, cfg.resume_ckpt, cfg.model_bytes) == (2, p.resume.model_path, None)
+    assert (cfg.start.initial_epoch, cfg.start.resume_ckpt, cfg.start.model_bytes) == (2, p.resume.model_path, None)
     assert model_bytes.calls == 0  # a resumed run never serializes the user's model
     assert len(trained.results[0]["epoch_logs"]) == 5
     assert [c.epoch for c in store.checkpoints("r1")] == [1, 2, 3, 4, 5]
@@ -318,8 +313,10 @@ def test_a_failed_attempt_restarts_from_the_latest_checkpoint(store, caplog):
     with caplog.at_level(logging.WARNING):
         _, trained, backend = _fit(store, "r1", 4, writer, max_restarts=1, model_bytes=model_bytes)
     assert trained.restarts == 1 and backend.calls == 2
-    assert [c.initial_epoch for c in writer.seen] == [0, 2]
-    assert writer.seen[1].resume_ckpt.endswith("epoch-0002.keras") and len(writer.seen[1].history_so_far) == 2
+    assert [c.start.initial_epoch for c in writer.seen] == [0, 2]
+    assert (
+        writer.seen[1].start.resume_ckpt.endswith("epoch-0002.keras") and len(writer.seen[1].start.history_so_far) == 2
+    )
     assert model_bytes.calls == 1
     assert [h["loss"] for h in trained.results[0]["epoch_logs"]] == [1.0, 0.5, 1.0 / 3, 0.25]  # each epoch once
     assert [c.epoch for c in store.checkpoints("r1")] == [1, 2, 3, 4]

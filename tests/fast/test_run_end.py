@@ -56,7 +56,7 @@ def test_a_resize_asked_for_at_the_stop_trains_no_more(store):
     class ResizeAtStop(EpochWriter):
         def __call__(self, cfg):
             result = super().__call__(cfg)
-            return {**result, "stopped_for_resize": True} if cfg.initial_epoch == 0 else result
+            return {**result, "stopped_for_resize": True} if cfg.start.initial_epoch == 0 else result
 
     class Growing(FixedScaling):
         resizes = True
@@ -65,7 +65,10 @@ def test_a_resize_asked_for_at_the_stop_trains_no_more(store):
             return size
 
     writer = ResizeAtStop(stop=2)
-    cfg = dataclasses.replace(_config(store, "r1", 6), resize_marker=f"{store.run_path('r1')}/_resize.json")
+    cfg = _config(store, "r1", 6)
+    cfg = dataclasses.replace(
+        cfg, commits=dataclasses.replace(cfg.commits, resize_marker=f"{store.run_path('r1')}/_resize.json")
+    )
     c = Controller(
         InProcessBackend(2, rank_fn=writer),
         writer,

@@ -4,7 +4,7 @@ fit reports back to its caller.
 Plain frozen dataclasses: no Spark, Keras or Horovod, so they are cheap to import anywhere.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hvd_spark._internal.common.specs import ColumnInfo, TensorSpec
@@ -107,63 +107,81 @@ class DataSpec:
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """Everything a rank needs to train (``worker.train``), built by the driver; plain data and
-    bytes, so it pickles without Spark. The fields after "per attempt" change with every attempt of a
-    fit, and the per-rank lists and step counts with its world size (``ml/controller.sized``), through
-    ``dataclasses.replace``."""
+class Reading:
+    """What the ranks read and how: the data plan (``common/dataplan.py``, ``rank/epochs.py``'s
+    ``DataPlan``), the readers (``rank/inputs.py``, ``rank/torch_parts.py``, ``rank/lightning_train.py``)
+    and their params; the driver's ``ml/controller.sized`` turns it into each size's :class:`Shares`."""
 
-    store: dict[str, Any]  # Store.to_config()
-    run_id: str
-    epochs: int
-    # optimizer / loss / metrics given as Params (serialized Keras objects), loss_weights, learning_rate, and
-    # what a saved model does not carry: the model's dtype policy and compile's auto_scale_loss
-    compile: dict[str, Any]
-    custom_objects: bytes | None  # cloudpickled
-    callbacks: bytes | None  # cloudpickled list of keras callbacks
-    data: DataSpec
-    train_files: list[list[str]]  # per rank
-    val_files: list[list[str]] | None  # per rank, or no validation
     batch_size: int
     val_batch_size: int
-    steps_per_epoch: int
-    validation_steps: int | None
     shuffle: bool
     shuffle_buffer_size: int
-    seed: int
-    verbose: int
-    progress_interval: float  # seconds between rank 0's in-epoch progress events; 0: none
     reader: str  # "arrow" or "petastorm"
-    num_threads: int
-    backward_passes_per_step: int = 1  # batches accumulated per allreduce (Keras gradient accumulation)
-    compression: str = "none"  # "none" or "fp16" gradients in the allreduce
-    final_model: str = ""  # where rank 0 saves the trained model: this fit's own file in the store
-    lease: tuple[str, str] | None = None  # (path, token) of the run's writer lease, checked before each checkpoint
-    validation_exact: bool = True  # every validation row counted once (False: validation_steps per rank)
-    # --- the data plan (common/dataplan.py): what ranks of any number read ---
     train_paths: tuple[str, ...] = ()  # the training files, in the order the units number them
     train_units: tuple[tuple[int, int, int], ...] = ()  # (file, row group, rows) of each row group with rows
     train_table: tuple[tuple[str, int], ...] = ()  # (path, rows): files spread per rank for any size (petastorm)
     val_table: tuple[tuple[str, int], ...] = ()
-    fixed_steps: int | None = None  # the user's train_steps_per_epoch (None: each rank's share once)
-    fixed_val_steps: int | None = None  # the user's validation_steps_per_epoch
-    checkpoint_steps: int | None = None  # commits inside an epoch every N steps
-    checkpoint_seconds: float | None = None  # or every so many seconds (rank 0's clock)
-    keep_checkpoints: int | None = None  # the newest N epoch checkpoints kept (None: all)
-    kept_from: int | None = None  # the epoch of the checkpoint this fit resumed from: kept until the fit ends
-    resize_marker: str | None = None  # store path the driver writes when training should grow
     source: Any = None  # sources.TableSource: train_paths are a table read in place (None: the store's copy)
     val_units: tuple[tuple[int, int, int], ...] = ()  # in place: (file, row group, validation rows) of train_paths
+    fixed_steps: int | None = None  # the user's train_steps_per_epoch (None: each rank's share once)
+    fixed_val_steps: int | None = None  # the user's validation_steps_per_epoch
+    validation_exact: bool = True  # every validation row counted once (False: validation_steps per rank)
     # --- horovod.spark's reader params ---
     prefetch: int = 0  # tensorflow_dataset_prefetch_buffer_size (0: AUTOTUNE)
     reader_workers: tuple[int, int] = (2, 2)  # threads reading row groups ahead: training, validation
     transformation_fn: bytes | None = None  # cloudpickled fn(pandas.DataFrame) -> pandas.DataFrame per block
     cache_all: bool = False  # inmemory_cache_all: keep every row group read
+
+
+@dataclass(frozen=True)
+class Shares:
+    """Each rank's share at one world size (``ml/controller.sized``, again for every size of an elastic
+    fit): its files (the petastorm reader), its validation files, and the steps of an epoch."""
+
+    train_files: list[list[str]]  # per rank
+    val_files: list[list[str]] | None  # per rank, or no validation
+    steps_per_epoch: int
+    validation_steps: int | None
+
+
+@dataclass(frozen=True)
+class Training:
+    """The model's setup and how it trains (``rank/model.py``, ``rank/train.py``'s ``model.fit``,
+    ``rank/torch_parts.py``, ``rank/lightning_train.py``'s Trainer, ``rank/fit_callbacks.py``)."""
+
+    # optimizer / loss / metrics given as Params (serialized Keras objects), loss_weights, learning_rate, and
+    # what a saved model does not carry: the model's dtype policy and compile's auto_scale_loss
+    compile: dict[str, Any]
+    custom_objects: bytes | None = None  # cloudpickled
+    callbacks: bytes | None = None  # cloudpickled list of keras callbacks
     checkpoint_callback: bytes | None = None  # cloudpickled ModelCheckpoint run on rank 0 (the model returned)
+    backward_passes_per_step: int = 1  # batches accumulated per allreduce (Keras gradient accumulation)
+    compression: str = "none"  # "none" or "fp16" gradients in the allreduce
     # --- keras.Model.fit's own arguments ---
     class_weight: dict[int, float] | None = None
     validation_freq: int | tuple[int, ...] = 1  # every N epochs, or these epochs (1-based)
-    # --- per attempt ---
+
+
+@dataclass(frozen=True)
+class Commits:
+    """What rank 0 writes to the run in the store, where and when: its commits (checkpoints) and which
+    are kept, under the run's writer lease; the model at the end; and the resize marker it looks for at
+    each epoch end (``ml/policies.GrowWatch`` writes it)."""
+
+    final_model: str = ""  # where rank 0 saves the trained model: this fit's own file in the store
+    lease: tuple[str, str] | None = None  # (path, token) of the run's writer lease, checked before each checkpoint
+    checkpoint_steps: int | None = None  # commits inside an epoch every N steps
+    checkpoint_seconds: float | None = None  # or every so many seconds (rank 0's clock)
+    keep_checkpoints: int | None = None  # the newest N epoch checkpoints kept (None: all)
+    kept_from: int | None = None  # the epoch of the checkpoint this fit resumed from: kept until the fit ends
+    resize_marker: str | None = None  # store path the driver writes when training should grow
+
+
+@dataclass(frozen=True)
+class AttemptStart:
+    """Where one training attempt starts (``ml/controller.FitJob``, anew for every attempt): the run's
+    latest commit, or the user's model."""
+
     initial_epoch: int = 0
     resume_ckpt: str | None = None  # checkpoint model path in the store, when resuming
     history_so_far: tuple[dict[str, float], ...] = ()
@@ -172,6 +190,30 @@ class RunConfig:
     resume_cursor: dict | None = None  # that commit's data cursor (dataplan.Cursor.to_json())
     # the user's stateful callbacks as that checkpoint recorded them (rank/carried.py's capture)
     callback_states: tuple | None = None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a rank needs to train (``worker.train``), built by the driver (``ml/steps.plan_ranks``);
+    plain data and bytes, so it pickles without Spark. The run-wide fields, and a record per reader:
+    :class:`Reading` (the data plan and readers), :class:`Training` (the model and its training),
+    :class:`Commits` (what rank 0 writes to the store); and two that change through
+    ``dataclasses.replace``: :class:`Shares` with the world size (``ml/controller.sized``) and
+    :class:`AttemptStart` with every attempt of a fit (``ml/controller.FitJob``)."""
+
+    store: dict[str, Any]  # Store.to_config()
+    run_id: str
+    epochs: int
+    data: DataSpec
+    seed: int
+    verbose: int
+    progress_interval: float  # seconds between rank 0's in-epoch progress events; 0: none
+    num_threads: int
+    reading: Reading
+    training: Training
+    shares: Shares
+    commits: Commits = field(default_factory=Commits)
+    start: AttemptStart = field(default_factory=AttemptStart)
 
 
 def history_from(logs_per_epoch: list[dict[str, float]]) -> dict[str, list[float]]:

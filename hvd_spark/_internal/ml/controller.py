@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hvd_spark._internal.common.contracts import Recovery, RunConfig
+from hvd_spark._internal.common.contracts import AttemptStart, Recovery, RunConfig, Shares
 from hvd_spark._internal.common.restarts import RESTARTABLE
 from hvd_spark._internal.data.leases import Lease
 from hvd_spark._internal.data.stops import ended_model
@@ -125,23 +125,22 @@ def sized(cfg: RunConfig, num_proc: int) -> RunConfig:
     from hvd_spark._internal.common.dataplan import steps_for
     from hvd_spark._internal.common.specs import assign_files, steps_per_epoch
 
-    train_rows = sum(r for _, r in cfg.train_table)
-    val_rows = sum(r for _, r in cfg.val_table) + sum(u[2] for u in cfg.val_units)
-    train_files = assign_files(list(cfg.train_table), num_proc)[0] if cfg.train_table else cfg.train_files
-    if cfg.val_units:  # a table read in place: each rank reads its share of the validation rows (train.py)
+    r = cfg.reading
+    train_rows = sum(n for _, n in r.train_table)
+    val_rows = sum(n for _, n in r.val_table) + sum(u[2] for u in r.val_units)
+    train_files = assign_files(list(r.train_table), num_proc)[0] if r.train_table else cfg.shares.train_files
+    if r.val_units:  # a table read in place: each rank reads its share of the validation rows (train.py)
         val_files: list | None = [[] for _ in range(num_proc)]
     else:
-        val_files = assign_files(list(cfg.val_table), num_proc, share=False)[0] if val_rows else None
-    if cfg.fixed_steps:
-        steps = cfg.fixed_steps
-    elif cfg.train_units:  # the planned reader: each rank reads floor(rows / ranks) rows once
-        steps = max(1, steps_for(train_rows // num_proc, cfg.batch_size))
+        val_files = assign_files(list(r.val_table), num_proc, share=False)[0] if val_rows else None
+    if r.fixed_steps:
+        steps = r.fixed_steps
+    elif r.train_units:  # the planned reader: each rank reads floor(rows / ranks) rows once
+        steps = max(1, steps_for(train_rows // num_proc, r.batch_size))
     else:
-        steps = steps_per_epoch(train_rows, cfg.batch_size, num_proc)
-    val_steps = (cfg.fixed_val_steps or steps_per_epoch(val_rows, cfg.val_batch_size, num_proc)) if val_files else None
-    return dataclasses.replace(
-        cfg, train_files=train_files, val_files=val_files, steps_per_epoch=int(steps), validation_steps=val_steps
-    )
+        steps = steps_per_epoch(train_rows, r.batch_size, num_proc)
+    val_steps = (r.fixed_val_steps or steps_per_epoch(val_rows, r.val_batch_size, num_proc)) if val_files else None
+    return dataclasses.replace(cfg, shares=Shares(train_files, val_files, int(steps), val_steps))
 
 
 def commit_iterations(store: Store, ckpt: Checkpoint | None) -> int:
@@ -163,12 +162,12 @@ class FitJob:
     def __init__(self, rank_fn: Callable[..., Any], cfg: RunConfig, store: Store, model_bytes: Callable[[], bytes]):
         self.rank_fn, self.cfg, self.store, self.model_bytes = rank_fn, cfg, store, model_bytes
         self.label = f"run '{cfg.run_id}'"
-        self.resize_marker = cfg.resize_marker
+        self.resize_marker = cfg.commits.resize_marker
         self._cached_model: bytes | None = None
         self._stop: dict | None = None  # the early stop recorded with the checkpoint the next attempt starts from
 
     def size_to(self, size: int) -> None:
-        self.cfg = sized(self.cfg, size) if self.cfg.train_table else self.cfg
+        self.cfg = sized(self.cfg, size) if self.cfg.reading.train_table else self.cfg
 
     def next_attempt(self) -> tuple[Callable[..., Any], tuple, dict] | list[dict]:
         """The next attempt's rank function and arguments; or, when no training is left, the results."""
@@ -183,9 +182,11 @@ class FitJob:
                 logger.info(
                     "%s was stopped at %s by %s: no more training", self.label, resume.position, self._stop.get("by")
                 )
-            if source != cfg.final_model:  # uploaded by the attempt that then failed: it stays as it is
-                self.store.files.copy_file(source, cfg.final_model)
-            return [{"rank": 0, "weights_digest": "", "epoch_logs": list(cfg.history_so_far), "stopped": self._stop}]
+            if source != cfg.commits.final_model:  # uploaded by the attempt that then failed: it stays as it is
+                self.store.files.copy_file(source, cfg.commits.final_model)
+            return [
+                {"rank": 0, "weights_digest": "", "epoch_logs": list(cfg.start.history_so_far), "stopped": self._stop}
+            ]
         return self.rank_fn, (cfg,), {}
 
     def _attempt_config(self) -> tuple[RunConfig, Checkpoint | None]:
@@ -199,8 +200,7 @@ class FitJob:
             self._cached_model = self.model_bytes()
         meta = store.files.read_json(resume.meta_path) if resume else {}
         self._stop = meta.get("stopped") if resume is not None and not resume.step else None
-        cfg = dataclasses.replace(
-            cfg,
+        start = AttemptStart(
             initial_epoch=resume.epoch if resume else 0,
             resume_ckpt=resume.model_path if resume else None,
             history_so_far=tuple(meta.get("history", ())) if resume else (),
@@ -209,7 +209,7 @@ class FitJob:
             resume_cursor=meta.get("cursor") if resume else None,
             callback_states=tuple(meta["callbacks"]) if resume and meta.get("callbacks") else None,
         )
-        return cfg, resume
+        return dataclasses.replace(cfg, start=start), resume
 
     def resume_point(self) -> tuple[str, str, int]:
         """Where the next attempt starts: for the log, for the recovery's record, and the optimizer steps

@@ -50,7 +50,7 @@ class Framework:
         raise NotImplementedError
 
     def compile_args(self, c) -> dict:
-        """``RunConfig.compile``: how the ranks set the model up."""
+        """``RunConfig.training.compile``: how the ranks set the model up."""
         raise NotImplementedError
 
     def model_bytes(self, c) -> bytes:

@@ -209,7 +209,7 @@ def wait_for_slots(backend: Any, elastic: Elastic, why: str, sleep: Callable[[fl
 
 class GrowWatch:
     """While an attempt runs on fewer ranks than it could, counts the task slots every ``poll`` seconds;
-    once more exist it writes the resize marker (``cfg.resize_marker``), which rank 0 reads at the next
+    once more exist it writes the resize marker (``cfg.commits.resize_marker``), which rank 0 reads at the next
     epoch end and all ranks then stop there together."""
 
     def __init__(self, backend: Any, elastic: Elastic, store: Store, marker: str, size: int):

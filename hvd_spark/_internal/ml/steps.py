@@ -17,7 +17,16 @@ from typing import Any
 import cloudpickle
 
 from hvd_spark._internal.common import dataplan, retry, settings
-from hvd_spark._internal.common.contracts import DataSpec, FitSummary, RankSummary, RunConfig
+from hvd_spark._internal.common.contracts import (
+    Commits,
+    DataSpec,
+    FitSummary,
+    RankSummary,
+    Reading,
+    RunConfig,
+    Shares,
+    Training,
+)
 from hvd_spark._internal.common.specs import label_shapes, with_stored_names
 from hvd_spark._internal.data import fit_data, leases
 from hvd_spark._internal.data.fit_data import FitInput, Identified, Written
@@ -370,7 +379,7 @@ def plan_ranks(c: Checked, plan: plan_mod.ResumePlan, w: Written, lease=None) ->
         num_proc,
         meta["train_rows"],
         meta["val_rows"],
-        cfg.steps_per_epoch,
+        cfg.shares.steps_per_epoch,
         p.batch_size,
     )
     return cfg
@@ -403,52 +412,55 @@ def _run_config(c: Checked, plan: plan_mod.ResumePlan, w: Written, units: tuple,
         store=job_config(c.store),
         run_id=plan.run_id,
         epochs=p.epochs,
-        compile=c.framework.compile_args(c),
-        custom_objects=cloudpickle.dumps(c.custom_objects) if c.custom_objects else None,
-        callbacks=cloudpickle.dumps(list(p.callbacks)) if p.callbacks else None,
         data=w.data,
-        train_files=[],
-        val_files=None,
-        batch_size=p.batch_size,
-        val_batch_size=p.val_batch,
-        steps_per_epoch=1,
-        validation_steps=None,
-        shuffle=p.shuffle,
-        shuffle_buffer_size=p.shuffle_buffer_size,
         seed=w.seed,
         verbose=p.verbose,
         progress_interval=BATCH_INTERVAL if p.verbose and interactive() else 0.0,
-        reader=p.reader,
         num_threads=c.options.num_threads,
-        backward_passes_per_step=p.backward_passes_per_step,
-        compression=p.gradient_compression,
-        final_model=c.store.model_path(plan.run_id, plan.fit_id, suffix=c.framework.suffix),
-        lease=(lease.path, lease.token) if lease is not None else None,
-        validation_exact=p.validation_steps_per_epoch is None,
-        train_paths=train_paths,
-        train_units=train_units,
-        train_table=tuple((path, int(rows)) for path, rows in meta["train_files"]),
-        val_table=tuple((path, int(rows)) for path, rows in meta["val_files"])
-        if meta["val_rows"] and w.source is None
-        else (),
-        val_units=val_units,
-        source=w.source,
-        fixed_steps=p.train_steps_per_epoch,
-        fixed_val_steps=p.validation_steps_per_epoch,
-        checkpoint_steps=every if isinstance(every, int) else None,
-        checkpoint_seconds=every_seconds(every),
-        keep_checkpoints=p.keep_checkpoints,
-        kept_from=plan.resume.epoch if plan.resume is not None else None,
-        resize_marker=f"{c.store.run_path(plan.run_id)}/_resize.json" if p.elastic else None,
-        prefetch=p.tensorflow_dataset_prefetch_buffer_size,
-        reader_workers=(1, 1)
-        if p.reader_pool_type == "dummy"
-        else (p.train_reader_num_workers, p.val_reader_num_workers),
-        transformation_fn=cloudpickle.dumps(p.transformation_fn) if p.transformation_fn else None,
-        cache_all=p.inmemory_cache_all,
-        checkpoint_callback=cloudpickle.dumps(p.checkpoint_callback) if p.checkpoint_callback else None,
-        class_weight=p.class_weight,
-        validation_freq=tuple(p.validation_freq) if isinstance(p.validation_freq, list) else p.validation_freq,
+        reading=Reading(
+            batch_size=p.batch_size,
+            val_batch_size=p.val_batch,
+            shuffle=p.shuffle,
+            shuffle_buffer_size=p.shuffle_buffer_size,
+            reader=p.reader,
+            train_paths=train_paths,
+            train_units=train_units,
+            train_table=tuple((path, int(rows)) for path, rows in meta["train_files"]),
+            val_table=tuple((path, int(rows)) for path, rows in meta["val_files"])
+            if meta["val_rows"] and w.source is None
+            else (),
+            source=w.source,
+            val_units=val_units,
+            fixed_steps=p.train_steps_per_epoch,
+            fixed_val_steps=p.validation_steps_per_epoch,
+            validation_exact=p.validation_steps_per_epoch is None,
+            prefetch=p.tensorflow_dataset_prefetch_buffer_size,
+            reader_workers=(1, 1)
+            if p.reader_pool_type == "dummy"
+            else (p.train_reader_num_workers, p.val_reader_num_workers),
+            transformation_fn=cloudpickle.dumps(p.transformation_fn) if p.transformation_fn else None,
+            cache_all=p.inmemory_cache_all,
+        ),
+        training=Training(
+            compile=c.framework.compile_args(c),
+            custom_objects=cloudpickle.dumps(c.custom_objects) if c.custom_objects else None,
+            callbacks=cloudpickle.dumps(list(p.callbacks)) if p.callbacks else None,
+            checkpoint_callback=cloudpickle.dumps(p.checkpoint_callback) if p.checkpoint_callback else None,
+            backward_passes_per_step=p.backward_passes_per_step,
+            compression=p.gradient_compression,
+            class_weight=p.class_weight,
+            validation_freq=tuple(p.validation_freq) if isinstance(p.validation_freq, list) else p.validation_freq,
+        ),
+        shares=Shares(train_files=[], val_files=None, steps_per_epoch=1, validation_steps=None),  # controller.sized's
+        commits=Commits(
+            final_model=c.store.model_path(plan.run_id, plan.fit_id, suffix=c.framework.suffix),
+            lease=(lease.path, lease.token) if lease is not None else None,
+            checkpoint_steps=every if isinstance(every, int) else None,
+            checkpoint_seconds=every_seconds(every),
+            keep_checkpoints=p.keep_checkpoints,
+            kept_from=plan.resume.epoch if plan.resume is not None else None,
+            resize_marker=f"{c.store.run_path(plan.run_id)}/_resize.json" if p.elastic else None,
+        ),
     )
 
 
@@ -524,7 +536,7 @@ def verify_and_build(c: Checked, w: Written, cfg: RunConfig, trained: controller
     summary = FitSummary(
         run_id=cfg.run_id,
         data_key=w.key,
-        steps_per_epoch=cfg.steps_per_epoch,
+        steps_per_epoch=cfg.shares.steps_per_epoch,
         restarts=restarts,
         materialize_seconds=w.seconds,
         train_job_seconds=t_train,
@@ -532,7 +544,7 @@ def verify_and_build(c: Checked, w: Written, cfg: RunConfig, trained: controller
         ranks=tuple(RankSummary.from_result(r) for r in sorted(results, key=lambda r: r["rank"])),
         recoveries=trained.recoveries,
     )
-    model = _transformer(c, cfg.final_model, cfg.run_id, epoch_logs)
+    model = _transformer(c, cfg.commits.final_model, cfg.run_id, epoch_logs)
     model._fit_summary = summary
     return model
 

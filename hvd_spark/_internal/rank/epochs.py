@@ -45,35 +45,41 @@ class DataPlan:
 
     def __init__(self, cfg: RunConfig, size: int):
         self.cfg, self.size = cfg, size
-        self.units = [Unit(*u) for u in cfg.train_units]
+        self.units = [Unit(*u) for u in cfg.reading.train_units]
         self.rows = sum(u.rows for u in self.units)
         self.layout = layout_digest(
-            self.units, cfg.train_paths, seed=cfg.seed, shuffle=cfg.shuffle, window_rows=cfg.shuffle_buffer_size
+            self.units,
+            cfg.reading.train_paths,
+            seed=cfg.seed,
+            shuffle=cfg.reading.shuffle,
+            window_rows=cfg.reading.shuffle_buffer_size,
         )
         self.restarted_epoch: int | None = None  # set by segments(): a commit's epoch that starts again
 
     def epoch(self, e: int) -> EpochPlan:
         cfg = self.cfg
-        return epoch_plan(self.units, e, seed=cfg.seed, shuffle=cfg.shuffle, window_rows=cfg.shuffle_buffer_size)
+        return epoch_plan(
+            self.units, e, seed=cfg.seed, shuffle=cfg.reading.shuffle, window_rows=cfg.reading.shuffle_buffer_size
+        )
 
     def segments(self) -> list[Segment]:
         """What this attempt runs: the resumed epoch's rest (when the commit lies inside it), then the
         remaining epochs whole."""
         cfg = self.cfg
-        first = cfg.initial_epoch
+        first = cfg.start.initial_epoch
         out: list[Segment] = []
-        cursor = Cursor.from_json(cfg.resume_cursor) if cfg.resume_step else None
+        cursor = Cursor.from_json(cfg.start.resume_cursor) if cfg.start.resume_step else None
         if cursor is not None:
             split = shares(self.rows, cursor.used, self.size, first)
             if cursor.layout != self.layout or cursor.epoch != first:
                 why = "was made on other data or another reading order"
-            elif cfg.fixed_steps and cfg.fixed_steps > cursor.steps:
+            elif cfg.reading.fixed_steps and cfg.reading.fixed_steps > cursor.steps:
                 # a fixed number of steps goes over the shares again: what is left, or all rows anew
                 used = cursor.used if split.rows else ()
-                out.append(Segment(first, first + 1, cfg.fixed_steps - cursor.steps, used, cursor.steps))
+                out.append(Segment(first, first + 1, cfg.reading.fixed_steps - cursor.steps, used, cursor.steps))
                 first, why = first + 1, ""
-            elif not cfg.fixed_steps and split.rows:
-                steps = steps_for(split.rows, cfg.batch_size)
+            elif not cfg.reading.fixed_steps and split.rows:
+                steps = steps_for(split.rows, cfg.reading.batch_size)
                 out.append(Segment(first, first + 1, steps, cursor.used, cursor.steps))
                 first, why = first + 1, ""
             else:
@@ -84,12 +90,12 @@ class DataPlan:
                 logger.warning(
                     "the commit at epoch %d step %d %s; epoch %d starts again from its first row",
                     first,
-                    cfg.resume_step,
+                    cfg.start.resume_step,
                     why,
                     first + 1,
                 )
         if first < cfg.epochs:
-            out.append(Segment(first, cfg.epochs, cfg.steps_per_epoch))
+            out.append(Segment(first, cfg.epochs, cfg.shares.steps_per_epoch))
         return out
 
     def epochs_of(self, seg: Segment, rank: int) -> Callable[[], Iterator[tuple[EpochPlan, tuple, int]]]:
@@ -104,14 +110,14 @@ class DataPlan:
     def epoch_share(self, seg: Segment, rank: int, e: int) -> tuple[EpochPlan, tuple, int]:
         """``(plan, this rank's share, rows to read)`` of epoch ``e`` of ``seg``."""
         split = shares(self.rows, seg.used if e == seg.first else (), self.size, e)
-        rows = seg.steps * self.cfg.batch_size if self.cfg.fixed_steps else split.rows
+        rows = seg.steps * self.cfg.reading.batch_size if self.cfg.reading.fixed_steps else split.rows
         return self.epoch(e), split.per_rank[rank], rows
 
     def cursor(self, seg: Segment, epoch: int, steps: int) -> Cursor:
         """The cursor after ``steps`` steps of ``epoch`` within ``seg``, on every rank."""
         before = seg.used if epoch == seg.first else ()
         split = shares(self.rows, before, self.size, epoch)
-        used = used_after(before, split, min(steps * self.cfg.batch_size, split.rows))
+        used = used_after(before, split, min(steps * self.cfg.reading.batch_size, split.rows))
         return Cursor(epoch, tuple(used), self.layout, (seg.steps_before if epoch == seg.first else 0) + steps)
 
 

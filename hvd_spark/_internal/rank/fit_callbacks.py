@@ -98,11 +98,11 @@ class FirstStep(keras.callbacks.Callback):
 def best_checkpoint(cfg: RunConfig, tmp: str):
     """horovod.spark's ``checkpoint_callback`` (a ModelCheckpoint), writing to this rank's temporary
     folder; its last file becomes the model fit returns. None when not given."""
-    if not cfg.checkpoint_callback:
+    if not cfg.training.checkpoint_callback:
         return None
     import cloudpickle
 
-    cb = cloudpickle.loads(cfg.checkpoint_callback)
+    cb = cloudpickle.loads(cfg.training.checkpoint_callback)
     cb.filepath = os.path.join(tmp, "best.weights.h5" if cb.save_weights_only else "best.keras")
     return cb
 

@@ -31,10 +31,10 @@ def train_data(cfg: RunConfig, rank: int, data, seg, data_kw: dict):
 
     if data is None:
         return rank_dataset(
-            cfg.train_files[rank],
-            batch_size=cfg.batch_size,
-            shuffle=cfg.shuffle,
-            shuffle_buffer_size=cfg.shuffle_buffer_size,
+            cfg.shares.train_files[rank],
+            batch_size=cfg.reading.batch_size,
+            shuffle=cfg.reading.shuffle,
+            shuffle_buffer_size=cfg.reading.shuffle_buffer_size,
             seed=rank_seed(cfg.seed, rank),
             first_pass=seg.first,
             **data_kw,
@@ -42,14 +42,14 @@ def train_data(cfg: RunConfig, rank: int, data, seg, data_kw: dict):
     kw = {k: v for k, v in data_kw.items() if k not in ("reader",)}
     trace = data_trace(rank, seg, data.size)
     ds = planned_dataset(
-        cfg.train_paths,
+        cfg.reading.train_paths,
         data.units,
         data.epochs_of(seg, rank),
-        batch_size=cfg.batch_size,
+        batch_size=cfg.reading.batch_size,
         trace=trace,
-        source=cfg.source,
-        workers=cfg.reader_workers[0],
-        cache=cfg.cache_all,
+        source=cfg.reading.source,
+        workers=cfg.reading.reader_workers[0],
+        cache=cfg.reading.cache_all,
         **kw,
     )
     return contextlib.nullcontext(ds)
@@ -57,14 +57,14 @@ def train_data(cfg: RunConfig, rank: int, data, seg, data_kw: dict):
 
 def user_transformation(cfg: RunConfig):
     """horovod.spark's ``transformation_fn`` as a function of a block of rows, or None."""
-    if not cfg.transformation_fn:
+    if not cfg.reading.transformation_fn:
         return None
     import cloudpickle
 
     from hvd_spark._internal.rank.rows import transformation
 
     d = cfg.data
-    return transformation(cloudpickle.loads(cfg.transformation_fn), d.features, d.labels, d.weight, d.inputs)
+    return transformation(cloudpickle.loads(cfg.reading.transformation_fn), d.features, d.labels, d.weight, d.inputs)
 
 
 class _NullContext:
@@ -79,13 +79,13 @@ def maybe_val(cfg: RunConfig, rank: int, data_kw: dict):
     """This rank's validation rows, read once per evaluation (None: it has none; other ranks do)."""
     from hvd_spark._internal.rank.reader import rank_dataset
 
-    if cfg.val_units:
+    if cfg.reading.val_units:
         return _planned_val(cfg, rank, data_kw)
-    if not cfg.val_files or not cfg.val_files[rank]:
+    if not cfg.shares.val_files or not cfg.shares.val_files[rank]:
         return _NullContext()
     return rank_dataset(
-        cfg.val_files[rank],
-        batch_size=cfg.val_batch_size,
+        cfg.shares.val_files[rank],
+        batch_size=cfg.reading.val_batch_size,
         shuffle=False,
         shuffle_buffer_size=1,
         seed=cfg.seed,
@@ -99,18 +99,18 @@ def val_batches(cfg: RunConfig, rank: int, size: int) -> int | None:
     planned with; None when a ``transformation_fn`` may change the rows (they are counted instead)."""
     import math
 
-    if cfg.transformation_fn:
+    if cfg.reading.transformation_fn:
         return None
-    if cfg.val_units:
-        total = sum(u[2] for u in cfg.val_units)
+    if cfg.reading.val_units:
+        total = sum(u[2] for u in cfg.reading.val_units)
         rows = (rank + 1) * total // size - rank * total // size
     else:
-        counts = dict(cfg.val_table)
-        mine = cfg.val_files[rank] if cfg.val_files and rank < len(cfg.val_files) else []
+        counts = dict(cfg.reading.val_table)
+        mine = cfg.shares.val_files[rank] if cfg.shares.val_files and rank < len(cfg.shares.val_files) else []
         if any(path not in counts for path in mine):
             return None
         rows = sum(counts[path] for path in mine)
-    return math.ceil(rows / cfg.val_batch_size)
+    return math.ceil(rows / cfg.reading.val_batch_size)
 
 
 def _planned_val(cfg: RunConfig, rank: int, data_kw: dict):
@@ -124,21 +124,21 @@ def _planned_val(cfg: RunConfig, rank: int, data_kw: dict):
     from hvd_spark._internal.rank.reader import planned_dataset
 
     size = hvd.size()
-    units = [Unit(*u) for u in cfg.val_units]
+    units = [Unit(*u) for u in cfg.reading.val_units]
     plan = epoch_plan(units, 0, seed=cfg.seed, shuffle=False, window_rows=0)
     lo, hi = rank * plan.rows // size, (rank + 1) * plan.rows // size
     if hi <= lo:
         return _NullContext()
     kw = {k: v for k, v in data_kw.items() if k not in ("reader",)}
     ds = planned_dataset(
-        cfg.train_paths,
+        cfg.reading.train_paths,
         units,
         lambda: iter([(plan, ((lo, hi),), hi - lo)]),
-        batch_size=cfg.val_batch_size,
-        source=cfg.source,
+        batch_size=cfg.reading.val_batch_size,
+        source=cfg.reading.source,
         side="val",
-        workers=cfg.reader_workers[1],
-        cache=cfg.cache_all,
+        workers=cfg.reading.reader_workers[1],
+        cache=cfg.reading.cache_all,
         **kw,
     )
     return contextlib.nullcontext(ds)

@@ -40,7 +40,7 @@ def train(cfg: RunConfig) -> dict:
 
     t0 = time.time()
     store = Store.from_config(cfg.store)
-    parts = cloudpickle.loads(cfg.compile["torch"])
+    parts = cloudpickle.loads(cfg.training.compile["torch"])
     rank = int(os.environ.get("RANK", "0"))
     tmp = tempfile.mkdtemp(prefix="hvd_spark-rank-")
     try:
@@ -78,12 +78,12 @@ def _module(cfg: RunConfig, store, tmp: str):
     """The module to train, and Lightning's checkpoint to resume from (None: a new run)."""
     import cloudpickle
 
-    if not cfg.resume_ckpt:
-        assert cfg.model_bytes is not None
-        return cloudpickle.loads(cfg.model_bytes)["model"], None
+    if not cfg.start.resume_ckpt:
+        assert cfg.start.model_bytes is not None
+        return cloudpickle.loads(cfg.start.model_bytes)["model"], None
     from hvd_spark._internal.common.torch_files import read_torch_file
 
-    saved = read_torch_file(store.files.url(cfg.resume_ckpt), store.storage_options)
+    saved = read_torch_file(store.files.url(cfg.start.resume_ckpt), store.storage_options)
     path = os.path.join(tmp, "resume.ckpt")
     with open(path, "wb") as f:
         f.write(saved["lightning"])
@@ -102,7 +102,7 @@ def _trainer(cfg: RunConfig, parts: dict, tmp: str, hook):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     timeout = float(os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS") or 120)
-    freq = cfg.validation_freq if isinstance(cfg.validation_freq, int) else 1
+    freq = cfg.training.validation_freq if isinstance(cfg.training.validation_freq, int) else 1
     return pl.Trainer(
         accelerator="cpu",
         devices=local,
@@ -119,7 +119,7 @@ def _trainer(cfg: RunConfig, parts: dict, tmp: str, hook):
         num_sanity_val_steps=0,
         use_distributed_sampler=False,
         check_val_every_n_epoch=freq,
-        accumulate_grad_batches=max(1, int(cfg.backward_passes_per_step)),
+        accumulate_grad_batches=max(1, int(cfg.training.backward_passes_per_step)),
         default_root_dir=tmp,
     )
 
@@ -144,7 +144,7 @@ class _Loaders:
 
             def __len__(self):
                 seg = loaders.segments.get(loaders.trainer.current_epoch)
-                return seg.steps if seg is not None else loaders.cfg.steps_per_epoch
+                return seg.steps if seg is not None else loaders.cfg.shares.steps_per_epoch
 
         return torch.utils.data.DataLoader(Epochs(), batch_size=None)
 
@@ -152,7 +152,7 @@ class _Loaders:
         import torch
 
         cfg = self.cfg
-        if not (cfg.val_units or (cfg.val_files and any(cfg.val_files))):
+        if not (cfg.reading.val_units or (cfg.shares.val_files and any(cfg.shares.val_files))):
             return None
         loaders = self
         _check_validation_rows(cfg, self.trainer.world_size)
@@ -176,11 +176,13 @@ class _Loaders:
             return
         if self._parquet is None:
             opts = cfg.store.get("storage_options")
-            self._parquet = ParquetSet(cfg.train_paths, opts, source=cfg.source, workers=cfg.reader_workers[0])
+            self._parquet = ParquetSet(
+                cfg.reading.train_paths, opts, source=cfg.reading.source, workers=cfg.reading.reader_workers[0]
+            )
         share = [self.data.epoch_share(seg, self.trainer.global_rank, epoch)]
         fn = user_transformation(cfg)
         for _, batch in epoch_batches(
-            self._parquet, self.data.units, share, column_names(cfg.data), cfg.batch_size, True
+            self._parquet, self.data.units, share, column_names(cfg.data), cfg.reading.batch_size, True
         ):
             yield self._named(fn(batch) if fn is not None else batch)
 
@@ -209,11 +211,11 @@ class _Loaders:
 def _check_validation_rows(cfg: RunConfig, size: int) -> None:
     """Every rank needs validation rows: a rank without any logs no ``val_*`` value, and the ranks' synced
     logging (``sync_dist``) would wait for each other at different collectives."""
-    if cfg.val_units:
-        total = sum(u[2] for u in cfg.val_units)
+    if cfg.reading.val_units:
+        total = sum(u[2] for u in cfg.reading.val_units)
         empty = [r for r in range(size) if (r + 1) * total // size - r * total // size == 0]
     else:
-        files = list(cfg.val_files or [])
+        files = list(cfg.shares.val_files or [])
         empty = [r for r in range(size) if r >= len(files) or not files[r]]
     if empty:
         raise ValueError(
@@ -239,16 +241,16 @@ class _StoreCallback(pl.Callback):
 
     def __init__(self, cfg: RunConfig, store, tmp: str, data):
         self.cfg, self.store, self.tmp, self.data = cfg, store, tmp, data
-        self.history = [dict(h) for h in cfg.history_so_far]
+        self.history = [dict(h) for h in cfg.start.history_so_far]
         self.commits = RunCommits(
             store,
             cfg.run_id,
             tmp,
-            cfg.lease,
+            cfg.commits.lease,
             cfg.epochs,
             suffix=SUFFIX,
-            keep=cfg.keep_checkpoints,
-            kept_from=cfg.kept_from,
+            keep=cfg.commits.keep_checkpoints,
+            kept_from=cfg.commits.kept_from,
         )
         self.stopped_for_resize = False
         self.start_iterations = 0
@@ -257,7 +259,7 @@ class _StoreCallback(pl.Callback):
     def on_train_start(self, trainer, module):
         self.start_iterations = int(trainer.global_step)
         if trainer.global_rank == 0:
-            send_event({"kind": "start", "rank": 0, "initial_epoch": self.cfg.initial_epoch})
+            send_event({"kind": "start", "rank": 0, "initial_epoch": self.cfg.start.initial_epoch})
 
     def on_train_end(self, trainer, module):
         from hvd_spark._internal.rank.torch_parts import sync_buffers
@@ -293,7 +295,7 @@ class _StoreCallback(pl.Callback):
         torch.save(state, path, pickle_module=cloudpickle)
 
     def _check_resize(self, trainer, epoch: int) -> None:
-        marker = self.cfg.resize_marker
+        marker = self.cfg.commits.resize_marker
         if not marker or epoch + 1 >= self.cfg.epochs:
             return
         found = trainer.strategy.broadcast(trainer.global_rank == 0 and self.store.files.exists(marker), src=0)
@@ -310,5 +312,5 @@ class _StoreCallback(pl.Callback):
         final = os.path.join(self.tmp, "model.pt")
         with busy("saving the final model"):
             torch.save({"format": FORMAT, "model": module}, final, pickle_module=cloudpickle)
-            self.store.files.upload_file(final, self.cfg.final_model)
-            write_end_record(self.store, self.cfg.run_id, len(self.history), self.cfg.final_model, final)
+            self.store.files.upload_file(final, self.cfg.commits.final_model)
+            write_end_record(self.store, self.cfg.run_id, len(self.history), self.cfg.commits.final_model, final)

@@ -35,26 +35,26 @@ def build_model(cfg: RunConfig, custom_objects):
     from hvd_spark._internal.common.serde import load_model_file, loads_keras_obj, model_from_bytes
     from hvd_spark._internal.data.store import Store
 
-    comp = cfg.compile
+    comp = cfg.training.compile
     policy = comp.get("dtype_policy")
     if policy and (policy != "mixed_float16" or comp.get("auto_scale_loss", True)):
         # A Functional model takes the global policy as its own when it is loaded: under the driver's
         # "mixed_float16", compile wraps the optimizer in a LossScaleOptimizer, as it did there.
         keras.mixed_precision.set_global_policy(policy)
-    if cfg.resume_ckpt:
+    if cfg.start.resume_ckpt:
         store = Store.from_config(cfg.store)
         # Weights, optimizer state (its step counter included) and compile config, as saved.
-        resume_ckpt = cfg.resume_ckpt
+        resume_ckpt = cfg.start.resume_ckpt
         model = store.files.retrying(
             f"loading the checkpoint {store.files.rel(resume_ckpt)}",
             lambda: load_model_file(
                 store.files.url(resume_ckpt), custom_objects, compile=True, storage_options=store.storage_options
             ),
         )
-    elif cfg.model_bytes is None:
+    elif cfg.start.model_bytes is None:
         raise ValueError("The run configuration has neither a checkpoint to resume nor the model to start from.")
     else:
-        model = model_from_bytes(cfg.model_bytes, custom_objects=custom_objects, compile=True)
+        model = model_from_bytes(cfg.start.model_bytes, custom_objects=custom_objects, compile=True)
         given = {k: comp.get(k) for k in ("optimizer", "loss", "metrics", "loss_weights") if comp.get(k) is not None}
         if given or not getattr(model, "compiled", False):
             kwargs = _compile_config(model, custom_objects)

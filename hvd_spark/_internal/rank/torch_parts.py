@@ -1,9 +1,9 @@
 """A torch rank's model, optimizer, losses, metrics and batches (``torch_train.py`` runs the loop).
 
 What the driver sends (``ml/torch_framework.py``): the module and an optimizer built on its parameters,
-cloudpickled together (``RunConfig.model_bytes``; a checkpoint holds the same pair with the optimizer's
-state), and the rest of the training's pieces (``RunConfig.compile["torch"]``): an optimizer factory,
-the losses and their weights, the metrics, ``train_minibatch_fn``, the learning rate.
+cloudpickled together (``RunConfig.start.model_bytes``; a checkpoint holds the same pair with the
+optimizer's state), and the rest of the training's pieces (``RunConfig.training.compile["torch"]``): an
+optimizer factory, the losses and their weights, the metrics, ``train_minibatch_fn``, the learning rate.
 """
 
 import contextlib
@@ -32,15 +32,15 @@ def load_setup(cfg: RunConfig, store, rank: int) -> "TorchSetup":
     import cloudpickle
     import torch
 
-    parts = cloudpickle.loads(cfg.compile["torch"])
+    parts = cloudpickle.loads(cfg.training.compile["torch"])
     torch.manual_seed(rank_generator_seed(cfg.seed, rank))
-    if cfg.resume_ckpt:
+    if cfg.start.resume_ckpt:
         from hvd_spark._internal.common.torch_files import read_torch_file
 
-        saved = read_torch_file(store.files.url(cfg.resume_ckpt), store.storage_options)
+        saved = read_torch_file(store.files.url(cfg.start.resume_ckpt), store.storage_options)
     else:
-        assert cfg.model_bytes is not None
-        saved = cloudpickle.loads(cfg.model_bytes)
+        assert cfg.start.model_bytes is not None
+        saved = cloudpickle.loads(cfg.start.model_bytes)
     model, optimizer = saved["model"], saved.get("optimizer")
     if optimizer is None:
         optimizer = parts["optimizer_factory"](model.parameters())
@@ -59,7 +59,7 @@ class TorchSetup:
         self.cfg, self.model, self.optimizer, self.iterations = cfg, model, optimizer, iterations
         self.model.train()
         self.ddp = DistributedDataParallel(model, find_unused_parameters=bool(parts.get("find_unused_parameters")))
-        if cfg.compression == "fp16":
+        if cfg.training.compression == "fp16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             self.ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -69,7 +69,7 @@ class TorchSetup:
         self.output_names = list(parts["output_names"])
         self.class_indices = list(parts["class_indices"])
         self.minibatch_fn = parts.get("train_minibatch_fn")
-        self.k = max(1, int(cfg.backward_passes_per_step))
+        self.k = max(1, int(cfg.training.backward_passes_per_step))
         self._micro = 0
         self._per_sample: dict[int, Any] = {}
         self._parquet: Any = None
@@ -81,14 +81,16 @@ class TorchSetup:
 
         cfg = self.cfg
         if self._parquet is None:
-            workers = cfg.reader_workers[0]
+            workers = cfg.reading.reader_workers[0]
             opts = cfg.store.get("storage_options")
-            self._parquet = ParquetSet(cfg.train_paths, opts, source=cfg.source, workers=workers, cache=cfg.cache_all)
+            self._parquet = ParquetSet(
+                cfg.reading.train_paths, opts, source=cfg.reading.source, workers=workers, cache=cfg.reading.cache_all
+            )
         names = column_names(cfg.data)
         share = [data.epoch_share(seg, rank, epoch)]
         fn = user_transformation(cfg)
         trace = data_trace(rank, seg, data.size)  # HVD_SPARK_DATA_TRACE: what each batch held
-        batches = epoch_batches(self._parquet, data.units, share, names, cfg.batch_size, numbered=True)
+        batches = epoch_batches(self._parquet, data.units, share, names, cfg.reading.batch_size, numbered=True)
         for step, (e, batch) in enumerate(batches):
             batch = fn(batch) if fn is not None else batch
             if trace is not None:
@@ -165,9 +167,9 @@ class TorchSetup:
     # --- validation ---
     def validates(self, epoch: int) -> bool:
         cfg = self.cfg
-        if not (cfg.val_units or (cfg.val_files and any(cfg.val_files))):
+        if not (cfg.reading.val_units or (cfg.shares.val_files and any(cfg.shares.val_files))):
             return False
-        freq = cfg.validation_freq
+        freq = cfg.training.validation_freq
         return (epoch + 1) % freq == 0 if isinstance(freq, int) else (epoch + 1) in freq
 
     def validate(self, rank: int, size: int) -> dict:
@@ -336,14 +338,14 @@ def column_names(d: DataSpec) -> list[str]:
 
 
 def user_transformation(cfg: RunConfig):
-    if not cfg.transformation_fn:
+    if not cfg.reading.transformation_fn:
         return None
     import cloudpickle
 
     from hvd_spark._internal.rank.rows import transformation
 
     d = cfg.data
-    return transformation(cloudpickle.loads(cfg.transformation_fn), d.features, d.labels, d.weight, d.inputs)
+    return transformation(cloudpickle.loads(cfg.reading.transformation_fn), d.features, d.labels, d.weight, d.inputs)
 
 
 def batch_tensors(batch: dict, d: DataSpec, class_indices: list[bool]):
@@ -389,25 +391,25 @@ def val_batches(cfg: RunConfig, rank: int, size: int):
     names = column_names(cfg.data)
     opts = cfg.store.get("storage_options")
     fn = user_transformation(cfg)
-    if cfg.val_units:
-        units = [Unit(*u) for u in cfg.val_units]
+    if cfg.reading.val_units:
+        units = [Unit(*u) for u in cfg.reading.val_units]
         plan = epoch_plan(units, 0, seed=cfg.seed, shuffle=False, window_rows=0)
         lo, hi = rank * plan.rows // size, (rank + 1) * plan.rows // size
         if hi <= lo:
             return
         from hvd_spark._internal.rank.rows import epoch_batches
 
-        data = ParquetSet(cfg.train_paths, opts, source=cfg.source, side="val")
+        data = ParquetSet(cfg.reading.train_paths, opts, source=cfg.reading.source, side="val")
         share = [(plan, ((lo, hi),), hi - lo)]
-        for batch in epoch_batches(data, units, share, names, cfg.val_batch_size):
+        for batch in epoch_batches(data, units, share, names, cfg.reading.val_batch_size):
             yield fn(batch) if fn is not None else batch
         return
-    files = cfg.val_files[rank] if cfg.val_files and rank < len(cfg.val_files) else []
+    files = cfg.shares.val_files[rank] if cfg.shares.val_files and rank < len(cfg.shares.val_files) else []
 
     def chunks():
         for path in files:
             table = open_parquet(path, opts).read(columns=names)
             yield {n: column_values(table.column(n)) for n in names}
 
-    for batch in batched(chunks(), cfg.val_batch_size):
+    for batch in batched(chunks(), cfg.reading.val_batch_size):
         yield fn(batch) if fn is not None else batch

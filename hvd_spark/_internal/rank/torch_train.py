@@ -77,21 +77,21 @@ class _Trainer:
         retry.set_window(self.store.retry_window)
         self.setup: TorchSetup = load_setup(cfg, self.store, rank)
         self.data = DataPlan(cfg, size)
-        self.history = [dict(h) for h in cfg.history_so_far]
+        self.history = [dict(h) for h in cfg.start.history_so_far]
         self.commits = RunCommits(
             self.store,
             cfg.run_id,
             tmp,
-            cfg.lease,
+            cfg.commits.lease,
             cfg.epochs,
             suffix=SUFFIX,
-            keep=cfg.keep_checkpoints,
-            kept_from=cfg.kept_from,
+            keep=cfg.commits.keep_checkpoints,
+            kept_from=cfg.commits.kept_from,
         )
         self.startup = {"process": time.time() - t_entry}
         self.resumed_partial: dict = {}  # rank 0, resuming inside an epoch: its sums before the commit
-        if rank == 0 and cfg.resume_ckpt and cfg.resume_step:
-            meta_path = cfg.resume_ckpt[: -len(SUFFIX)] + ".json"
+        if rank == 0 and cfg.start.resume_ckpt and cfg.start.resume_step:
+            meta_path = cfg.start.resume_ckpt[: -len(SUFFIX)] + ".json"
             self.resumed_partial = self.store.files.read_json(meta_path).get("partial") or {}
         self.stopped_for_resize = False
         self._last_position = 0.0
@@ -105,7 +105,7 @@ class _Trainer:
         if self.rank == 0 and self.data.restarted_epoch is not None:
             remove_commits_before(self.store, cfg.run_id, self.data.restarted_epoch + 1, 0)
         if self.rank == 0:
-            send_event({"kind": "start", "rank": 0, "initial_epoch": cfg.initial_epoch})
+            send_event({"kind": "start", "rank": 0, "initial_epoch": cfg.start.initial_epoch})
         t0, start_iterations = time.time(), s.iterations
         for seg in segments:
             for epoch in range(seg.first, seg.end):
@@ -175,14 +175,15 @@ class _Trainer:
                 logs = {"loss": losses.running()}
                 event = {"kind": "batch", "epoch": epoch + 1, "epochs": cfg.epochs, "step": done}
                 send_event(dict(event, steps=seg.steps, logs=logs))
-        if done >= seg.steps or (cfg.checkpoint_steps is None and cfg.checkpoint_seconds is None):
+        every_steps, every_seconds = cfg.commits.checkpoint_steps, cfg.commits.checkpoint_seconds
+        if done >= seg.steps or (every_steps is None and every_seconds is None):
             return
         if s.accumulating():
             return  # never between the batches of one update
         in_epoch = (seg.steps_before if epoch == seg.first else 0) + done
-        due = cfg.checkpoint_steps is not None and in_epoch % cfg.checkpoint_steps == 0  # the same on every rank
-        if not due and cfg.checkpoint_seconds is not None:  # rank 0's clock decides, every rank asks
-            due = bool(self._agreed(now - self._last_commit >= cfg.checkpoint_seconds))
+        due = every_steps is not None and in_epoch % every_steps == 0  # the same on every rank
+        if not due and every_seconds is not None:  # rank 0's clock decides, every rank asks
+            due = bool(self._agreed(now - self._last_commit >= every_seconds))
         if not due:
             return
         partial = {"losses": losses.partial(), "metrics": metrics.partial()}  # every rank: summed over all
@@ -204,9 +205,9 @@ class _Trainer:
     def _check_resize(self, epoch: int) -> None:
         """At an epoch end but the last: rank 0 looks for the driver's resize marker; all ranks stop together."""
         cfg = self.cfg
-        if not cfg.resize_marker or epoch + 1 >= cfg.epochs:
+        if not cfg.commits.resize_marker or epoch + 1 >= cfg.epochs:
             return
-        marker = cfg.resize_marker
+        marker = cfg.commits.resize_marker
         if self._agreed(self.rank == 0 and self.store.files.exists(marker)):
             self.stopped_for_resize = True
             if self.rank == 0:
@@ -220,5 +221,5 @@ class _Trainer:
         final = os.path.join(self.tmp, "model.pt")
         with busy("saving the final model"):
             self.setup.save_model(final)
-            self.store.files.upload_file(final, cfg.final_model)
-            write_end_record(self.store, cfg.run_id, len(self.history), cfg.final_model, final)
+            self.store.files.upload_file(final, cfg.commits.final_model)
+            write_end_record(self.store, cfg.run_id, len(self.history), cfg.commits.final_model, final)

@@ -84,11 +84,11 @@ def train(cfg: RunConfig) -> dict:
     rank, size = hvd.rank(), hvd.size()
     retry.set_window(Store.from_config(cfg.store).retry_window)  # the driver's, for the reads of the data too
     keras.utils.set_random_seed(cfg.seed)
-    custom_objects = cloudpickle.loads(cfg.custom_objects) if cfg.custom_objects else None
+    custom_objects = cloudpickle.loads(cfg.training.custom_objects) if cfg.training.custom_objects else None
     model = _distributed_model(cfg, rank, custom_objects)
     startup.mark("model")
     data_kw = _data_kwargs(cfg)
-    all_user_callbacks = cloudpickle.loads(cfg.callbacks) if cfg.callbacks else []
+    all_user_callbacks = cloudpickle.loads(cfg.training.callbacks) if cfg.training.callbacks else []
     r = _Rank(cfg, rank, size, Store.from_config(cfg.store), custom_objects, all_user_callbacks)
     data, segments = _segments(r)
     with _working_folders() as (tmp, outputs):
@@ -96,7 +96,7 @@ def train(cfg: RunConfig) -> dict:
             cbs = _callbacks(r, startup, val_ds, data, tmp, outputs)
             startup.mark("data")
             if rank == 0:
-                send_event({"kind": "start", "rank": rank, "initial_epoch": cfg.initial_epoch})
+                send_event({"kind": "start", "rank": rank, "initial_epoch": cfg.start.initial_epoch})
             start_iterations, train_seconds = _fit_segments(r, model, data, segments, data_kw, cbs)
         result = {
             "rank": rank,
@@ -152,12 +152,13 @@ def _distributed_model(cfg: RunConfig, rank: int, custom_objects: dict | None) -
 
     adopt_functions(custom_objects)  # shipped lambdas and closures save under their own names here
     model = build_model(cfg, custom_objects)
-    if cfg.compile.get("learning_rate") is not None:
-        model.optimizer.learning_rate = float(cfg.compile["learning_rate"])  # the fit's own, also after a resume
+    learning_rate = cfg.training.compile.get("learning_rate")
+    if learning_rate is not None:
+        model.optimizer.learning_rate = float(learning_rate)  # the fit's own, also after a resume
     make_distributed(
         model.optimizer,
-        compression=cfg.compression,
-        backward_passes_per_step=cfg.backward_passes_per_step,
+        compression=cfg.training.compression,
+        backward_passes_per_step=cfg.training.backward_passes_per_step,
         sparse_as_dense=settings.SPARSE_AS_DENSE.get(),
     )
     global_batch_losses(model)  # masked and weighted-mean losses: one denominator for the global batch
@@ -171,9 +172,9 @@ def _data_kwargs(cfg: RunConfig) -> dict:
     """What the readers of the training and validation batches are given."""
     return dict(
         cfg.data.reader_kwargs(),
-        reader=cfg.reader,
+        reader=cfg.reading.reader,
         storage_options=cfg.store.get("storage_options"),
-        prefetch=cfg.prefetch,
+        prefetch=cfg.reading.prefetch,
         transformation=user_transformation(cfg),
     )
 
@@ -185,9 +186,10 @@ def _segments(r: _Rank) -> "tuple[DataPlan | None, list[Segment]]":
     from hvd_spark._internal.rank.cursor import DataPlan, Segment
 
     cfg = r.cfg
-    planned = cfg.reader == "arrow" and bool(cfg.train_units)
+    planned = cfg.reading.reader == "arrow" and bool(cfg.reading.train_units)
     data = DataPlan(cfg, r.size) if planned else None
-    segments = data.segments() if data is not None else [Segment(cfg.initial_epoch, cfg.epochs, cfg.steps_per_epoch)]
+    whole = [Segment(cfg.start.initial_epoch, cfg.epochs, cfg.shares.steps_per_epoch)]
+    segments = data.segments() if data is not None else whole
     if r.rank == 0 and data is not None and data.restarted_epoch is not None:
         remove_commits_before(r.store, cfg.run_id, data.restarted_epoch + 1, 0)  # its new commits take their names
     return data, segments
@@ -240,12 +242,14 @@ def _callbacks(r: _Rank, startup: Startup, val_ds, data: "DataPlan | None", tmp:
         state_cb,  # before validation and checkpoints: layer state agrees
         MetricAverageCallback(),
     ]
-    if cfg.val_files is not None:  # every validation row once per evaluation, metrics summed over ranks
-        steps = None if cfg.validation_exact else cfg.validation_steps
+    if cfg.shares.val_files is not None:  # every validation row once per evaluation, metrics summed over ranks
+        steps = None if cfg.reading.validation_exact else cfg.shares.validation_steps
         batches = val_batches(cfg, rank, r.size)
-        callbacks.append(ExactValidationCallback(val_ds, steps, [ticks], batches=batches, freq=cfg.validation_freq))
+        callbacks.append(
+            ExactValidationCallback(val_ds, steps, [ticks], batches=batches, freq=cfg.training.validation_freq)
+        )
     carried = CarriedState(
-        r.user_callbacks, cfg.callback_states, lambda e: checkpoint_weights(cfg, r.custom_objects, e)
+        r.user_callbacks, cfg.start.callback_states, lambda e: checkpoint_weights(cfg, r.custom_objects, e)
     )
     callbacks += [carried.guard, *user_callbacks, carried]  # their state across attempts and fit calls
     callbacks.append(StopAgreementCallback(step_stops))  # any rank's stop stops all
@@ -254,8 +258,8 @@ def _callbacks(r: _Rank, startup: Startup, val_ds, data: "DataPlan | None", tmp:
         firsts, ckpt_cb, best = _rank0_callbacks(r, data, tmp, outputs)
         callbacks += firsts
     resize_cb = None
-    if cfg.resize_marker:  # last: the epoch's checkpoint is written before training stops to grow
-        marker = cfg.resize_marker
+    if cfg.commits.resize_marker:  # last: the epoch's checkpoint is written before training stops to grow
+        marker = cfg.commits.resize_marker
         resize_cb = ResizeCheck(lambda: r.store.files.exists(marker), cfg.epochs)
         callbacks.append(resize_cb)
     return _Callbacks(callbacks, state_cb, carried, ckpt_cb, best, resize_cb)
@@ -272,25 +276,25 @@ def _rank0_callbacks(r: _Rank, data: "DataPlan | None", tmp: str, outputs: str) 
     ckpt_cb = CheckpointCallback(
         store,
         cfg.run_id,
-        cfg.history_so_far,
+        cfg.start.history_so_far,
         tmp,
-        cfg.lease,
+        cfg.commits.lease,
         cfg.epochs,
         data=data,
-        every_steps=cfg.checkpoint_steps,
-        every_seconds=cfg.checkpoint_seconds,
-        step_multiple=cfg.backward_passes_per_step,
+        every_steps=cfg.commits.checkpoint_steps,
+        every_seconds=cfg.commits.checkpoint_seconds,
+        step_multiple=cfg.training.backward_passes_per_step,
         stop_reason=stop_reason(r.user_callbacks),
         callback_states=lambda: capture(r.user_callbacks),
-        keep=cfg.keep_checkpoints,
-        kept_from=cfg.kept_from,
+        keep=cfg.commits.keep_checkpoints,
+        kept_from=cfg.commits.kept_from,
     )
     callbacks.append(ckpt_cb)
     best = best_checkpoint(cfg, tmp)
     if best is not None:
         callbacks.append(best)
     callbacks.append(tensorboard(store, cfg.run_id, tmp))
-    callbacks.append(EventCallback(cfg.epochs, send_event, cfg.steps_per_epoch, cfg.progress_interval))
+    callbacks.append(EventCallback(cfg.epochs, send_event, cfg.shares.steps_per_epoch, cfg.progress_interval))
     callbacks.append(PositionCallback(send_event))
     return callbacks, ckpt_cb, best
 
@@ -316,7 +320,7 @@ def _fit_segments(
                 callbacks=cbs.all,
                 verbose=2 if (cfg.verbose >= 2 and rank == 0) else 0,
                 shuffle=False,
-                class_weight=cfg.class_weight,
+                class_weight=cfg.training.class_weight,
             )  # the reader shuffles (row-group order, rows within windows)
         if (cbs.resize is not None and cbs.resize.stopped) or model.stop_training:
             break
@@ -325,7 +329,7 @@ def _fit_segments(
 
 def _save_final(r: _Rank, model, tmp: str, ckpt_cb: CheckpointCallback, best) -> None:
     """Rank 0: the model ``fit`` returns (checkpoint_callback's choice if it made one) uploaded to
-    ``cfg.final_model``, and the run's end record naming it."""
+    ``cfg.commits.final_model``, and the run's end record naming it."""
     from hvd_spark._internal.common.serde import save_model_file
     from hvd_spark._internal.data.stops import write_end_record
 
@@ -341,6 +345,6 @@ def _save_final(r: _Rank, model, tmp: str, ckpt_cb: CheckpointCallback, best) ->
                 logger.info("the model returned is checkpoint_callback's (%s)", best.monitor)
         if final != best_file:
             save_model_file(model, final)
-        store.files.upload_file(final, cfg.final_model)
+        store.files.upload_file(final, cfg.commits.final_model)
         end = ckpt_cb.stopped["epoch"] if ckpt_cb.stopped is not None else len(ckpt_cb.history)
-        write_end_record(store, cfg.run_id, end, cfg.final_model, final)  # what later fits of the run return
+        write_end_record(store, cfg.run_id, end, cfg.commits.final_model, final)  # what later fits of the run return
