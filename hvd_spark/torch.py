@@ -5,10 +5,14 @@
                            feature_cols=["features"], label_cols=["label"], batch_size=32, epochs=5).fit(df)
     model.transform(df)
 
+``global_batch_loss(loss_fn, outputs, labels)`` normalises a loss of your own code over the global batch
+(a masked sequence loss in a ``LightningModule``, a function under ``hvd_spark.run``).
+
 Needs the ``torch`` extra (``pip install 'hvd_spark[torch]'``); docs/torch.md says what works.
 """
 
 from hvd_spark._internal.ml.torch_estimator import TorchEstimator
 from hvd_spark._internal.ml.torch_model import TorchModel
+from hvd_spark._internal.rank.torch_losses import global_batch_loss
 
-__all__ = ["TorchEstimator", "TorchModel"]
+__all__ = ["TorchEstimator", "TorchModel", "global_batch_loss"]

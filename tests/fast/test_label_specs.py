@@ -30,6 +30,22 @@ def test_class_indices_take_the_output_shape_without_its_class_axis():
     assert label_values(TAGS) == (1, 36)  # other losses: a scalar, or one value per output value
 
 
+def test_torch_class_indices_drop_the_first_axis_and_may_hold_ignore_index():
+    """torch's class axis is the first after the batch ((N, C, T) for CrossEntropyLoss); a label equal to the
+    loss's ignore_index (a padded position) is valid, other values outside [0, C) are not."""
+    from hvd_spark._internal.common.specs import ColumnInfo
+    from hvd_spark._internal.data.stats import check_class_indices
+
+    tags = TensorSpec("tags", (3, 12), "float32", class_axis=0, ignore_index=-100)
+    assert class_index_shape(tags) == (12,) and label_values(tags, class_indices=True) == (12,)
+    assert TensorSpec.from_dict(tags.to_dict()) == tags
+    info = ColumnInfo("tags", "array", "long", True)
+    check_class_indices(info, tags, {"min": -100, "max": 2})  # padded positions
+    for low, high in ((-1, 2), (-100, 3)):
+        with pytest.raises(ValueError, match=r"must be in \[0, 2\]"):
+            check_class_indices(info, tags, {"min": low, "max": high})
+
+
 def test_the_ranks_reshape_per_step_class_indices():
     # only outputs of several axes with a sparse loss get a shape of their own; the rest stay the reader's
     assert label_shapes(None, [TAGS, CLASSES], [True, True]) == ((12,), None)

@@ -17,6 +17,8 @@ class TensorSpec:
     shape: tuple[int | None, ...]
     dtype: str
     key: str | None = None  # the model's dict key for this tensor, when it takes / returns a dict
+    class_axis: int = -1  # an output's class axis (after the batch axis): Keras' last, torch's first
+    ignore_index: int | None = None  # a class-index label marking a position without a label (the loss's)
 
     @property
     def elements(self) -> int | None:
@@ -35,11 +37,17 @@ class TensorSpec:
         d = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
         if self.key is not None:
             d["key"] = self.key
+        if self.class_axis != -1:
+            d["class_axis"] = self.class_axis
+        if self.ignore_index is not None:
+            d["ignore_index"] = self.ignore_index
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "TensorSpec":
-        return cls(d["name"], tuple(d["shape"]), d["dtype"], d.get("key"))
+        ignore = d.get("ignore_index")
+        ignore = None if ignore is None else int(ignore)
+        return cls(d["name"], tuple(d["shape"]), d["dtype"], d.get("key"), int(d.get("class_axis", -1)), ignore)
 
 
 def pack(values: list, specs: "Sequence[TensorSpec]", sequence=tuple):
@@ -191,12 +199,15 @@ def check_feature_lengths(col: str, spec: TensorSpec, min_len: int | None, max_l
 
 
 def class_index_shape(spec: TensorSpec) -> tuple[int, ...] | None:
-    """The per-row shape of the class indices a sparse cross-entropy takes for output ``spec``, as in
-    Keras: the output's shape without its class axis (``()`` for ``(C,)``, ``(12,)`` for a per-step
-    ``(12, C)``, ``(H, W)`` for a per-pixel ``(H, W, C)``); None when a dimension is unknown."""
+    """The per-row shape of the class indices a sparse cross-entropy takes for output ``spec``: the output's
+    shape without its class axis, Keras' last (``()`` for ``(C,)``, ``(12,)`` for a per-step ``(12, C)``,
+    ``(H, W)`` for a per-pixel ``(H, W, C)``) or torch's first (``(12,)`` for ``(C, 12)``: ``CrossEntropyLoss``
+    takes ``(N, C, d1, ...)``); None when a dimension is unknown."""
     if spec.elements is None or not spec.shape:
         return None
-    return spec.dims[:-1]
+    dims = list(spec.dims)
+    del dims[spec.class_axis]
+    return tuple(dims)
 
 
 def label_values(spec: TensorSpec, class_indices: bool = False) -> tuple[int, ...]:
@@ -210,7 +221,7 @@ def label_values(spec: TensorSpec, class_indices: bool = False) -> tuple[int, ..
     return tuple(dict.fromkeys((1, spec.elements)))
 
 
-def label_shapes(given, outputs: "Sequence[TensorSpec]", class_indices: "Sequence[bool]"):
+def label_shapes(given, outputs: "Sequence[TensorSpec]", class_indices: "Sequence[bool | None]"):
     """The per-row shape each label is reshaped to on the ranks, one per output: ``given`` (horovod.spark's
     ``label_shapes``) when set; the class-index shape of an output of several axes trained with a sparse
     cross-entropy (per-step, per-pixel); None for the others (the reader's: the output's shape, ``()`` for

@@ -112,10 +112,11 @@ def check_stats(
     outputs: Sequence[TensorSpec],
     validation,
     num_proc: int,
-    class_indices: Sequence[bool] | None = None,
+    class_indices: Sequence[bool | None] | None = None,
 ) -> None:
     """Raises ValueError for the first problem in the statistics (before any rank starts).
-    ``class_indices[i]``: output ``i`` is trained with a sparse cross-entropy (its labels are class indices)."""
+    ``class_indices[i]``: output ``i`` is trained with a sparse cross-entropy (its labels are class indices);
+    None: its labels go to the user's code as they are (any length)."""
     rows = stats["rows"]
     if rows == 0:
         raise ValueError(
@@ -144,8 +145,10 @@ def check_stats(
             check_value_range("feature", info.name, s["min"], s["max"], spec.dtype or "float32", spec)
     for i, (info, spec) in enumerate(zip(labels, outputs)):
         s = stats["columns"][info.name]
-        sparse = class_indices is not None and i < len(class_indices) and bool(class_indices[i])
-        check_label_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind, sparse)
+        given = class_indices[i] if class_indices is not None and i < len(class_indices) else False
+        sparse = bool(given)
+        if given is not None:  # None: labels the user's code reads as they are (a LightningModule's)
+            check_label_lengths(info.name, spec, s["min_len"], s["max_len"], info.kind, sparse)
         if sparse:
             check_class_indices(info, spec, s)
         # the reader gives the model integer labels as int32, others as float32
@@ -167,14 +170,16 @@ def check_stats(
 
 def check_class_indices(info: ColumnInfo, spec: TensorSpec, s: dict) -> None:
     """A label of an output trained with a sparse cross-entropy holds class indices (one, or one per step or
-    pixel of the output): every value must be a whole number in ``[0, units)``, ``units`` the output's last
-    axis. Raises ValueError naming the column and a value."""
-    units = spec.shape[-1] if spec.elements is not None and spec.shape else None
+    pixel of the output): every value must be a whole number in ``[0, units)``, ``units`` the size of the
+    output's class axis, or the loss's ``ignore_index`` (torch's masked positions: only the extremes are
+    known here). Raises ValueError naming the column and a value."""
+    units = spec.shape[spec.class_axis] if spec.elements is not None and spec.shape else None
     if units is None or units < 2 or s.get("min") is None:
         return
     low, high = s["min"], s["max"]
-    if low < 0 or high > units - 1:
-        bad = low if low < 0 else high
+    ignored = spec.ignore_index
+    if (low < 0 and low != ignored) or (high > units - 1 and high != ignored):
+        bad = low if low < 0 and low != ignored else high
         raise ValueError(
             f"label column '{info.name}' holds class indices for output '{spec.name}', which has {units} units: "
             f"every label must be in [0, {units - 1}]. Received labels from {_num(low)} to {_num(high)} "

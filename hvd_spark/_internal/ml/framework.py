@@ -45,7 +45,7 @@ class Framework:
         """Step 2: the run's architecture record, and the fingerprint of runs recorded before it (or None)."""
         raise NotImplementedError
 
-    def class_indices(self, c) -> list[bool]:
+    def class_indices(self, c) -> list[bool | None]:
         """Per output: whether its labels are class indices (a sparse cross-entropy)."""
         raise NotImplementedError
 

@@ -58,8 +58,10 @@ class LightningFramework(TorchFramework):
             p, inputs, outputs, ("regression", False) if p.task != "classification" else _classes(outputs)
         )
 
-    def class_indices(self, c) -> list[bool]:
-        return [False] * len(c.outputs)
+    def class_indices(self, c) -> list[bool | None]:
+        """None: the labels are the module's own business (its ``training_step`` gets them as stored), so
+        their length is not checked against the output's (a padded sequence's tags for (classes, steps))."""
+        return [None] * len(c.outputs)
 
     def compile_args(self, c) -> dict:
         import cloudpickle

@@ -18,7 +18,11 @@ _BINARY_LOSSES = {"BCEWithLogitsLoss": True, "binary_cross_entropy_with_logits":
 
 
 def _loss_name(loss) -> str:
-    return getattr(loss, "__name__", None) or type(loss).__name__
+    """A loss's name: its function's (a ``functools.partial`` unwrapped), else its class's, or that of the
+    torch class-index loss it subclasses."""
+    from hvd_spark._internal.rank.torch_losses import loss_name
+
+    return loss_name(loss)
 
 
 def is_optimizer(x) -> bool:
@@ -59,6 +63,10 @@ class TorchFramework(Framework):
             raise ValueError("feature_cols and label_cols must be lists for a torch model (it has no input names).")
         inputs = self._input_specs(dataset, p)
         outputs = _output_specs(p.model, inputs, list(p.label_cols))
+        outputs = [  # a class-index loss's ignore_index is a valid label (padded positions)
+            dataclasses.replace(o, ignore_index=_ignore_index(loss))
+            for o, loss in zip(outputs, _losses_for(p.loss, len(outputs)))
+        ]
         p = checks._match_model(dataset, p, inputs, outputs)
         return ModelCheck(p, inputs, outputs, _prediction(p.task, p.loss, outputs))
 
@@ -166,6 +174,13 @@ class TorchFramework(Framework):
         return TorchModel(**transformer_params(c, model_path, run_id, epoch_logs))
 
 
+def _ignore_index(loss) -> int | None:
+    """The ``ignore_index`` of a class-index loss (torch's default -100 unless set), else None."""
+    from hvd_spark._internal.rank.torch_losses import GlobalLoss
+
+    return GlobalLoss(loss).ignore_index if _loss_name(loss) in _CLASS_INDEX_LOSSES else None
+
+
 def _as_list(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
@@ -260,12 +275,17 @@ def _output_specs(model, inputs: list[TensorSpec], labels: list[str]) -> list[Te
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
     if len(outs) != len(labels):
         raise ValueError(f"label_cols must name one column per model output ({len(outs)}). Received: {labels}.")
-    return [TensorSpec(name, tuple(o.shape[1:]), str(o.dtype).replace("torch.", "")) for name, o in zip(labels, outs)]
+    return [  # torch's class axis is the first after the batch's ((N, C, d1, ...) for CrossEntropyLoss)
+        TensorSpec(name, tuple(o.shape[1:]), str(o.dtype).replace("torch.", ""), class_axis=0)
+        for name, o in zip(labels, outs)
+    ]
 
 
 def _prediction(task: str, loss, outputs: list[TensorSpec]) -> tuple[str, bool]:
     """What ``transform`` predicts: a classifier (multiclass or binary, logits or probabilities) or a regression."""
     if len(outputs) != 1 or task == "regression":
+        return "regression", False
+    if len(outputs[0].shape) > 1 and task != "classification":  # per step or pixel: the raw scores only
         return "regression", False
     name = _loss_name(_as_list(loss)[0])
     elements = outputs[0].elements or 1

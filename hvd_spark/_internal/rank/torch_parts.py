@@ -15,6 +15,7 @@ import numpy as np
 from hvd_spark._internal.common.contracts import DataSpec, RunConfig
 from hvd_spark._internal.common.torch_files import FORMAT
 from hvd_spark._internal.rank.epochs import data_trace
+from hvd_spark._internal.rank.torch_losses import GlobalLoss, ValSums
 
 _STEPS = 0x70C4  # the rank's generator seeds, apart from the data order's
 
@@ -54,6 +55,7 @@ class TorchSetup:
     """The rank's module under ``DistributedDataParallel``, its optimizer, losses and metrics."""
 
     def __init__(self, cfg: RunConfig, model, optimizer, parts: dict, iterations: int):
+        import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
         self.cfg, self.model, self.optimizer, self.iterations = cfg, model, optimizer, iterations
@@ -64,6 +66,8 @@ class TorchSetup:
 
             self.ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         self.losses = list(parts["losses"])
+        self.global_losses = [GlobalLoss(fn) for fn in self.losses]
+        self.size = dist.get_world_size() if dist.is_initialized() else 1
         self.loss_weights = list(parts.get("loss_weights") or [1.0] * len(self.losses))
         self.metrics = list(parts.get("metrics") or [])
         self.output_names = list(parts["output_names"])
@@ -116,10 +120,11 @@ class TorchSetup:
             return outs, {"loss": float(loss.detach())}
         self._micro += 1
         sync = self._micro % self.k == 0 or last
+        pending = self._denominators(ys, w)  # started before the forward pass, awaited by the losses
         with contextlib.nullcontext() if sync else self.ddp.no_sync():
             out = self.ddp(*xs)
             outs = list(out) if isinstance(out, (list, tuple)) else [out]
-            total, parts = self._losses(outs, ys, w)
+            total, parts, _ = self._losses(outs, ys, w, pending)
             (total / self.k if self.k > 1 else total).backward()
         if sync:
             self.optimizer.step()
@@ -136,22 +141,33 @@ class TorchSetup:
         """horovod.spark's ``loss_fn(outputs, labels, sample_weights)`` for a ``train_minibatch_fn``."""
         outs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
         ys = list(labels) if isinstance(labels, (list, tuple)) else [labels]
-        return self._losses(outs, ys, sample_weights)[0]
+        return self._losses(outs, ys, sample_weights, self._denominators(ys, sample_weights))[0]
 
-    def _losses(self, outs: list, ys: list, w) -> tuple[Any, dict]:
-        """The weighted sum of the outputs' losses; with sample weights, each row's loss times its weight,
-        averaged over the batch (horovod.spark's rule: the weights are not normalized)."""
+    def _denominators(self, ys: list, w) -> list | None:
+        """The training losses' global denominators, their allreduce started (``rank/torch_losses.py``);
+        None in validation. With sample weights every loss is a mean over the rows: nothing to start."""
+        if w is not None:
+            return [None] * len(ys)
+        return [g.start(y, self.size) for g, y in zip(self.global_losses, ys)]
+
+    def _losses(self, outs: list, ys: list, w, pending: list | None = None) -> tuple[Any, dict, list]:
+        """The weighted sum of the outputs' losses, normalised over the global batch in training
+        (``pending`` given); with sample weights, each row's loss times its weight, averaged over the batch
+        (horovod.spark's rule: the weights are not normalized). Also each output's loss."""
         total: Any = 0.0
-        parts = {}
+        parts, values = {}, []
         for i, (o, y, fn, lw) in enumerate(zip(outs, ys, self.losses, self.loss_weights)):
             if w is None:
                 value = fn(o, y)
+                if pending is not None:
+                    value = self.global_losses[i].scale(value, pending[i], self.size)
             else:
                 value = (self._per_sample_loss(i, fn)(o, y).reshape(len(w), -1).mean(1) * w).mean()
+            values.append(value)
             total = total + lw * value if len(outs) > 1 else value
             if len(outs) > 1:
                 parts[f"{self.output_names[i]}_loss"] = float(value.detach())
-        return total, parts
+        return total, parts, values
 
     def _per_sample_loss(self, i: int, fn):
         """``fn`` without its reduction: a loss module copied with ``reduction="none"``, a function given it."""
@@ -173,10 +189,12 @@ class TorchSetup:
         return (epoch + 1) % freq == 0 if isinstance(freq, int) else (epoch + 1) in freq
 
     def validate(self, rank: int, size: int) -> dict:
-        """Every validation row once, over all ranks: ``val_loss`` and ``val_<metric>``."""
+        """Every validation row once, over all ranks: ``val_loss`` (each loss of the whole validation set
+        as one batch: ``rank/torch_losses.py``) and ``val_<metric>``."""
         import torch
 
-        losses, metrics = Losses(self), Metrics(self.metrics, self.output_names)
+        losses = ValSums(self.global_losses, self.loss_weights, self.output_names)
+        metrics = Metrics(self.metrics, self.output_names)
         self.model.eval()
         try:
             with torch.no_grad():
@@ -184,12 +202,11 @@ class TorchSetup:
                     xs, ys, w = batch_tensors(batch, self.cfg.data, self.class_indices)
                     out = self.model(*xs)
                     outs = list(out) if isinstance(out, (list, tuple)) else [out]
-                    total, parts = self._losses(outs, ys, w)
-                    losses.add({"loss": float(total), **parts}, len(ys[0]))
+                    losses.add(self._losses(outs, ys, w)[2], ys if w is None else [None] * len(ys), len(ys[0]))
                     metrics.update(outs, ys)
         finally:
             self.model.train()
-        return {f"val_{k}": v for k, v in {**losses.result(), **metrics.result()}.items()}
+        return {f"val_{k}": v for k, v in {**losses.result(_all_sum), **metrics.result()}.items()}
 
     # --- files ---
     def save_checkpoint(self, local: str) -> None:
