@@ -34,7 +34,7 @@ class TensorSpec:
         return tuple(int(d) for d in self.shape if d is not None)
 
     def to_dict(self) -> dict:
-        d = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        d: dict = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
         if self.key is not None:
             d["key"] = self.key
         if self.class_axis != -1:

@@ -105,11 +105,11 @@ class KerasFramework(Framework):
         arch = architecture(c.model, p.optimizer, p.loss, {"features": p.feature_cols, "labels": p.label_cols})
         return arch, lambda: model_fingerprint(c.model)
 
-    def class_indices(self, c) -> list[bool]:
+    def class_indices(self, c) -> list[bool | None]:
         from hvd_spark._internal.ml.model_info import class_index_outputs
 
         loss = c.p.loss if c.p.loss is not None else getattr(c.model, "loss", None)
-        return class_index_outputs(loss, c.outputs, c.p.label_shapes)
+        return list(class_index_outputs(loss, c.outputs, c.p.label_shapes))
 
     def compile_args(self, c) -> dict:
         from hvd_spark._internal.common.serde import dumps_keras_obj

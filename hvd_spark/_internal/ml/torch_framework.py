@@ -132,7 +132,7 @@ class TorchFramework(Framework):
         }
         return arch, None
 
-    def class_indices(self, c) -> list[bool]:
+    def class_indices(self, c) -> list[bool | None]:
         losses = _losses_for(c.p.loss, len(c.outputs))
         return [_loss_name(x) in _CLASS_INDEX_LOSSES for x in losses]
 
