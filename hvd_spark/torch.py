@@ -13,6 +13,7 @@ Needs the ``torch`` extra (``pip install 'hvd_spark[torch]'``); docs/torch.md sa
 
 from hvd_spark._internal.ml.torch_estimator import TorchEstimator
 from hvd_spark._internal.ml.torch_model import TorchModel
+from hvd_spark._internal.rank.torch_callbacks import Callback, TrainState
 from hvd_spark._internal.rank.torch_losses import global_batch_loss
 
-__all__ = ["TorchEstimator", "TorchModel", "global_batch_loss"]
+__all__ = ["Callback", "TorchEstimator", "TorchModel", "TrainState", "global_batch_loss"]

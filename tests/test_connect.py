@@ -289,3 +289,38 @@ def test_killed_rank_restarts_from_checkpoint_through_connect(connect, classic, 
     assert sorted(p.name for p in (store / "runs" / "crashy" / "checkpoints").glob("epoch-????.json")) == [
         f"epoch-{e:04d}.json" for e in (1, 2, 3, 4)
     ]
+
+
+def test_torch_fit_through_connect_trains_resumes_and_predicts(connect, classic, tmp_path, caplog):
+    """A TorchEstimator fit on a Connect DataFrame: epochs reach the client while the job runs, the model
+    predicts held-out digits through Connect, and a second fit of the run trains only the new epoch."""
+    import logging
+
+    torch = pytest.importorskip("torch")
+    from digits import digits_frames
+    from torch_digits import digits_net
+
+    from hvd_spark.torch import TorchEstimator, TorchModel
+
+    _, _, rows, _ = classic
+    train, _ = digits_frames(connect)
+    torch.manual_seed(1)
+    net = digits_net()
+    est = TorchEstimator(
+        num_proc=2, store=str(tmp_path / "store"), model=net, optimizer=torch.optim.Adam(net.parameters(), lr=0.003),
+        loss=torch.nn.CrossEntropyLoss(), feature_cols=["features"], label_cols=["label"], batch_size=32,
+        epochs=5, run_id="tconn", verbose=1,
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="hvd_spark"):
+        model = est.fit(train)
+    assert all(f"epoch {e}/5" in caplog.text for e in range(1, 6))
+    out = model.transform(_test_frame(connect, rows)).toPandas()
+    assert float((out["prediction"] == out["label"]).mean()) >= 0.9
+    model.write().save(str(tmp_path / "saved"))
+    again = TorchModel.load(str(tmp_path / "saved")).transform(_test_frame(connect, rows)).toPandas()
+    np.testing.assert_array_equal(again["prediction"], out["prediction"])
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hvd_spark"):
+        resumed = est.copy({est.epochs: 6}).fit(train)
+    assert "resuming run 'tconn' from epoch 5 of 6" in caplog.text and "epoch 1/6" not in caplog.text
+    assert len(resumed.getHistory()["loss"]) == 6

@@ -149,30 +149,45 @@ def test_save_and_load_to_s3_without_hadoop_s3_jars(spark, s3, tmp_path, monkeyp
     assert Pipeline.load("s3://hvd-spark/ml/pipeline").getStages()[0].getEpochs() == 1
 
 
+def _kill_store_at_checkpoint_3(server_pid: int, when: str) -> None:
+    """Arms a one-time fault in this rank's next checkpoint 3: the S3 server is killed (by its process
+    group id) as the model file's upload starts (``when="model"``), or after the model file and before the
+    JSON that completes the checkpoint (``when="json"``)."""
+    from hvd_spark._internal.data.files import StoreFiles as S
+
+    name = "upload_file" if when == "model" else "write_json"
+    original = getattr(S, name)
+
+    def faulty(self, *args):
+        if "checkpoints/epoch-0003" in str(args):
+            with contextlib.suppress(ProcessLookupError):  # a restarted attempt: killed already
+                os.killpg(server_pid, signal.SIGKILL)
+        return original(self, *args)
+
+    setattr(S, name, faulty)
+
+
 class KillStoreDuringCheckpoint(keras.callbacks.Callback):
-    """On rank 0 at the end of epoch 3, arms a one-time fault in the checkpoint that follows: the S3
-    server is killed (by its process group id) as the model file's upload starts (``when="model"``),
-    or after the model file and before the JSON that completes the checkpoint (``when="json"``)."""
+    """On rank 0 at the end of epoch 3, arms :func:`_kill_store_at_checkpoint_3`."""
 
     def __init__(self, server_pid: int, when: str):
         super().__init__()
         self.server_pid, self.when = server_pid, when
 
     def on_epoch_end(self, epoch, logs=None):
-        if epoch != 2 or os.environ.get("HVD_SPARK_RANK") != "0":
-            return
-        from hvd_spark._internal.data.files import StoreFiles as S
+        if epoch == 2 and os.environ.get("HVD_SPARK_RANK") == "0":
+            _kill_store_at_checkpoint_3(self.server_pid, self.when)
 
-        name = "upload_file" if self.when == "model" else "write_json"
-        original, pid = getattr(S, name), self.server_pid
 
-        def faulty(self, *args):
-            if "checkpoints/epoch-0003" in str(args):
-                with contextlib.suppress(ProcessLookupError):  # a restarted attempt: killed already
-                    os.killpg(pid, signal.SIGKILL)
-            return original(self, *args)
+class KillStoreDuringTorchCheckpoint:
+    """The same as a ``hvd_spark.torch`` callback."""
 
-        setattr(S, name, faulty)
+    def __init__(self, server_pid: int):
+        self.server_pid = server_pid
+
+    def on_epoch_end(self, epoch, logs, state):
+        if epoch == 2 and state.rank == 0:
+            _kill_store_at_checkpoint_3(self.server_pid, "model")
 
 
 def _back_after(s3, seconds: float) -> threading.Thread:
@@ -217,6 +232,25 @@ def test_an_outage_within_the_retry_window_is_bridged_without_a_restart(spark, s
     summary = model.getFitSummary()
     assert summary.restarts == 0 and len(model.getHistory()["loss"]) == 4
     assert [c.epoch for c in store.checkpoints("bridged")] == [1, 2, 3, 4]
+    assert summary.ranks[0].iterations == 4 * summary.steps_per_epoch  # no epoch trained twice
+
+
+def test_a_torch_fit_bridges_an_outage_within_the_retry_window(spark, s3, tmp_path):
+    """The same outage under a TorchEstimator fit: its rank 0's checkpoint upload is retried too."""
+    pytest.importorskip("torch")
+    from _torch_helpers import data, torch_estimator, write
+
+    x, y = data()
+    path = write(tmp_path, x, y)
+    store = _store(s3, "torch-outage")
+    back = _back_after(s3, 15)
+    callbacks = [KillStoreDuringTorchCheckpoint(s3.proc.pid)]
+    model = torch_estimator(store, epochs=4, run_id="torch-bridged", callbacks=callbacks).fit(spark.read.parquet(path))
+    back.join(timeout=120)
+    assert not back.is_alive()  # the server was killed, and is back
+    summary = model.getFitSummary()
+    assert summary.restarts == 0 and len(model.getHistory()["loss"]) == 4
+    assert [c.epoch for c in store.checkpoints("torch-bridged")] == [1, 2, 3, 4]
     assert summary.ranks[0].iterations == 4 * summary.steps_per_epoch  # no epoch trained twice
 
 

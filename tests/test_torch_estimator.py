@@ -93,6 +93,7 @@ def _plain(x, y, opt_name, size, epochs):
         history["loss"].append(total / rows)
         with torch.no_grad():
             history["val_loss"].append(float(loss_fn(model(xt[ROWS:]), yt[ROWS:])))
+    model.plain_optimizer = opt  # for the tests of getOptimizer
     return model, history
 
 
@@ -195,6 +196,14 @@ def test_resume_continues_as_one_fit_and_transform(spark, tmp_path):
         logits = plain(torch.as_tensor(np.stack([r["features"] for r in rows]).astype("float32"))).numpy()
     np.testing.assert_allclose(np.stack([r["label__output"] for r in rows]), logits, rtol=1e-5, atol=1e-5)
     assert [r["prediction"] for r in rows] == logits.argmax(1).astype(float).tolist()
+
+    opt, module = fitted.getOptimizer(), fitted.getModel()  # the checkpoint's state, on getModel's parameters
+    assert isinstance(opt, torch.optim.Adam) and opt.param_groups[0]["params"] == list(module.parameters())
+    for p_plain, p in zip(plain.parameters(), module.parameters()):
+        want_state, got_state = plain.plain_optimizer.state[p_plain], opt.state[p]
+        assert float(got_state["step"]) == float(want_state["step"]) == 3 * ROWS // (2 * B)
+        want_sq = want_state["exp_avg_sq"].numpy()
+        np.testing.assert_allclose(got_state["exp_avg_sq"].numpy(), want_sq, rtol=1e-4, atol=1e-9)
 
     saved = str(tmp_path / "saved")
     fitted.write().save(saved)

@@ -35,11 +35,20 @@ class FitInput:
     frame: Any
     scan: Any = None
     validation_files: tuple = ()
+    sample: Any = None  # fit_on_parquet: columns -> the first row of its files (``first_row``)
 
     @property
     def given(self) -> bool:
         """True for ``fit_on_parquet``'s files: read in place or not at all."""
         return self.scan is not None
+
+    def first_row(self, columns: list[str]) -> dict | None:
+        """The values of ``columns`` in the first row (a Spark job for a DataFrame; the first file's first
+        row for ``fit_on_parquet``), None when there are no rows."""
+        if self.sample is not None:
+            return self.sample(columns)
+        rows = self.frame.select(*columns).limit(1).collect()
+        return rows[0].asDict() if rows else None
 
 
 def parquet_input(path: str, validation_path: str | None, store: Store, session: Callable[[], Any]) -> FitInput:
@@ -77,7 +86,17 @@ def parquet_input(path: str, validation_path: str | None, store: Store, session:
         raise ValueError(f"fit_on_parquet: every Parquet file at path={path!r} is a validation_path file.")
     every = tuple(found["path"] + found.get("validation_path", []))
     scan = inplace.Scan(every, {n: n for n in schema.names}, str(path), str(path))
-    return FitInput(frame, scan, tuple(found.get("validation_path", ())))
+
+    def sample(columns: list[str]) -> dict | None:
+        for url in found["path"]:
+            fs, local = sources.file_system(url, inplace.options_for(url, store))
+            with fs.open(local, "rb") as f:
+                batch = next(pq.ParquetFile(f).iter_batches(batch_size=1, columns=list(columns)), None)
+            if batch is not None and batch.num_rows:
+                return batch.to_pylist()[0]
+        return None
+
+    return FitInput(frame, scan, tuple(found.get("validation_path", ())), sample)
 
 
 def read_in_place(

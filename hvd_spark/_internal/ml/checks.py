@@ -57,7 +57,7 @@ def check(data: FitInput, p: FitParams, backend_object: Any = None, framework: A
     ensure_visible(p.verbose)
     options, executors = _launch_options(dataset.sparkSession, p, backend_object)
     model = p.model
-    m = framework.check_model(dataset, p)
+    m = framework.check_model(data, p)
     p, inputs, outputs, prediction = m.p, m.inputs, m.outputs, m.prediction
     f_infos, l_infos, w_info, validation = _column_infos(dataset, p, inputs, outputs)
     custom_objects = framework.shipped(p, model, outputs)

@@ -255,7 +255,13 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         from hvd_spark._internal.driver.sessions import active_session
 
         data = fit_data.parquet_input(path, validation_path, Store.create(p.store), active_session)
-        return steps.run(data, p, est._backend_object)
+        return steps.run(data, p, est._backend_object, est._framework())
+
+    def _framework(self):
+        """The model's framework (``ml/framework.py``): Keras here, torch or Lightning in the subclasses."""
+        from hvd_spark._internal.ml.framework import KERAS
+
+        return KERAS
 
     # --- fit: its steps are ml/steps.py's ---
     def fit(self, dataset, params=None, **kwargs):
@@ -278,7 +284,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     def _fit(self, dataset):
         """Spark ML's hook behind ``fit`` (which copies the estimator with ``params`` first): the fit's
         steps (``ml/steps.py``'s ``run``) on the DataFrame."""
-        return steps.run(fit_data.FitInput(dataset), self._fit_params(), self._backend_object)
+        return steps.run(fit_data.FitInput(dataset), self._fit_params(), self._backend_object, self._framework())
 
     # --- persistence (save / load come from MLWritable / MLReadable) ---
     @classmethod

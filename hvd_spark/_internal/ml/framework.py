@@ -33,8 +33,8 @@ class Framework:
     suffix = ""
     description = ""
 
-    def check_model(self, dataset, p: FitParams) -> ModelCheck:
-        """Step 1b: the model against the DataFrame's columns (nothing written)."""
+    def check_model(self, data, p: FitParams) -> ModelCheck:
+        """Step 1b: the model against the columns of ``data`` (``fit_data.FitInput``; nothing written)."""
         raise NotImplementedError
 
     def shipped(self, p: FitParams, model, outputs) -> dict | None:
@@ -73,11 +73,11 @@ class KerasFramework(Framework):
     suffix = ".keras"
     description = "HorovodEstimator.fit"
 
-    def check_model(self, dataset, p: FitParams) -> ModelCheck:
+    def check_model(self, data, p: FitParams) -> ModelCheck:
         from hvd_spark._internal.ml import checks
         from hvd_spark._internal.ml.model_info import is_compiled, model_specs, needs_build, prediction_task
 
-        model = p.model
+        model, dataset = p.model, data.frame
         if needs_build(model):  # a subclassed model never called: built as fit's first batch would build it
             checks._build_from_columns(model, dataset, p.feature_cols)
         inputs, outputs = model_specs(model)

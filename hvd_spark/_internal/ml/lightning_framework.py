@@ -22,7 +22,7 @@ class LightningFramework(TorchFramework):
     name = "lightning"
     description = "lightning.TorchEstimator.fit"
 
-    def check_model(self, dataset, p: FitParams) -> ModelCheck:
+    def check_model(self, data, p: FitParams) -> ModelCheck:
         import lightning.pytorch as pl
 
         from hvd_spark._internal.ml import checks
@@ -51,9 +51,9 @@ class LightningFramework(TorchFramework):
             raise ValueError("sample_weight_col: a LightningModule reads the weight column from its batch itself.")
         if isinstance(p.feature_cols, dict) or isinstance(p.label_cols, dict):
             raise ValueError("feature_cols and label_cols must be lists for a LightningModule.")
-        inputs = self._input_specs(dataset, p)
+        inputs = self._input_specs(data, p)
         outputs = _output_specs(p.model, inputs, list(p.label_cols))
-        p = checks._match_model(dataset, p, inputs, outputs)
+        p = checks._match_model(data.frame, p, inputs, outputs)
         return ModelCheck(
             p, inputs, outputs, ("regression", False) if p.task != "classification" else _classes(outputs)
         )

@@ -6,8 +6,6 @@ from typing import Any
 
 from pyspark import keyword_only
 
-from hvd_spark._internal.data import fit_data
-from hvd_spark._internal.ml import steps
 from hvd_spark._internal.ml.estimator import HorovodEstimator
 from hvd_spark._internal.ml.fit_params import FitParams
 from hvd_spark._internal.ml.params import _param
@@ -48,11 +46,13 @@ def _metrics(x):
 
 
 def _callbacks(x):
-    if x is None or (isinstance(x, (list, tuple)) and not x):
+    from hvd_spark._internal.rank.torch_callbacks import HOOKS, is_callback
+
+    if x is None or (isinstance(x, (list, tuple)) and all(is_callback(c) for c in x)):
         return x
-    raise NotImplementedError(
-        "callbacks are not supported by TorchEstimator yet: its ranks run a plain torch loop with no callback "
-        "API. Checkpoints, resume, progress and MLflow are hvd_spark's own; see docs/torch.md."
+    raise TypeError(
+        f"callbacks must be a list of hvd_spark.torch.Callback objects (or objects with any of {', '.join(HOOKS)}); "
+        f"Keras callbacks do not apply to a torch model. Received: {x!r}."
     )
 
 
@@ -135,7 +135,9 @@ class TorchEstimator(HorovodEstimator):
     )
     loss = _param("loss", "A loss module or function (outputs, labels) -> loss, or a list (one per output).", _loss)
     metrics = _param("metrics", "torchmetrics metrics, or functions (outputs, labels) -> number.", _metrics)
-    callbacks = _param("callbacks", "Not supported by TorchEstimator yet (None).", _callbacks)
+    callbacks = _param(
+        "callbacks", "hvd_spark.torch.Callback objects, called on every rank (docs/torch.md).", _callbacks
+    )
     custom_objects = _param("custom_objects", "Keras only (None).", _keras_only("custom_objects"))
     class_weight = _param("class_weight", "Keras only (None).", _keras_only("class_weight"))
     checkpoint_callback = _param("checkpoint_callback", "Keras only (None).", _keras_only("checkpoint_callback"))
@@ -222,14 +224,6 @@ class TorchEstimator(HorovodEstimator):
                 raise ValueError("Give loss or loss_constructors, not both.")
             p = dataclasses.replace(p, loss=[make() for make in constructors])
         return p
-
-    def fit_on_parquet(self, path: str, validation_path: str | None = None, params: dict | None = None):
-        raise NotImplementedError(
-            "fit_on_parquet is not supported by TorchEstimator yet; fit spark.read.parquet(path) (read in place)."
-        )
-
-    def _fit(self, dataset):
-        return steps.run(fit_data.FitInput(dataset), self._fit_params(), self._backend_object, self._framework())
 
 
 TorchEstimator.__module__ = "hvd_spark.torch"

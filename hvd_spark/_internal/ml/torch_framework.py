@@ -43,7 +43,7 @@ class TorchFramework(Framework):
     description = "TorchEstimator.fit"
 
     # --- step 1 ---
-    def check_model(self, dataset, p: FitParams) -> ModelCheck:
+    def check_model(self, data, p: FitParams) -> ModelCheck:
         import torch
 
         from hvd_spark._internal.ml import checks
@@ -61,22 +61,22 @@ class TorchFramework(Framework):
                 _check_per_row(loss)
         if isinstance(p.feature_cols, dict) or isinstance(p.label_cols, dict):
             raise ValueError("feature_cols and label_cols must be lists for a torch model (it has no input names).")
-        inputs = self._input_specs(dataset, p)
+        inputs = self._input_specs(data, p)
         outputs = _output_specs(p.model, inputs, list(p.label_cols))
         outputs = [  # a class-index loss's ignore_index is a valid label (padded positions)
             dataclasses.replace(o, ignore_index=_ignore_index(loss))
             for o, loss in zip(outputs, _losses_for(p.loss, len(outputs)))
         ]
-        p = checks._match_model(dataset, p, inputs, outputs)
+        p = checks._match_model(data.frame, p, inputs, outputs)
         return ModelCheck(p, inputs, outputs, _prediction(p.task, p.loss, outputs))
 
-    def _input_specs(self, dataset, p: FitParams) -> list[TensorSpec]:
+    def _input_specs(self, data, p: FitParams) -> list[TensorSpec]:
         """One input per feature column (or stacked group): ``input_shapes`` when given, else a scalar
         column ``()``, an array or Vector its length in the first row, a group ``(columns,)``."""
         from hvd_spark._internal.data import materialize as data_mod
 
         entries = list(p.feature_cols)
-        infos = [data_mod.column_info(dataset, c, "feature") for c in entries]
+        infos = [data_mod.column_info(data.frame, c, "feature") for c in entries]
         for info in infos:
             if info.kind == "binary" and p.transformation_fn is None or info.element_type == "string":
                 raise ValueError(
@@ -92,7 +92,7 @@ class TorchFramework(Framework):
                 )
             shapes = [tuple(int(d) for d in list(s)[1:]) for s in self.input_shapes]  # without the batch axis
         else:
-            shapes = _column_shapes(dataset, infos)
+            shapes = _column_shapes(data, infos)
         names = [i.name for i in infos]
         return [TensorSpec(n, s, d) for n, s, d in zip(names, shapes, dtypes)]
 
@@ -106,6 +106,7 @@ class TorchFramework(Framework):
             ("loss", p.loss),
             ("metrics", p.metrics),
             ("train_minibatch_fn", self.train_minibatch_fn),
+            ("callbacks", p.callbacks),
             ("transformation_fn", p.transformation_fn),
         ):
             try:
@@ -153,6 +154,7 @@ class TorchFramework(Framework):
             "train_minibatch_fn": self.train_minibatch_fn,
             "learning_rate": p.learning_rate,
             "find_unused_parameters": self.find_unused_parameters,
+            "callbacks": list(p.callbacks or []),
         }
         return {"torch": cloudpickle.dumps(parts), "learning_rate": p.learning_rate}
 
@@ -232,16 +234,16 @@ def _check_optimizer(model, optimizer) -> None:
         )
 
 
-def _column_shapes(dataset, infos: list) -> list[tuple[int, ...]]:
+def _column_shapes(data, infos: list) -> list[tuple[int, ...]]:
     """Each feature's shape without the batch axis, from its column (the lengths from the first row)."""
     wide = [i.name for i in infos if i.kind not in ("scalar",) and not i.parts]
-    rows: list = []
+    row: dict | None = {}
     if wide:
         from hvd_spark._internal.data.jobs import spark_job
 
         with spark_job(f"reading the first row of the DataFrame (the lengths of {wide})"):
-            rows = dataset.select(*wide).limit(1).collect()
-        if not rows:
+            row = data.first_row(wide)
+        if not row:
             raise ValueError("The DataFrame passed to fit() is empty: 0 rows (the inputs' shapes come from its rows).")
     shapes: list[tuple[int, ...]] = []
     for info in infos:
@@ -250,9 +252,15 @@ def _column_shapes(dataset, infos: list) -> list[tuple[int, ...]]:
         elif info.kind == "scalar":
             shapes.append(())
         else:
-            value = rows[0][info.name]
-            shapes.append((int(value.size) if hasattr(value, "size") else len(value),))
+            shapes.append((_length(row[info.name]),))  # type: ignore[index]
     return shapes
+
+
+def _length(value) -> int:
+    """An array's or a Vector's length (a Vector read from Parquet by pyarrow: its struct)."""
+    if isinstance(value, dict):  # pyspark.ml's VectorUDT as stored: {type, size, indices, values}
+        return int(value["size"]) if value.get("size") is not None else len(value.get("values") or [])
+    return int(value.size) if hasattr(value, "size") else len(value)
 
 
 def _output_specs(model, inputs: list[TensorSpec], labels: list[str]) -> list[TensorSpec]:

@@ -27,6 +27,32 @@ class TorchModel(TFTransformer):
             self._keras_model = load_torch_model(self.getModelUrl(), self.getStorageOptions())
         return self._keras_model
 
+    def getOptimizer(self):
+        """The optimizer as the fit left it (its state, step counts and learning rates) on the parameters
+        of :meth:`getModel`'s module, as horovod.spark.torch's ``TorchModel.getOptimizer``: read from the
+        run's checkpoint of the fit's last epoch (so it must still be in the store). None for a
+        LightningModule, whose ``configure_optimizers`` makes its optimizers."""
+        from hvd_spark._internal.common.torch_files import read_torch_file
+
+        history = self.getHistory() or {}
+        epochs = len(next(iter(history.values()), []))
+        url = self.getModelUrl()
+        if not epochs or "/models/" not in url:
+            raise ValueError(  # a model saved by hand
+                f"No checkpoint to read the optimizer from: this model ({url}) has no epochs in a store."
+            )
+        ckpt = f"{url.rsplit('/models/', 1)[0]}/checkpoints/epoch-{epochs:04d}.pt"
+        try:
+            saved = read_torch_file(ckpt, self.getStorageOptions())
+        except FileNotFoundError:
+            raise ValueError(
+                f"The optimizer is read from the run's checkpoint of epoch {epochs}, {ckpt}, which is no longer in "
+                "the store (removed by keep_checkpoints, Store.cleanup or by hand)."
+            ) from None
+        if saved.get("optimizer") is None:
+            return None
+        return rebind_optimizer(saved["optimizer"], saved["model"], self.getModel())
+
     def save_keras(self, path: str) -> str:
         raise TypeError("save_keras writes Keras models; this is a torch model: use save_torch(path).")
 
@@ -46,6 +72,20 @@ class TorchModel(TFTransformer):
         from hvd_spark._internal.ml.persistence import TransformerReader
 
         return TransformerReader(cls, safe_mode).load(path)
+
+
+def rebind_optimizer(optimizer, saved_module, module):
+    """A copy of ``optimizer`` (built on ``saved_module``'s parameters) on ``module``'s parameters of the
+    same names, with its parameter groups and state."""
+    by_id = {id(p): name for name, p in saved_module.named_parameters()}
+    params = dict(module.named_parameters())
+    groups = [
+        {**{k: v for k, v in g.items() if k != "params"}, "params": [params[by_id[id(p)]] for p in g["params"]]}
+        for g in optimizer.param_groups
+    ]
+    fresh = type(optimizer)(groups, **optimizer.defaults)
+    fresh.load_state_dict(optimizer.state_dict())
+    return fresh
 
 
 # Spark ML's saved metadata names the class by its module: the public name stays stable.

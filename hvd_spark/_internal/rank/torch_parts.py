@@ -73,6 +73,7 @@ class TorchSetup:
         self.output_names = list(parts["output_names"])
         self.class_indices = list(parts["class_indices"])
         self.minibatch_fn = parts.get("train_minibatch_fn")
+        self.callbacks = list(parts.get("callbacks") or [])  # rank/torch_callbacks.py
         self.k = max(1, int(cfg.training.backward_passes_per_step))
         self._micro = 0
         self._per_sample: dict[int, Any] = {}

@@ -19,8 +19,10 @@ from datetime import timedelta
 from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.contracts import RunConfig
 from hvd_spark._internal.common.events import busy, mark_progress, send_event
+from hvd_spark._internal.rank.ahead import read_ahead
 from hvd_spark._internal.rank.checkpoints import RunCommits
 from hvd_spark._internal.rank.epochs import DataPlan
+from hvd_spark._internal.rank.torch_callbacks import Callbacks, TrainState
 from hvd_spark._internal.rank.torch_parts import Losses, Metrics, TorchSetup, batch_tensors, load_setup
 
 logger = logging.getLogger(__name__)
@@ -94,6 +96,8 @@ class _Trainer:
             meta_path = cfg.start.resume_ckpt[: -len(SUFFIX)] + ".json"
             self.resumed_partial = self.store.files.read_json(meta_path).get("partial") or {}
         self.stopped_for_resize = False
+        self.callbacks = Callbacks(self.setup.callbacks, TrainState(self.setup.model, self.setup.optimizer, rank, size))
+        self.stopped: dict | None = None  # a callback ended the fit: {"epoch", "epochs", "by"}
         self._last_position = 0.0
         self._last_commit = time.monotonic()
 
@@ -107,12 +111,13 @@ class _Trainer:
         if self.rank == 0:
             send_event({"kind": "start", "rank": 0, "initial_epoch": cfg.start.initial_epoch})
         t0, start_iterations = time.time(), s.iterations
+        self.callbacks.call("on_train_begin")
         for seg in segments:
             for epoch in range(seg.first, seg.end):
                 self._epoch(seg, epoch)
-                if self.stopped_for_resize:
+                if self.stopped_for_resize or self.stopped:
                     break
-            if self.stopped_for_resize:
+            if self.stopped_for_resize or self.stopped:
                 break
         s.sync_buffers()  # BatchNorm's running statistics: rank 0's on every rank (docs/torch.md)
         result = {
@@ -128,10 +133,11 @@ class _Trainer:
         if self.stopped_for_resize:
             result["stopped_for_resize"] = True
             return result
+        self.callbacks.call("on_train_end")
         if self.rank == 0:
             self._save_final()
             result["epoch_logs"] = self.history
-            result["stopped"] = None
+            result["stopped"] = self.stopped
         return result
 
     def _epoch(self, seg, epoch: int) -> None:
@@ -142,27 +148,51 @@ class _Trainer:
         if self.rank == 0 and epoch == seg.first and seg.steps_before:  # the resumed epoch's steps before its commit
             losses.restore(self.resumed_partial.get("losses"))
             metrics.restore(self.resumed_partial.get("metrics"))
-        done = 0
-        for _, batch in s.batches(self.data, seg, self.rank, epoch):
-            xs, ys, w = batch_tensors(batch, cfg.data, s.class_indices)
+        done, before = 0, seg.steps_before if epoch == seg.first else 0
+        self.callbacks.call("on_epoch_begin", epoch)
+        tensors = (batch_tensors(b, cfg.data, s.class_indices) for _, b in s.batches(self.data, seg, self.rank, epoch))
+        # read and copied by a thread while the steps compute; a transformation_fn (the user's code, which
+        # may draw random numbers) runs in the loop's thread, in order with the steps' draws
+        for xs, ys, w in tensors if cfg.reading.transformation_fn else read_ahead(tensors):
             outputs, loss_values = s.step(xs, ys, w, last=done + 1 >= seg.steps)
             losses.add(loss_values, len(w) if w is not None else len(ys[0]))
             metrics.update(outputs, ys)
             done += 1
             mark_progress()
+            if self.callbacks:
+                self.callbacks.call("on_batch_end", before + done - 1, dict(loss_values))
             self._after_step(seg, epoch, done, losses, metrics)
         logs = {**losses.result(), **metrics.result()}
         if s.validates(epoch):
             logs.update(s.validate(self.rank, self.size))
         self.history = self.history[:epoch] + [logs]
+        meta: dict = {"logs": logs, "history": self.history}
+        if self.callbacks:
+            self._callbacks_epoch_end(epoch, logs, meta)
         if self.rank == 0:
             logger.debug("epoch %d: %s", epoch + 1, logs)
-            meta = {"logs": logs, "history": self.history}
             self.commits.write(epoch + 1, 0, meta, s.save_checkpoint, s.iterations)
             send_event({"kind": "epoch", "epoch": epoch + 1, "epochs": cfg.epochs, "logs": logs})
         if "first_epoch" not in self.startup:
             self.startup["first_epoch"] = time.time() - self.startup["process"]
-        self._check_resize(epoch)
+        if not self.stopped:
+            self._check_resize(epoch)
+
+    def _callbacks_epoch_end(self, epoch: int, logs: dict, meta: dict) -> None:
+        """The callbacks' ``on_epoch_end``; when one of them on any rank set ``stop_training``, the stop,
+        recorded in the epoch's checkpoint (``meta``), so that a restart or a later fit does not train on."""
+        import torch
+        import torch.distributed as dist
+
+        by = self.callbacks.epoch_end(epoch, logs)
+        flag = torch.tensor([1 if self.callbacks.state.stop_training else 0], dtype=torch.int32)
+        if self.size > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if int(flag[0]) and epoch + 1 < self.cfg.epochs:
+            reason = ", ".join(by) or f"a callback on another rank than {self.rank}"
+            self.stopped = meta["stopped"] = {"epoch": epoch + 1, "epochs": self.cfg.epochs, "by": reason}
+            if self.rank == 0:
+                logger.info("stopping after epoch %d of %d: %s set stop_training", epoch + 1, self.cfg.epochs, reason)
 
     def _after_step(self, seg, epoch: int, done: int, losses, metrics) -> None:
         """Rank 0's position and progress events; a commit inside the epoch when one is due."""
