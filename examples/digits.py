@@ -64,13 +64,35 @@ def _print_mlflow_run(run_id: str) -> None:
         print(f"  model  {m.name}: {m.model_uri}")
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def job_arguments(description: str) -> argparse.ArgumentParser:
+    """The digits jobs' common options (this one's and ``torch_digits.py``'s)."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-proc", type=int, default=2)
     p.add_argument("--master", default="local[*]")
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--store", default=os.path.join(os.getcwd(), "hvd_spark_store"))
+    return p
+
+
+def job_session(a, app_name: str):
+    """Logging for a person watching, and the local Spark session: ``--master``, with at least
+    ``--num-proc`` task slots for ``local[*]`` on a machine with fewer cores."""
+    import hvd_spark
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    logging.getLogger("hvd_spark.rank").setLevel(logging.WARNING)  # ranks' own output: only problems
+    master = a.master
+    if master == "local[*]" and (os.cpu_count() or 1) < a.num_proc:
+        master = f"local[{a.num_proc}]"
+    spark = hvd_spark.local_session(master, app_name=app_name)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main():
+    p = job_arguments(__doc__)
     p.add_argument("--run-id", default=None, help="default: a new run each time")
     p.add_argument(
         "--mlflow",
@@ -79,21 +101,12 @@ def main():
         help="track the fit in MLflow at this tracking URI (e.g. sqlite:///mlflow.db; needs hvd_spark[mlflow])",
     )
     a = p.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    logging.getLogger("hvd_spark.rank").setLevel(logging.WARNING)  # ranks' own output: only problems
-
     import keras
     import numpy as np
 
-    import hvd_spark
     from hvd_spark import HorovodEstimator, TFTransformer
 
-    master = a.master
-    if master == "local[*]" and (os.cpu_count() or 1) < a.num_proc:
-        master = f"local[{a.num_proc}]"
-    spark = hvd_spark.local_session(master, app_name="hvd_spark-digits")
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = job_session(a, "hvd_spark-digits")
     try:
         train_df, test_df = digits_frames(spark)
         est = HorovodEstimator(

@@ -8,15 +8,13 @@ held-out split with transform(), saves and loads the fitted TorchModel and check
 predicts the same. Needs the torch extra (and lightning for --lightning).
 """
 
-import argparse
-import logging
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from digits import digits_frames  # noqa: E402  # the same data as the Keras job
+from digits import digits_frames, job_arguments, job_session  # noqa: E402  # the same data as the Keras job
 
 
 def digits_net():
@@ -69,31 +67,18 @@ def lightning_net():
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--num-proc", type=int, default=2)
-    p.add_argument("--master", default="local[*]")
-    p.add_argument("--epochs", type=int, default=12)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--store", default=os.path.join(os.getcwd(), "hvd_spark_store"))
+    p = job_arguments(__doc__)
     p.add_argument("--lightning", action="store_true", help="train a LightningModule with Lightning's Trainer")
     a = p.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-
     import tempfile
 
     import numpy as np
     import torch
     from torch import nn
 
-    import hvd_spark
     from hvd_spark.torch import TorchModel
 
-    master = a.master
-    if master == "local[*]" and (os.cpu_count() or 1) < a.num_proc:
-        master = f"local[{a.num_proc}]"
-    spark = hvd_spark.local_session(master, app_name="hvd_spark-torch-digits")
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = job_session(a, "hvd_spark-torch-digits")
     try:
         train_df, test_df = digits_frames(spark)
         torch.manual_seed(1)

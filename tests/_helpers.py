@@ -110,3 +110,30 @@ def rank_processes() -> list[int]:
         if "hvd_spark._internal.rank.entry" in cmd or p.info["name"] == RANK_NAME:
             found.append(p.pid)
     return found
+
+
+def cancel_after_first_checkpoint(spark, fit, store, run_id: str, timeout: float = 240) -> list:
+    """Runs ``fit()`` on a thread, cancels every Spark job once run ``run_id`` has a checkpoint in
+    ``store`` (a ``Store``), waits for ``fit`` to return and gives what it raised. Asserts that it
+    returned."""
+    import threading
+    import time
+
+    errors: list = []
+
+    def target():
+        try:
+            fit()
+        except BaseException as e:  # noqa: BLE001 - the caller checks it
+            errors.append(e)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not store.checkpoints(run_id):
+        assert time.monotonic() < deadline and thread.is_alive(), errors
+        time.sleep(0.2)
+    spark.sparkContext.cancelAllJobs()
+    thread.join(120)
+    assert not thread.is_alive(), "fit did not return within 120 s of the cancellation"
+    return errors

@@ -5,7 +5,6 @@ user, ranks draw their own random numbers, validation counts every row once, and
 import json
 import os
 import sys
-import threading
 import time
 
 import keras
@@ -17,7 +16,7 @@ from hvd_spark._internal.data import materialize as data_mod
 from hvd_spark._internal.data.identity import data_identity
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _helpers import rank_processes, xor_estimator, xor_frame  # noqa: E402
+from _helpers import cancel_after_first_checkpoint, rank_processes, xor_estimator, xor_frame  # noqa: E402
 
 
 def _meta(store: str, key: str) -> dict:
@@ -276,23 +275,8 @@ def test_a_cancelled_fit_returns_after_its_ranks_stopped_and_never_overshoots(sp
     store = str(tmp_path / "store")
     df = xor_frame(spark, 2000)
     s = Store(store)
-    errors = []
-
-    def fit():
-        try:
-            xor_estimator(store, epochs=400, run_id="cancel", batch_size=8).fit(df)
-        except BaseException as e:  # noqa: BLE001 - checked below
-            errors.append(e)
-
-    thread = threading.Thread(target=fit)
-    thread.start()
-    deadline = time.monotonic() + 240
-    while not s.checkpoints("cancel"):
-        assert time.monotonic() < deadline and thread.is_alive(), errors
-        time.sleep(0.2)
-    spark.sparkContext.cancelAllJobs()
-    thread.join(120)
-    assert not thread.is_alive()
+    fit = xor_estimator(store, epochs=400, run_id="cancel", batch_size=8).fit
+    errors = cancel_after_first_checkpoint(spark, lambda: fit(df), s, "cancel")
     assert errors and isinstance(errors[0], JobCancelledError), errors
     assert str(errors[0]).splitlines()[0].startswith("the Spark job of HorovodEstimator.fit was cancelled")
     assert rank_processes() == []  # its ranks have stopped before fit returned: nothing writes after it

@@ -23,13 +23,12 @@ pytestmark = pytest.mark.cluster
 ROWS = 2400
 EPOCHS = 6  # the executor returns after the two-rank attempt's first commit; a grow needs an epoch end after that
 
-SCRIPT = (
-    textwrap.dedent("""
+_TEMPLATE = textwrap.dedent("""
     import json, os, signal, subprocess, sys, threading, time
     import numpy as np
-    import keras
     import hvd_spark
     from pyspark.sql import functions as F
+    IMPORTS
 
     store, trace = sys.argv[1], sys.argv[2]
     spark = hvd_spark.local_session(
@@ -44,9 +43,7 @@ SCRIPT = (
         empty = getattr(getattr(sc._jvm.scala.collection.immutable, "Map$"), "MODULE$").empty()
         return jsc.requestTotalExecutors(n, 0, empty)
 
-    class Slow(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            time.sleep(0.03)
+    DEFINITIONS
 
     try:
         n = ROWS
@@ -57,15 +54,7 @@ SCRIPT = (
             .withColumn("x", F.array(F.col("id").cast("double"), F.sin("id")))
             .withColumn("y", (F.sin("id") * 2.0).cast("double"))
         )
-        inp = keras.Input((2,))
-        out = keras.layers.Dense(1)(keras.layers.Rescaling([1.0 / n, 1.0])(inp))
-        model = keras.Model(inp, out)
-        est = hvd_spark.HorovodEstimator(
-            store=store, model=model, optimizer=keras.optimizers.SGD(0.05), loss="mse",
-            feature_cols=["x"], label_cols=["y"], batch_size=16, epochs=EPOCHS, shuffle=True,
-            shuffle_buffer_size=300, min_num_proc=2, max_num_proc=3, max_restarts=2,
-            checkpoint_every=10, elastic_timeout=300, callbacks=[Slow()], verbose=1, run_id="elastic",
-        )
+        ESTIMATOR
         killed = {}
 
         def killer():
@@ -101,8 +90,43 @@ SCRIPT = (
     finally:
         spark.stop()
 """)
-    .replace("ROWS", str(ROWS))
-    .replace("EPOCHS", str(EPOCHS))
+
+
+def elastic_script(imports: str, definitions: str, estimator: str) -> str:
+    """The elastic fit's script (run in a fresh process, ``run_result_script``): a ``local-cluster`` session
+    of three executors, a table of ``ROWS`` rows ``x`` (2 values) -> ``y`` behind a shuffle, the framework's
+    ``imports``, ``definitions`` (classes) and ``estimator`` (statements making ``est``, a fit of run
+    ``elastic`` whose steps are slowed down), one executor killed once the first commit inside epoch 2
+    exists and given back once the two-rank attempt committed; prints ``RESULT`` with the recoveries."""
+    import textwrap as tw
+
+    return (
+        _TEMPLATE.replace("IMPORTS", tw.dedent(imports).strip())
+        .replace("\nDEFINITIONS\n", "\n" + tw.dedent(definitions).strip() + "\n")
+        .replace("    ESTIMATOR", tw.indent(tw.dedent(estimator).strip(), "    "))
+        .replace("ROWS", str(ROWS))
+        .replace("EPOCHS", str(EPOCHS))
+    )
+
+
+SCRIPT = elastic_script(
+    "import keras",
+    """
+    class Slow(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(0.03)
+    """,
+    """
+    inp = keras.Input((2,))
+    out = keras.layers.Dense(1)(keras.layers.Rescaling([1.0 / n, 1.0])(inp))
+    model = keras.Model(inp, out)
+    est = hvd_spark.HorovodEstimator(
+        store=store, model=model, optimizer=keras.optimizers.SGD(0.05), loss="mse",
+        feature_cols=["x"], label_cols=["y"], batch_size=16, epochs=EPOCHS, shuffle=True,
+        shuffle_buffer_size=300, min_num_proc=2, max_num_proc=3, max_restarts=2,
+        checkpoint_every=10, elastic_timeout=300, callbacks=[Slow()], verbose=1, run_id="elastic",
+    )
+    """,
 )
 
 
@@ -138,9 +162,12 @@ def _trained_rows(trace_dir: pathlib.Path):
     return trained, starts
 
 
-def test_a_killed_executor_shrinks_the_fit_and_its_return_grows_it(tmp_path):
+def run_and_check(script: str, tmp_path) -> None:
+    """Runs an :func:`elastic_script` and checks the run: shrunk from 3 to 2 ranks from a commit inside
+    epoch 2, grown back to 3, every epoch trained, the same weights on every rank; per epoch (from the
+    ranks' data trace) no row trained twice and fewer left out than there are ranks."""
     trace = tmp_path / "trace"
-    data = run_result_script(SCRIPT, str(tmp_path / "store"), str(trace), cwd=tmp_path, timeout=900)
+    data = run_result_script(script, str(tmp_path / "store"), str(trace), cwd=tmp_path, timeout=900)
     kinds = [r["kind"] for r in data["recoveries"]]
     assert data["epochs"] == EPOCHS, data
     assert kinds[:1] == ["shrink"] and "grow" in kinds, data["recoveries"]  # 3 -> 2 after the kill, back to 3
@@ -162,3 +189,7 @@ def test_a_killed_executor_shrinks_the_fit_and_its_return_grows_it(tmp_path):
         assert set(ids) <= set(range(ROWS))
         assert ROWS - len(ids) <= 2, f"epoch {epoch + 1}: {ROWS - len(ids)} rows left out"  # < the ranks
     assert os.path.exists(tmp_path / "store" / "runs" / "elastic")
+
+
+def test_a_killed_executor_shrinks_the_fit_and_its_return_grows_it(tmp_path):
+    run_and_check(SCRIPT, tmp_path)

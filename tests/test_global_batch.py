@@ -181,6 +181,25 @@ def test_masked_sequence_loss_gru_tagger(spark, tmp_path):
     global_batch(spark, tmp_path, make, {"ids": ids, "tags": tags}, ["ids"], ["tags"])
 
 
+def test_ignore_class_sparse_tagger(spark, tmp_path):
+    """A tagger whose padded steps have the label -1, left out by
+    ``SparseCategoricalCrossentropy(ignore_class=-1)`` (no Keras mask on the output): Keras divides each
+    batch's loss by its labels that are not -1, so the ranks take the global batch's count of them."""
+    rng = np.random.default_rng(4)
+    ids = _ids(rng, ROWS + VAL_ROWS, pad=True)
+    tags = np.where(ids > 0, ids % 3, -1).astype("int64")
+
+    def make():
+        keras.utils.set_random_seed(4)
+        x = keras.Input((STEPS,), dtype="int64", name="ids")
+        h = keras.layers.GRU(8, return_sequences=True)(keras.layers.Embedding(VOCAB, 8)(x))
+        model = keras.Model(x, keras.layers.Dense(3, activation="softmax")(h))
+        model.compile(keras.optimizers.Adam(0.02), keras.losses.SparseCategoricalCrossentropy(ignore_class=-1))
+        return model
+
+    global_batch(spark, tmp_path, make, {"ids": ids, "tags": tags}, ["ids"], ["tags"])
+
+
 def test_transformer_encoder_block(spark, tmp_path):
     """MultiHeadAttention, LayerNormalization, a residual feed-forward block over token embeddings."""
 

@@ -4,12 +4,11 @@ place with ``shuffle=False`` (rank r reads the r-th half of the training rows), 
 at the global batch on the rows interleaved as the ranks read them: weights and the logged epoch values.
 """
 
+import os
 import sys
 
 import cloudpickle
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -18,8 +17,12 @@ nn = torch.nn
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-ROWS, VAL_ROWS, B, FEATURES, CLASSES = 96, 32, 8, 6, 3
-RTOL, ATOL = 1e-5, 1e-6
+sys.path.insert(0, os.path.dirname(__file__))
+from _torch_helpers import FEATURES, ROWS, B, assert_matches, interleaved, plain_fit  # noqa: E402
+from _torch_helpers import data as _data  # noqa: E402
+from _torch_helpers import write as _write  # noqa: E402
+
+CLASSES = 3
 
 
 class LitNet(pl.LightningModule):
@@ -45,51 +48,12 @@ class LitNet(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
 
-def _data(seed=0):
-    rng = np.random.default_rng(seed)
-    n = ROWS + VAL_ROWS
-    x = rng.normal(size=(n, FEATURES)).astype("float32")
-    y = (x[:, 0] + x[:, 1] > 0).astype("int64") + (x[:, 2] > 1).astype("int64")
-    return x, y
-
-
-def _write(tmp_path, x, y) -> str:
-    table = pa.table(
-        {
-            "features": pa.array(list(x), type=pa.list_(pa.float32())),
-            "label": pa.array(y),
-            "is_val": np.arange(len(x)) >= ROWS,
-        }
-    )
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    path = str(tmp_path / "table.parquet")
-    pq.write_table(table, path, row_group_size=len(x))
-    return path
-
-
 def _plain(x, y, epochs):
     torch.manual_seed(0)
     model = LitNet()
-    opt = model.configure_optimizers()
-    share = ROWS // 2
-    order = np.concatenate(
-        [np.arange(r * share + k * B, r * share + (k + 1) * B) for k in range(share // B) for r in (0, 1)]
-    )
-    xt, yt = torch.as_tensor(x), torch.as_tensor(y)
-    history = {"train_loss": [], "val_loss": []}
-    for _ in range(epochs):
-        total = 0.0
-        for start in range(0, ROWS, 2 * B):
-            idx = order[start : start + 2 * B]
-            opt.zero_grad()
-            loss = model.loss_fn(model(xt[idx]), yt[idx])
-            loss.backward()
-            opt.step()
-            total += float(loss.detach()) * len(idx)
-        history["train_loss"].append(total / ROWS)
-        with torch.no_grad():
-            history["val_loss"].append(float(model.loss_fn(model(xt[ROWS:]), yt[ROWS:])))
-    return model, history
+    order, val = interleaved(ROWS, 2), (x[ROWS:], y[ROWS:])
+    history = plain_fit(model, model.configure_optimizers(), model.loss_fn, x, y, order, 2 * B, epochs, val)
+    return model, {"train_loss": history["loss"], "val_loss": history["val_loss"]}
 
 
 def _fit(spark, tmp_path, path, epochs, **params):
@@ -117,12 +81,7 @@ def _fit(spark, tmp_path, path, epochs, **params):
 
 
 def _assert_equal(fitted, plain, want):
-    got = fitted.getHistory()
-    for key, values in want.items():
-        np.testing.assert_allclose(got[key], values, rtol=RTOL, atol=ATOL, err_msg=f"history[{key!r}]")
-    trained = fitted.getModel().state_dict()
-    for name, value in plain.state_dict().items():
-        np.testing.assert_allclose(trained[name].numpy(), value.numpy(), rtol=RTOL, atol=ATOL, err_msg=name)
+    assert_matches(fitted, plain, want, all_keys=False)
 
 
 def test_two_ranks_of_a_lightning_module_equal_plain_torch_at_the_global_batch(spark, tmp_path):

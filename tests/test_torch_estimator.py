@@ -20,48 +20,25 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
+sys.path.insert(0, os.path.dirname(__file__))
+from _torch_helpers import (  # noqa: E402
+    ATOL,
+    CLASSES,
+    FEATURES,
+    ROWS,
+    RTOL,
+    VAL_ROWS,
+    B,
+    Net,
+    assert_matches,
+    plain_fit,
+    torch_estimator,
+)
+from _torch_helpers import data as _data  # noqa: E402
+from _torch_helpers import interleaved as _interleaved  # noqa: E402
+from _torch_helpers import write as _write  # noqa: E402
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the models' classes travel by value
-
-ROWS, VAL_ROWS, B, FEATURES, CLASSES = 96, 32, 8, 6, 3
-RTOL, ATOL = 1e-5, 1e-6
-
-
-class Net(nn.Module):
-    def __init__(self, sparse: bool = False):
-        super().__init__()
-        self.hidden = nn.Linear(FEATURES, 16)
-        self.out = nn.Linear(16, CLASSES)
-
-    def forward(self, x):
-        return self.out(torch.relu(self.hidden(x)))
-
-
-def _data(seed=0):
-    rng = np.random.default_rng(seed)
-    n = ROWS + VAL_ROWS
-    x = rng.normal(size=(n, FEATURES)).astype("float32")
-    y = (x[:, 0] + x[:, 1] > 0).astype("int64") + (x[:, 2] > 1).astype("int64")
-    return x, y
-
-
-def _write(tmp_path, x, y) -> str:
-    table = pa.table(
-        {
-            "features": pa.array(list(x), type=pa.list_(pa.float32())),
-            "label": pa.array(y),
-            "is_val": np.arange(len(x)) >= ROWS,
-        }
-    )
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    path = str(tmp_path / "table.parquet")
-    pq.write_table(table, path, row_group_size=len(x))
-    return path
-
-
-def _interleaved(n: int, size: int) -> np.ndarray:
-    share = n // size
-    blocks = [np.arange(r * share + k * B, r * share + (k + 1) * B) for k in range(share // B) for r in range(size)]
-    return np.concatenate(blocks)
 
 
 def _optimizer(name, params):
@@ -77,46 +54,21 @@ def _plain(x, y, opt_name, size, epochs):
     torch.manual_seed(0)
     model = Net()
     opt = _optimizer(opt_name, model.parameters())
-    loss_fn = nn.CrossEntropyLoss()
-    order = _interleaved(ROWS, size)
-    xt, yt = torch.as_tensor(x), torch.as_tensor(y)
-    history = {"loss": [], "val_loss": []}
-    for _ in range(epochs):
-        total, rows = 0.0, 0
-        for start in range(0, ROWS, size * B):
-            idx = order[start : start + size * B]
-            opt.zero_grad()
-            loss = loss_fn(model(xt[idx]), yt[idx])
-            loss.backward()
-            opt.step()
-            total, rows = total + float(loss) * len(idx), rows + len(idx)
-        history["loss"].append(total / rows)
-        with torch.no_grad():
-            history["val_loss"].append(float(loss_fn(model(xt[ROWS:]), yt[ROWS:])))
+    val = (x[ROWS:], y[ROWS:])
+    history = plain_fit(model, opt, nn.CrossEntropyLoss(), x, y, _interleaved(ROWS, size), size * B, epochs, val)
     model.plain_optimizer = opt  # for the tests of getOptimizer
     return model, history
 
 
 def _fit(spark, tmp_path, path, opt_name, size, epochs, net=Net, **params):
-    from hvd_spark.torch import TorchEstimator
-
     torch.manual_seed(0)
     model = net()
-    est = TorchEstimator(
-        num_proc=size,
-        store=str(tmp_path / "store"),
+    est = torch_estimator(
+        tmp_path / "store",
         model=model,
         optimizer=_optimizer(opt_name, model.parameters()),
-        loss=nn.CrossEntropyLoss(),
-        feature_cols=["features"],
-        label_cols=["label"],
-        validation="is_val",
-        batch_size=B,
-        val_batch_size=B,
+        num_proc=size,
         epochs=epochs,
-        shuffle=False,
-        materialize="never",
-        verbose=0,
         **params,
     )
     fitted = est.fit(spark.read.parquet(path))
@@ -124,14 +76,7 @@ def _fit(spark, tmp_path, path, opt_name, size, epochs, net=Net, **params):
     return fitted
 
 
-def _assert_equal(fitted, plain, want):
-    got = fitted.getHistory()
-    assert set(got) == set(want), (sorted(got), sorted(want))
-    for key, values in want.items():
-        np.testing.assert_allclose(got[key], values, rtol=RTOL, atol=ATOL, err_msg=f"history[{key!r}]")
-    trained = fitted.getModel().state_dict()
-    for name, value in plain.state_dict().items():
-        np.testing.assert_allclose(trained[name].numpy(), value.numpy(), rtol=RTOL, atol=ATOL, err_msg=name)
+_assert_equal = assert_matches
 
 
 def test_one_rank_equals_plain_torch(spark, tmp_path):
@@ -232,7 +177,6 @@ def test_a_restart_from_a_commit_inside_an_epoch_equals_plain_torch(spark, tmp_p
     """Commits every 2 steps; rank 1 fails at step 3 of epoch 2 (its 9th step); the restart resumes at
     epoch 2 step 2 from the cursor, with the optimizer's state and the epoch's loss sums so far: the
     history and weights equal plain torch's 3 epochs at 2B."""
-    from hvd_spark.torch import TorchEstimator
 
     x, y = _data(3)
     path = _write(tmp_path, x, y)
@@ -241,24 +185,8 @@ def test_a_restart_from_a_commit_inside_an_epoch_equals_plain_torch(spark, tmp_p
     flag.write_text("1")
     torch.manual_seed(0)
     model = FailOnce(str(flag), at=9)
-    est = TorchEstimator(
-        num_proc=2,
-        store=str(tmp_path / "store"),
-        model=model,
-        optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
-        loss=nn.CrossEntropyLoss(),
-        feature_cols=["features"],
-        label_cols=["label"],
-        validation="is_val",
-        batch_size=B,
-        val_batch_size=B,
-        epochs=3,
-        shuffle=False,
-        materialize="never",
-        verbose=0,
-        checkpoint_every=2,
-        max_restarts=1,
-    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    est = torch_estimator(tmp_path / "store", model, optimizer=optimizer, epochs=3, checkpoint_every=2, max_restarts=1)
     fitted = est.fit(spark.read.parquet(path))
     assert not flag.exists()
     summary = fitted.getFitSummary()
@@ -268,7 +196,6 @@ def test_a_restart_from_a_commit_inside_an_epoch_equals_plain_torch(spark, tmp_p
 
 
 def test_a_run_refuses_another_model(spark, tmp_path):
-    from hvd_spark.torch import TorchEstimator
 
     x, y = _data(4)
     path = _write(tmp_path, x, y)
@@ -284,18 +211,7 @@ def test_a_run_refuses_another_model(spark, tmp_path):
             return self.out(torch.relu(self.hidden(x)))
 
     wider = Wider()
-    est = TorchEstimator(
-        num_proc=1,
-        store=str(tmp_path / "store"),
-        model=wider,
-        optimizer=torch.optim.SGD(wider.parameters(), lr=0.1),
-        loss=nn.CrossEntropyLoss(),
-        feature_cols=["features"],
-        label_cols=["label"],
-        epochs=2,
-        run_id="one-model",
-        verbose=0,
-    )
+    est = torch_estimator(tmp_path / "store", wider, num_proc=1, epochs=2, run_id="one-model")
     with pytest.raises(ValueError, match="one-model"):
         est.fit(spark.read.parquet(path))
 
@@ -317,7 +233,6 @@ class Bag(nn.Module):
 
 def test_a_sparse_embedding_on_two_ranks_equals_plain_torch(spark, tmp_path):
     """DDP all-reduces the sparse gradient of nn.Embedding(sparse=True): SGD at 2 x B equals plain torch at 2B."""
-    from hvd_spark.torch import TorchEstimator
 
     rng = np.random.default_rng(5)
     n = ROWS + VAL_ROWS
@@ -332,39 +247,11 @@ def test_a_sparse_embedding_on_two_ranks_equals_plain_torch(spark, tmp_path):
         torch.manual_seed(0)
         return Bag()
 
-    plain, loss_fn = make(), nn.CrossEntropyLoss()
+    plain = make()
     opt = torch.optim.SGD(plain.parameters(), lr=0.5)
-    order, it, yt = _interleaved(ROWS, 2), torch.as_tensor(ids), torch.as_tensor(y)
-    losses = []
-    for _ in range(2):
-        total = 0.0
-        for start in range(0, ROWS, 2 * B):
-            idx = order[start : start + 2 * B]
-            opt.zero_grad()
-            loss = loss_fn(plain(it[idx]), yt[idx])
-            loss.backward()
-            opt.step()
-            total += float(loss.detach()) * len(idx)
-        losses.append(total / ROWS)
-    model = make()
-    fitted = TorchEstimator(
-        num_proc=2,
-        store=str(tmp_path / "store"),
-        model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-        loss=nn.CrossEntropyLoss(),
-        feature_cols=["ids"],
-        label_cols=["label"],
-        validation="is_val",
-        batch_size=B,
-        epochs=2,
-        shuffle=False,
-        materialize="never",
-        verbose=0,
-    ).fit(spark.read.parquet(path))
-    np.testing.assert_allclose(fitted.getHistory()["loss"], losses, rtol=RTOL, atol=ATOL)
-    for name, value in plain.state_dict().items():
-        np.testing.assert_allclose(fitted.getModel().state_dict()[name].numpy(), value.numpy(), rtol=RTOL, atol=ATOL)
+    want = plain_fit(plain, opt, nn.CrossEntropyLoss(), ids, y, _interleaved(ROWS, 2), 2 * B, 2, (ids[ROWS:], y[ROWS:]))
+    est = torch_estimator(tmp_path / "store", make(), lr=0.5, feature_cols=["ids"], epochs=2)
+    assert_matches(est.fit(spark.read.parquet(path)), plain, want)
 
 
 class Dropped(Net):
@@ -380,7 +267,6 @@ def test_dropout_rank_0_draws_from_random_seed(spark, tmp_path):
     """The dropout rule (docs/torch.md): rank 0's generator is seeded with random_seed, as one process
     seeded with it after building the model: one rank with Dropout equals that plain loop; the masks of
     other ranks come from seeds of their own."""
-    from hvd_spark.torch import TorchEstimator
 
     x, y = _data(6)
     path = _write(tmp_path, x, y)
@@ -395,22 +281,8 @@ def test_dropout_rank_0_draws_from_random_seed(spark, tmp_path):
         opt.step()
     torch.manual_seed(0)
     model = Dropped()
-    fitted = TorchEstimator(
-        num_proc=1,
-        store=str(tmp_path / "store"),
-        model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        loss=nn.CrossEntropyLoss(),
-        feature_cols=["features"],
-        label_cols=["label"],
-        validation="is_val",
-        batch_size=B,
-        epochs=1,
-        shuffle=False,
-        materialize="never",
-        random_seed=7,
-        verbose=0,
-    ).fit(spark.read.parquet(path))
+    est = torch_estimator(tmp_path / "store", model, num_proc=1, epochs=1, random_seed=7)
+    fitted = est.fit(spark.read.parquet(path))
     for name, value in plain.state_dict().items():
         np.testing.assert_allclose(fitted.getModel().state_dict()[name].numpy(), value.numpy(), rtol=RTOL, atol=ATOL)
 
@@ -431,7 +303,6 @@ def test_batchnorm_follows_its_documented_rule(spark, tmp_path):
     gradients are the average of the two halves'), and the running statistics are rank 0's (DDP
     broadcasts them from rank 0 before every forward pass). Checked against that rule played in one
     process, to 1e-5, and against plain torch at 2B, from which it differs."""
-    from hvd_spark.torch import TorchEstimator
 
     x, y = _data(8)
     path = _write(tmp_path, x, y)
@@ -461,21 +332,7 @@ def test_batchnorm_follows_its_documented_rule(spark, tmp_path):
     rule, plain = played(True), played(False)
     torch.manual_seed(0)
     model = Normed()
-    fitted = TorchEstimator(
-        num_proc=2,
-        store=str(tmp_path / "store"),
-        model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        loss=nn.CrossEntropyLoss(),
-        feature_cols=["features"],
-        label_cols=["label"],
-        validation="is_val",
-        batch_size=B,
-        epochs=2,
-        shuffle=False,
-        materialize="never",
-        verbose=0,
-    ).fit(spark.read.parquet(path))
+    fitted = torch_estimator(tmp_path / "store", model, epochs=2).fit(spark.read.parquet(path))
     trained = fitted.getModel().state_dict()
     for name, value in rule.state_dict().items():
         np.testing.assert_allclose(trained[name].numpy(), value.numpy(), rtol=RTOL, atol=ATOL, err_msg=name)
@@ -558,31 +415,14 @@ def test_a_stopped_torch_rank_is_found_by_the_stall_watchdog_and_the_fit_restart
     """The stall watchdog counts a torch rank's steps: rank 1 stopped in epoch 2 is reported after
     stall_timeout, the job restarts from the latest checkpoint, and every epoch is trained once."""
     from hvd_spark import Store
-    from hvd_spark.torch import TorchEstimator
 
     x, y = _data(11)
     path = _write(tmp_path, x, y)
     marker = tmp_path / "stopped"
     torch.manual_seed(0)
     model = StopOnce(str(marker), at=9)
-    fitted = TorchEstimator(
-        num_proc=2,
-        store=str(tmp_path / "store"),
-        model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        loss=nn.CrossEntropyLoss(),
-        feature_cols=["features"],
-        label_cols=["label"],
-        validation="is_val",
-        batch_size=B,
-        epochs=4,
-        shuffle=False,
-        materialize="never",
-        verbose=0,
-        run_id="stalled",
-        max_restarts=1,
-        stall_timeout=8,
-    ).fit(spark.read.parquet(path))
+    est = torch_estimator(tmp_path / "store", model, epochs=4, run_id="stalled", max_restarts=1, stall_timeout=8)
+    fitted = est.fit(spark.read.parquet(path))
     assert marker.exists()
     summary = fitted.getFitSummary()
     assert summary.restarts == 1 and "stall" in summary.recoveries[0].cause.lower(), summary.recoveries

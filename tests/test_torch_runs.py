@@ -7,8 +7,6 @@ Connect: ``test_connect.py``.)"""
 import json
 import os
 import sys
-import threading
-import time
 
 import cloudpickle
 import numpy as np
@@ -17,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _helpers import rank_processes  # noqa: E402
+from _helpers import cancel_after_first_checkpoint, rank_processes  # noqa: E402
 from _torch_helpers import data, torch_estimator, write  # noqa: E402
 
 from hvd_spark import JobCancelledError, Store  # noqa: E402
@@ -112,23 +110,7 @@ def test_a_cancelled_torch_fit_returns_after_its_ranks_stopped_and_resumes_exact
     path = write(tmp_path, x, y, rows=2000)
     store = Store(str(tmp_path / "store"))
     est = torch_estimator(tmp_path / "store", epochs=400, run_id="cancel", validation=None)
-    errors: list = []
-
-    def fit():
-        try:
-            est.fit(spark.read.parquet(path))
-        except BaseException as e:  # noqa: BLE001 - checked below
-            errors.append(e)
-
-    thread = threading.Thread(target=fit)
-    thread.start()
-    deadline = time.monotonic() + 240
-    while not store.checkpoints("cancel"):
-        assert time.monotonic() < deadline and thread.is_alive(), errors
-        time.sleep(0.2)
-    spark.sparkContext.cancelAllJobs()
-    thread.join(120)
-    assert not thread.is_alive()
+    errors = cancel_after_first_checkpoint(spark, lambda: est.fit(spark.read.parquet(path)), store, "cancel")
     assert errors and isinstance(errors[0], JobCancelledError), errors
     assert str(errors[0]).splitlines()[0].startswith("the Spark job of TorchEstimator.fit was cancelled")
     assert rank_processes() == []

@@ -91,9 +91,9 @@ def parquet_input(path: str, validation_path: str | None, store: Store, session:
         for url in found["path"]:
             fs, local = sources.file_system(url, inplace.options_for(url, store))
             with fs.open(local, "rb") as f:
-                batch = next(pq.ParquetFile(f).iter_batches(batch_size=1, columns=list(columns)), None)
-            if batch is not None and batch.num_rows:
-                return batch.to_pylist()[0]
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=1, columns=list(columns)):
+                    if batch.num_rows:  # past empty row groups
+                        return batch.to_pylist()[0]
         return None
 
     return FitInput(frame, scan, tuple(found.get("validation_path", ())), sample)

@@ -49,8 +49,9 @@ class Framework:
         """Per output: whether its labels are class indices (a sparse cross-entropy)."""
         raise NotImplementedError
 
-    def compile_args(self, c) -> dict:
-        """``RunConfig.training.compile``: how the ranks set the model up."""
+    def compile_args(self, c, stats: dict | None = None) -> dict:
+        """``RunConfig.training.compile``: how the ranks set the model up (``stats``: the data's column
+        statistics, as ``data/stats.py`` checks them)."""
         raise NotImplementedError
 
     def model_bytes(self, c) -> bytes:
@@ -75,7 +76,13 @@ class KerasFramework(Framework):
 
     def check_model(self, data, p: FitParams) -> ModelCheck:
         from hvd_spark._internal.ml import checks
-        from hvd_spark._internal.ml.model_info import is_compiled, model_specs, needs_build, prediction_task
+        from hvd_spark._internal.ml.model_info import (
+            is_compiled,
+            model_specs,
+            needs_build,
+            prediction_task,
+            with_ignored_classes,
+        )
 
         model, dataset = p.model, data.frame
         if needs_build(model):  # a subclassed model never called: built as fit's first batch would build it
@@ -91,6 +98,7 @@ class KerasFramework(Framework):
         if p.learning_rate is not None:
             checks._check_settable_learning_rate(p.optimizer if p.optimizer is not None else model.optimizer)
         loss = p.loss if p.loss is not None else getattr(model, "loss", None)
+        outputs = with_ignored_classes(loss, outputs)  # SparseCategoricalCrossentropy(ignore_class=-1)
         return ModelCheck(p, inputs, outputs, prediction_task(p.task, loss, outputs))
 
     def shipped(self, p: FitParams, model, outputs) -> dict | None:
@@ -111,7 +119,7 @@ class KerasFramework(Framework):
         loss = c.p.loss if c.p.loss is not None else getattr(c.model, "loss", None)
         return list(class_index_outputs(loss, c.outputs, c.p.label_shapes))
 
-    def compile_args(self, c) -> dict:
+    def compile_args(self, c, stats: dict | None = None) -> dict:
         from hvd_spark._internal.common.serde import dumps_keras_obj
         from hvd_spark._internal.ml.model_info import compile_extras
 

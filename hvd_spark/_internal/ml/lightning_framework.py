@@ -63,7 +63,7 @@ class LightningFramework(TorchFramework):
         their length is not checked against the output's (a padded sequence's tags for (classes, steps))."""
         return [None] * len(c.outputs)
 
-    def compile_args(self, c) -> dict:
+    def compile_args(self, c, stats: dict | None = None) -> dict:
         import cloudpickle
 
         light = {

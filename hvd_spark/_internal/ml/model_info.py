@@ -281,19 +281,33 @@ def class_index_outputs(loss, outputs: list[TensorSpec], label_shapes=None) -> l
     ``loss`` is one loss for every output, a list in the outputs' order or a dict by output name (or key)."""
     from hvd_spark._internal.common.specs import class_index_shape
 
-    def sparse(one) -> bool:
-        return loss_identity(one)[0] in SPARSE_LOSSES
-
-    if isinstance(loss, dict):
-        found = [sparse(loss.get(s.key or "", loss.get(s.name))) for s in outputs]
-    elif isinstance(loss, (list, tuple)):
-        found = [sparse(loss[i]) if i < len(loss) else False for i in range(len(outputs))]
-    else:
-        found = [sparse(loss)] * len(outputs)
+    found = [loss_identity(one)[0] in SPARSE_LOSSES for one in losses_per_output(loss, outputs)]
     for i, (spec, shape) in enumerate(zip(outputs, label_shapes or ())):
         if len(spec.shape) > 1 and class_index_shape(spec) is not None and tuple(shape) == class_index_shape(spec):
             found[i] = True
     return found
+
+
+def losses_per_output(loss, outputs: list[TensorSpec]) -> list:
+    """Each output's loss (None where it has none): ``loss`` is one loss for every output, a list in the
+    outputs' order or a dict by output name (or key)."""
+    if isinstance(loss, dict):
+        return [loss.get(s.key or "", loss.get(s.name)) for s in outputs]
+    if isinstance(loss, (list, tuple)):
+        return [loss[i] if i < len(loss) else None for i in range(len(outputs))]
+    return [loss] * len(outputs)
+
+
+def with_ignored_classes(loss, outputs: list[TensorSpec]) -> list[TensorSpec]:
+    """The outputs, each with its sparse cross-entropy's ``ignore_class`` as a valid label
+    (``TensorSpec.ignore_index``: the label of a padded step)."""
+    import dataclasses
+
+    out = []
+    for spec, one in zip(outputs, losses_per_output(loss, outputs)):
+        ignored = getattr(one, "ignore_class", None)
+        out.append(spec if ignored is None else dataclasses.replace(spec, ignore_index=int(ignored)))
+    return out
 
 
 def loss_identity(loss) -> tuple[str | None, bool]:

@@ -442,7 +442,7 @@ def _run_config(c: Checked, plan: plan_mod.ResumePlan, w: Written, units: tuple,
             cache_all=p.inmemory_cache_all,
         ),
         training=Training(
-            compile=c.framework.compile_args(c),
+            compile=c.framework.compile_args(c, meta.get("stats")),
             custom_objects=cloudpickle.dumps(c.custom_objects) if c.custom_objects else None,
             callbacks=cloudpickle.dumps(list(p.callbacks)) if p.callbacks else None,
             checkpoint_callback=cloudpickle.dumps(p.checkpoint_callback) if p.checkpoint_callback else None,

@@ -17,6 +17,11 @@ _CLASS_INDEX_LOSSES = ("CrossEntropyLoss", "NLLLoss", "cross_entropy", "nll_loss
 _BINARY_LOSSES = {"BCEWithLogitsLoss": True, "binary_cross_entropy_with_logits": True, "BCELoss": False}
 
 
+def _recorded(x) -> str:
+    """A loss's (or an optimizer factory's) name in the run's architecture record, as runs recorded it."""
+    return getattr(x, "__name__", None) or type(x).__name__
+
+
 def _loss_name(loss) -> str:
     """A loss's name: its function's (a ``functools.partial`` unwrapped), else its class's, or that of the
     torch class-index loss it subclasses."""
@@ -127,8 +132,8 @@ class TorchFramework(Framework):
             "model": type(model).__qualname__,
             "structure": repr(model),
             "weights": [[k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items()],
-            "optimizer": type(p.optimizer).__qualname__ if is_optimizer(p.optimizer) else _loss_name(p.optimizer),
-            "loss": [_loss_name(x) for x in _as_list(p.loss)],
+            "optimizer": type(p.optimizer).__qualname__ if is_optimizer(p.optimizer) else _recorded(p.optimizer),
+            "loss": [_recorded(x) for x in _as_list(p.loss)],
             "columns": {"features": list(p.feature_cols), "labels": list(p.label_cols)},
         }
         return arch, None
@@ -137,7 +142,7 @@ class TorchFramework(Framework):
         losses = _losses_for(c.p.loss, len(c.outputs))
         return [_loss_name(x) in _CLASS_INDEX_LOSSES for x in losses]
 
-    def compile_args(self, c) -> dict:
+    def compile_args(self, c, stats: dict | None = None) -> dict:
         import cloudpickle
 
         p = c.p
@@ -155,8 +160,22 @@ class TorchFramework(Framework):
             "learning_rate": p.learning_rate,
             "find_unused_parameters": self.find_unused_parameters,
             "callbacks": list(p.callbacks or []),
+            "may_ignore": self._may_ignore(c, stats),
         }
         return {"torch": cloudpickle.dumps(parts), "learning_rate": p.learning_rate}
+
+    def _may_ignore(self, c, stats: dict | None) -> list[bool]:
+        """Per output: whether a label may be its loss's ``ignore_index`` (which costs the ranks one allreduce a
+        step: ``rank/torch_losses.py``). No, when the label column's statistics show its values all on one
+        side of it and no ``transformation_fn`` may make others."""
+        columns = (stats or {}).get("columns") or {}
+        out = []
+        for spec, info in zip(c.outputs, c.l_infos):  # the statistics' keys: the columns' (a group's) names
+            s = columns.get(info.name) or {}
+            low, high = s.get("min"), s.get("max")
+            known = low is not None and high is not None and c.p.transformation_fn is None
+            out.append(spec.ignore_index is not None and not (known and not low <= spec.ignore_index <= high))
+        return out
 
     def model_bytes(self, c) -> bytes:
         import cloudpickle
@@ -244,7 +263,7 @@ def _column_shapes(data, infos: list) -> list[tuple[int, ...]]:
         with spark_job(f"reading the first row of the DataFrame (the lengths of {wide})"):
             row = data.first_row(wide)
         if not row:
-            raise ValueError("The DataFrame passed to fit() is empty: 0 rows (the inputs' shapes come from its rows).")
+            raise ValueError("The data passed to fit has no rows (the inputs' shapes come from its first row).")
     shapes: list[tuple[int, ...]] = []
     for info in infos:
         if info.parts:

@@ -35,13 +35,14 @@ class TorchModel(TFTransformer):
         from hvd_spark._internal.common.torch_files import read_torch_file
 
         history = self.getHistory() or {}
-        epochs = len(next(iter(history.values()), []))
+        epochs = max((len(v) for v in history.values()), default=0)
         url = self.getModelUrl()
-        if not epochs or "/models/" not in url:
-            raise ValueError(  # a model saved by hand
-                f"No checkpoint to read the optimizer from: this model ({url}) has no epochs in a store."
-            )
-        ckpt = f"{url.rsplit('/models/', 1)[0]}/checkpoints/epoch-{epochs:04d}.pt"
+        if "/checkpoints/" in url:  # a fit that asked for no more epochs than the run had: that checkpoint
+            ckpt = url
+        elif epochs and "/models/" in url:
+            ckpt = f"{url.rsplit('/models/', 1)[0]}/checkpoints/epoch-{epochs:04d}.pt"
+        else:
+            raise ValueError(f"No checkpoint to read the optimizer from: this model ({url}) has no epochs in a store.")
         try:
             saved = read_torch_file(ckpt, self.getStorageOptions())
         except FileNotFoundError:

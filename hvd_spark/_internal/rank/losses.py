@@ -15,9 +15,10 @@ between ranks (no mask, no weighted mean) are left as they are, with no collecti
 Validation (``test_step``) is left to Keras: each rank's validation batches are reduced as Keras
 reduces them in ``evaluate``, and their states are summed over the ranks.
 
-The mask is the one Keras takes from the model's output (``y_pred``); a custom ``Loss.call`` that
-returns a masked tensor of its own is reduced by Keras with that mask too, but its denominator here is
-the output's (or none): such a loss is normalised per rank as before.
+The mask is the one Keras takes from the model's output (``y_pred``), and for a
+``SparseCategoricalCrossentropy(ignore_class=k)`` the labels that are not ``k`` (the mask its ``call``
+returns); another custom ``Loss.call`` that returns a masked tensor of its own is reduced by Keras with
+that mask too, but its denominator here is the output's (or none): such a loss is normalised per rank.
 """
 
 import contextvars
@@ -44,17 +45,23 @@ class GlobalBatchLoss:
         value = self.inner(y_true, y_pred, sample_weight)
         if not _TRAINING.get():
             return value
-        return rescale(value, self.inner, y_pred, sample_weight, f"hvd_spark.loss_denominator.{self.index}")
+        name = f"hvd_spark.loss_denominator.{self.index}"
+        return rescale(value, self.inner, y_pred, sample_weight, name, y_true=y_true)
 
 
-def local_denominator(loss, y_pred, sample_weight, dtype):
+def local_denominator(loss, y_pred, sample_weight, dtype, y_true=None):
     """What ``loss`` divides this batch's sum by, where that depends on the batch's content (a mask, the
-    sample weights), else None. ``"sum"``: 1 (the global batch does not divide either)."""
+    sample weights), else None. ``"sum"``: 1 (the global batch does not divide either). The mask is the
+    output's, and that of the labels a sparse cross-entropy's ``ignore_class`` leaves out."""
     from keras.src.backend import get_keras_mask
     from keras.src.losses.loss import apply_mask, standardize_reduction
 
     reduction = standardize_reduction(getattr(loss, "reduction", "sum_over_batch_size"))
     mask = get_keras_mask(y_pred)
+    ignored = getattr(loss, "ignore_class", None)
+    if ignored is not None and y_true is not None:
+        valid = _not_ignored(y_true, y_pred, ignored)
+        mask = valid if mask is None else tf.logical_and(tf.cast(mask, tf.bool), valid)
     if reduction == "sum":
         return tf.constant(1.0, dtype)
     if reduction in ("sum_over_batch_size", "mean") and mask is not None:
@@ -67,7 +74,17 @@ def local_denominator(loss, y_pred, sample_weight, dtype):
     return None
 
 
-def rescale(value, loss, y_pred, sample_weight, name: str):
+def _not_ignored(y_true, y_pred, ignored):
+    """Keras' ``sparse_categorical_crossentropy(ignore_class=...)`` mask: the labels that are not
+    ``ignored``, in the shape of the output without its class axis."""
+    yt = tf.convert_to_tensor(y_true)
+    if len(yt.shape) == len(y_pred.shape) and yt.shape[-1] == 1:
+        yt = tf.squeeze(yt, axis=-1)
+    valid = tf.not_equal(tf.cast(yt, tf.float32), tf.cast(ignored, tf.float32))
+    return tf.reshape(valid, tf.shape(y_pred)[:-1])
+
+
+def rescale(value, loss, y_pred, sample_weight, name: str, y_true=None):
     """``value`` (this rank's reduced loss) times ``N * local / total`` (``N`` for ``"sum"``); an
     unreduced loss (``reduction=None``: one value per row, whose gradient is that of their sum) keeps its
     values and gets ``N`` times their gradient."""
@@ -77,7 +94,7 @@ def rescale(value, loss, y_pred, sample_weight, name: str):
     n = tf.cast(size, value.dtype)
     if size > 1 and getattr(loss, "reduction", "sum_over_batch_size") in (None, "none"):
         return value * n - tf.stop_gradient(value * (n - 1))  # the values as they are, N x their gradient
-    local = local_denominator(loss, y_pred, sample_weight, value.dtype)
+    local = local_denominator(loss, y_pred, sample_weight, value.dtype, y_true)
     if size == 1 or local is None:
         return value
     if getattr(loss, "reduction", None) == "sum":

@@ -41,8 +41,11 @@ def loss_name(fn) -> str:
     """A loss's name: its function's (a ``functools.partial`` unwrapped), else its class's, or that of
     the class-index loss it subclasses."""
     fn, _ = _unwrapped(fn)
-    if hasattr(fn, "reduction"):  # a loss module
-        return next((c.__name__ for c in type(fn).__mro__ if c.__name__ in _MASKED), type(fn).__name__)
+    if hasattr(fn, "reduction"):  # a loss module: a subclass that keeps its base's forward counts as its base
+        for c in type(fn).__mro__:
+            if c.__name__ in _MASKED and getattr(type(fn), "forward", None) is getattr(c, "forward", None):
+                return c.__name__
+        return type(fn).__name__
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
@@ -58,12 +61,14 @@ def _options(fn) -> dict:
 class GlobalLoss:
     """How one loss is normalised over the global batch (see the module's docstring)."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, may_ignore: bool = True):
+        """``may_ignore``: whether a label may be ``ignore_index`` (the driver knows from the label column's
+        statistics); without ignored labels nor class weights, every rank's denominator is its rows."""
         name, opts = loss_name(fn), _options(fn)
         self.reduction = str(opts.get("reduction") or "mean")
-        self.masked = name in _MASKED and self.reduction == "mean"
         self.ignore_index = int(opts.get("ignore_index", -100))
         self.weight = opts.get("weight")
+        self.masked = name in _MASKED and self.reduction == "mean" and (may_ignore or self.weight is not None)
 
     def denominator(self, y) -> Any:
         """What this loss divides ``y``'s batch sum by where the content decides it, else None."""
@@ -87,8 +92,11 @@ class GlobalLoss:
         total = local.detach().clone().reshape(1)
         return local, total, dist.all_reduce(total, async_op=True)
 
-    def scale(self, value, pending, size: int):
-        """``value`` (this rank's loss) normalised over the global batch."""
+    def scale(self, value, pending, size: int, zero=None):
+        """``value`` (this rank's loss) normalised over the global batch. A rank whose batch has no counted
+        target (all padding: torch's mean is 0/0, NaN, and so is its gradient) contributes ``zero()`` (a
+        zero on the outputs' graph, so that DDP's buckets still fill), as it adds nothing to the global
+        batch's loss; a global batch with no counted target at all trains nothing (plain torch: NaN)."""
         if size == 1:
             return value
         if self.reduction == "sum":
@@ -98,7 +106,9 @@ class GlobalLoss:
         local, total, handle = pending
         handle.wait()
         t = float(total[0])
-        return value * (size * float(local) / t) if t else value * 0.0
+        if not float(local) or not t:
+            return zero() if zero is not None else value.nan_to_num() * 0.0
+        return value * (size * float(local) / t)
 
 
 class ValSums:
@@ -109,13 +119,17 @@ class ValSums:
         self.g, self.weights, self.names = globals_, weights, names
         self.sums = [0.0] * len(globals_)
         self.dens = [0.0] * len(globals_)
+        self.summed = [g.reduction == "sum" for g in globals_]  # a sum of sums (not with sample weights)
 
     def add(self, values: list, ys: list, rows: int) -> None:
         """One batch: each loss's value and labels (None: a mean over the rows, as with sample weights)."""
         for i, (v, y) in enumerate(zip(values, ys)):
+            if y is None:  # sample weights: every loss is a weighted mean over the rows
+                self.summed[i] = False
             d = None if y is None else self.g[i].denominator(y)
             d = float(rows) if d is None else float(d)
-            self.sums[i] += float(v) * (1.0 if self.g[i].reduction == "sum" else d)
+            if d:  # a batch of padding only: its mean is NaN, its sum nothing
+                self.sums[i] += float(v) * (1.0 if self.summed[i] else d)
             self.dens[i] += d
 
     def result(self, all_sum) -> dict:
@@ -124,8 +138,8 @@ class ValSums:
         if not any(totals[n:]):
             return {}
         each = [
-            totals[i] if g.reduction == "sum" else (totals[i] / totals[n + i] if totals[n + i] else float("nan"))
-            for i, g in enumerate(self.g)
+            totals[i] if summed else (totals[i] / totals[n + i] if totals[n + i] else float("nan"))
+            for i, summed in enumerate(self.summed)
         ]
         if n == 1:
             return {"loss": each[0]}

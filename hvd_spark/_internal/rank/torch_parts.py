@@ -60,13 +60,19 @@ class TorchSetup:
 
         self.cfg, self.model, self.optimizer, self.iterations = cfg, model, optimizer, iterations
         self.model.train()
-        self.ddp = DistributedDataParallel(model, find_unused_parameters=bool(parts.get("find_unused_parameters")))
-        if cfg.training.compression == "fp16":
+        if (dist.is_initialized() and dist.get_world_size() > 1) or parts.get("train_minibatch_fn") is not None:
+            unused = bool(parts.get("find_unused_parameters"))
+            self.ddp = DistributedDataParallel(model, find_unused_parameters=unused)
+        else:  # a group of one trains the module itself (DDP's bucketing and no-op allreduce cost ~5% a step);
+            # a train_minibatch_fn gets DDP's wrapper on any number of ranks (it may use .module, no_sync)
+            self.ddp = model
+        if cfg.training.compression == "fp16" and self.ddp is not model:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             self.ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         self.losses = list(parts["losses"])
-        self.global_losses = [GlobalLoss(fn) for fn in self.losses]
+        may_ignore = parts.get("may_ignore") or [True] * len(self.losses)
+        self.global_losses = [GlobalLoss(fn, m) for fn, m in zip(self.losses, may_ignore)]
         self.size = dist.get_world_size() if dist.is_initialized() else 1
         self.loss_weights = list(parts.get("loss_weights") or [1.0] * len(self.losses))
         self.metrics = list(parts.get("metrics") or [])
@@ -122,7 +128,7 @@ class TorchSetup:
         self._micro += 1
         sync = self._micro % self.k == 0 or last
         pending = self._denominators(ys, w)  # started before the forward pass, awaited by the losses
-        with contextlib.nullcontext() if sync else self.ddp.no_sync():
+        with contextlib.nullcontext() if sync or self.ddp is self.model else self.ddp.no_sync():
             out = self.ddp(*xs)
             outs = list(out) if isinstance(out, (list, tuple)) else [out]
             total, parts, _ = self._losses(outs, ys, w, pending)
@@ -161,7 +167,7 @@ class TorchSetup:
             if w is None:
                 value = fn(o, y)
                 if pending is not None:
-                    value = self.global_losses[i].scale(value, pending[i], self.size)
+                    value = self.global_losses[i].scale(value, pending[i], self.size, lambda o=o: o.sum() * 0.0)
             else:
                 value = (self._per_sample_loss(i, fn)(o, y).reshape(len(w), -1).mean(1) * w).mean()
             values.append(value)

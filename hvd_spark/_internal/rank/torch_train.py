@@ -19,7 +19,6 @@ from datetime import timedelta
 from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.contracts import RunConfig
 from hvd_spark._internal.common.events import busy, mark_progress, send_event
-from hvd_spark._internal.rank.ahead import read_ahead
 from hvd_spark._internal.rank.checkpoints import RunCommits
 from hvd_spark._internal.rank.epochs import DataPlan
 from hvd_spark._internal.rank.torch_callbacks import Callbacks, TrainState
@@ -130,10 +129,10 @@ class _Trainer:
             "host": os.environ.get(settings.ENV_HOST) or socket.gethostname(),
             "startup": self.startup,
         }
+        self.callbacks.call("on_train_end")
         if self.stopped_for_resize:
             result["stopped_for_resize"] = True
             return result
-        self.callbacks.call("on_train_end")
         if self.rank == 0:
             self._save_final()
             result["epoch_logs"] = self.history
@@ -150,10 +149,8 @@ class _Trainer:
             metrics.restore(self.resumed_partial.get("metrics"))
         done, before = 0, seg.steps_before if epoch == seg.first else 0
         self.callbacks.call("on_epoch_begin", epoch)
-        tensors = (batch_tensors(b, cfg.data, s.class_indices) for _, b in s.batches(self.data, seg, self.rank, epoch))
-        # read and copied by a thread while the steps compute; a transformation_fn (the user's code, which
-        # may draw random numbers) runs in the loop's thread, in order with the steps' draws
-        for xs, ys, w in tensors if cfg.reading.transformation_fn else read_ahead(tensors):
+        for _, batch in s.batches(self.data, seg, self.rank, epoch):
+            xs, ys, w = batch_tensors(batch, cfg.data, s.class_indices)
             outputs, loss_values = s.step(xs, ys, w, last=done + 1 >= seg.steps)
             losses.add(loss_values, len(w) if w is not None else len(ys[0]))
             metrics.update(outputs, ys)
@@ -184,12 +181,12 @@ class _Trainer:
         import torch
         import torch.distributed as dist
 
-        by = self.callbacks.epoch_end(epoch, logs)
+        self.callbacks.call("on_epoch_end", epoch, logs)
         flag = torch.tensor([1 if self.callbacks.state.stop_training else 0], dtype=torch.int32)
         if self.size > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if int(flag[0]) and epoch + 1 < self.cfg.epochs:
-            reason = ", ".join(by) or f"a callback on another rank than {self.rank}"
+        if int(flag[0]):  # recorded at the last epoch too (as for Keras): a later fit does not train on
+            reason = ", ".join(self.callbacks.stopped_by) or f"a callback on another rank than {self.rank}"
             self.stopped = meta["stopped"] = {"epoch": epoch + 1, "epochs": self.cfg.epochs, "by": reason}
             if self.rank == 0:
                 logger.info("stopping after epoch %d of %d: %s set stop_training", epoch + 1, self.cfg.epochs, reason)
