@@ -80,7 +80,7 @@ class Model:  # what the model param's converter recognizes a Keras model by
 
 tmp = sys.argv[1]
 runs = []
-steps.run = lambda data, p, backend: runs.append((data, p, backend)) or "model"
+steps.run = lambda data, p, backend, framework: runs.append((data, p, backend, framework)) or "model"
 given = FitInput(None, inplace.Scan((tmp + "/t/part-0.parquet",), {"x": "x"}, "t", "t"))
 fit_data.parquet_input = lambda path, val, store, session: given
 est = estimator_mod.HorovodEstimator(store=tmp + "/s", model=Model(), feature_cols=["x"], label_cols=["y"])
@@ -90,7 +90,9 @@ class Frame:  # a DataFrame's stand-in: fit looks for a Spark DataFrame's sparkS
 frame = Frame()
 assert est.fit(frame) == "model"  # the steps are stood in for: any frame
 assert est.fit_on_parquet(tmp + "/t", params={est.epochs: 3}) == "model"
-(fit, fit_p, _), (on_parquet, on_parquet_p, _) = runs
+(fit, fit_p, _, fw), (on_parquet, on_parquet_p, _, fw2) = runs
+from hvd_spark._internal.ml.framework import KERAS
+assert fw is KERAS and fw2 is KERAS  # the estimator's framework, for both
 assert fit == FitInput(frame) and not fit.given and isinstance(fit_p, FitParams) and fit_p.epochs == 1
 assert on_parquet is given and on_parquet_p.epochs == 3  # fit_on_parquet's params, on a copy
 assert est.getEpochs() == 1 and not hasattr(est, "_forced_scan")
