@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -126,6 +127,7 @@ def job_plain(a) -> dict:
     t["t_fit_end"] = time.time()
     with open(os.path.join(marks, "plain.json")) as f:
         t.update(json.load(f))
+    shutil.rmtree(marks, ignore_errors=True)
     t["t_predict_begin"] = time.time()
     probs = m.predict(X_te, batch_size=256, verbose=0)
     t["t_predict_end"] = time.time()
@@ -331,8 +333,6 @@ def job_hvd(a) -> dict:
             out["tuning"] = tuning(train, store, a.grid_epochs)
     finally:
         spark.stop()
-        import shutil
-
         shutil.rmtree(store, ignore_errors=True)
         shutil.rmtree(marks, ignore_errors=True)
     return out
