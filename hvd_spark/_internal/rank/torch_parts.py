@@ -63,7 +63,7 @@ class TorchSetup:
         if (dist.is_initialized() and dist.get_world_size() > 1) or parts.get("train_minibatch_fn") is not None:
             unused = bool(parts.get("find_unused_parameters"))
             self.ddp = DistributedDataParallel(model, find_unused_parameters=unused)
-        else:  # a group of one trains the module itself (DDP's bucketing and no-op allreduce cost ~5% a step);
+        else:  # a group of one trains the module itself (DDP's bucketing and no-op allreduce cost 5-10% a step);
             # a train_minibatch_fn gets DDP's wrapper on any number of ranks (it may use .module, no_sync)
             self.ddp = model
         if cfg.training.compression == "fp16" and self.ddp is not model:
