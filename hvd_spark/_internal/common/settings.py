@@ -64,6 +64,13 @@ def parse_count(name: str, value) -> int:
     return number
 
 
+def parse_bytes_or_off(name: str, value) -> int:
+    """Parses a size in bytes that may be 0 (the feature it bounds is off)."""
+    if str(value).strip() == "0" and not isinstance(value, bool):
+        return 0
+    return parse_count(name, value)
+
+
 MIN_STALL_TIMEOUT = 5.0
 PROGRESS_INTERVAL = 1.0  # defined here (not below) because the stall parser's message names it
 
@@ -101,6 +108,7 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "seconds": parse_seconds,
     "count": parse_count,
     "bytes": parse_count,
+    "bytes (0: off)": parse_bytes_or_off,
     "seconds (0: off)": parse_stall_timeout,
     "path": lambda name, value: str(value),
     "host or slot": parse_layout,
@@ -324,6 +332,12 @@ ROW_GROUP_BYTES = _setting(
     ("driver",),
     "Bytes of a Parquet row group of the materialized data, by either writer: a writer holds one in "
     "memory, and a rank reads one whole.",
+)  # fmt: skip
+LOCAL_COPY_BYTES = _setting(
+    "local_copy_bytes", "HVD_SPARK_LOCAL_COPY_BYTES", "spark.hvd_spark.localCopyBytes", "bytes (0: off)", 64 * 1024 * 1024,
+    ("driver",),
+    "A DataFrame made on the driver (a local relation, e.g. from pandas) of at most this many bytes is "
+    "copied to the store by the driver itself, without a Spark job; 0 always uses the Spark job.",
 )  # fmt: skip
 STORE_RETRY_WINDOW = _setting(
     "store_retry_window", "HVD_SPARK_STORE_RETRY_WINDOW", None, "seconds", 120.0, ("driver", "rank"),

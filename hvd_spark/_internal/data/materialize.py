@@ -23,6 +23,7 @@ from hvd_spark._internal.common.specs import (
 )
 from hvd_spark._internal.data import leases
 from hvd_spark._internal.data.jobs import spark_job
+from hvd_spark._internal.data.local_copy import local_rows, table_stats, write_local
 from hvd_spark._internal.data.stats import column_stats, stats_aggs, stats_from
 from hvd_spark._internal.data.store import DATA_META, DATA_USED, FORMAT_VERSION, VAL_COL, Store, data_path, job_config
 
@@ -464,15 +465,18 @@ def _write_attempt(
     folder = data_path(store, key)
     path = posixpath.join(folder, attempt)
     try:
-        # Rows are dealt round robin (a local sort first makes that deterministic on a retry), and the
-        # statistics are observed in the writing stage itself: one evaluation of the input.
-        observation = Observation(f"hvd_spark_{attempt.replace('-', '_')}")
-        part = prepared.repartition(n_files).observe(observation, *stats_aggs(infos))
         # A Parquet writer holds its row group in memory until it is full, outside Spark's memory
         # manager: row groups of a bounded size (64 MB by default) keep each task's writers, and the
         # ranks that read a row group whole, at a memory independent of the data's size (256 MB row
         # groups ran the 1 GiB heap of a local session out of memory at 20M rows).
         group_bytes = settings.ROW_GROUP_BYTES.get(conf=prepared.sparkSession.conf)
+        if local_rows(prepared, row_bytes) is not None:  # rows the driver holds: written without a Spark job
+            written, table = write_local(prepared, store, path, n_files, group_bytes, row_bytes)
+            return _finish(store, key, path, table_stats(table, infos), written, num_proc, check, replace, t0)
+        # Rows are dealt round robin (a local sort first makes that deterministic on a retry), and the
+        # statistics are observed in the writing stage itself: one evaluation of the input.
+        observation = Observation(f"hvd_spark_{attempt.replace('-', '_')}")
+        part = prepared.repartition(n_files).observe(observation, *stats_aggs(infos))
         target = url_without_credentials(store.files.url(path))
         with spark_job(f"writing the training data to {target}"):  # the Spark writer, or each task through the store
             if store.spark_writes:
@@ -490,34 +494,50 @@ def _write_attempt(
             else:
                 written = _write_through_store(part, store, path, row_bytes, group_bytes)
         stats = _observed(observation, infos, prepared, store, written)
-        rows = {split: sum(r for _, r in files) for split, files in written.items()}
-        if rows["train"] + rows["val"] != stats["rows"]:  # a task counted twice (observed metrics of a retry)
-            logger.warning(
-                "the statistics of data %s count %d rows, its files hold %d; the files' counts are used",
-                key,
-                stats["rows"],
-                rows["train"] + rows["val"],
-            )
-        if check is not None:
-            check(stats)
-        meta = {
-            "key": key,
-            "attempt": attempt,
-            "train_rows": rows["train"],
-            "val_rows": rows["val"],
-            "train_files": [[p, r] for p, r in written["train"]],
-            "val_files": [[p, r] for p, r in written["val"]],
-            "stats": stats,
-            "format": FORMAT_VERSION,
-            "created": time.time(),
-        }
-        other = _publish(store, key, path, meta, num_proc, replace)
-        if other is not None:
-            return other
+        return _finish(store, key, path, stats, written, num_proc, check, replace, t0)
     except BaseException:  # not published (``_publish`` raises only before it publishes)
         with contextlib.suppress(Exception):  # unreachable store: the next writer removes the attempt
             store.files.rm(path)
         raise
+
+
+def _finish(
+    store: Store,
+    key: str,
+    path: str,
+    stats: dict,
+    written: dict,
+    num_proc: int,
+    check: Callable[[dict], None] | None,
+    replace: bool,
+    t0: float,
+) -> dict:
+    """Checks the statistics of the attempt written at ``path`` and publishes it (see ``_publish``); the
+    caller removes the attempt when this raises."""
+    rows = {split: sum(r for _, r in files) for split, files in written.items()}
+    if rows["train"] + rows["val"] != stats["rows"]:  # a task counted twice (observed metrics of a retry)
+        logger.warning(
+            "the statistics of data %s count %d rows, its files hold %d; the files' counts are used",
+            key,
+            stats["rows"],
+            rows["train"] + rows["val"],
+        )
+    if check is not None:
+        check(stats)
+    meta = {
+        "key": key,
+        "attempt": posixpath.basename(path),
+        "train_rows": rows["train"],
+        "val_rows": rows["val"],
+        "train_files": [[p, r] for p, r in written["train"]],
+        "val_files": [[p, r] for p, r in written["val"]],
+        "stats": stats,
+        "format": FORMAT_VERSION,
+        "created": time.time(),
+    }
+    other = _publish(store, key, path, meta, num_proc, replace)
+    if other is not None:
+        return other
     logger.info(
         "materialized %d train / %d val rows to %s in %.1fs (one pass over the input)",
         meta["train_rows"],
