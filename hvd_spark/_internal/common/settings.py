@@ -334,8 +334,8 @@ ROW_GROUP_BYTES = _setting(
     "memory, and a rank reads one whole.",
 )  # fmt: skip
 LOCAL_COPY_BYTES = _setting(
-    "local_copy_bytes", "HVD_SPARK_LOCAL_COPY_BYTES", "spark.hvd_spark.localCopyBytes", "bytes (0: off)", 64 * 1024 * 1024,
-    ("driver",),
+    "local_copy_bytes", "HVD_SPARK_LOCAL_COPY_BYTES", "spark.hvd_spark.localCopyBytes", "bytes (0: off)",
+    64 * 1024 * 1024, ("driver",),
     "A DataFrame made on the driver (a local relation, e.g. from pandas) of at most this many bytes is "
     "copied to the store by the driver itself, without a Spark job; 0 always uses the Spark job.",
 )  # fmt: skip
