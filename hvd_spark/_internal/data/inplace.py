@@ -99,9 +99,12 @@ def read_plan(df, needed: Sequence[str]) -> Decision:
     """Whether ``df`` restricted to the columns ``needed`` is a plain scan of Parquet files: a
     ``Relation ... parquet`` leaf under at most one projection of columns (renamed or cast between
     numeric types). The reason names what prevents it otherwise."""
+    from hvd_spark._internal.data.local_copy import made_on_driver
     from hvd_spark._internal.data.materialize import col
 
     needed = list(dict.fromkeys(needed))
+    if made_on_driver(df):  # no file under it: known without printing the plans
+        return Decision(None, "it is a local relation (rows the driver holds, e.g. from pandas), not Parquet files")
     try:
         plan, physical = _plans(df.select(*[col(n) for n in needed]))
     except Exception as e:  # noqa: BLE001 - no plan to read: copying is always correct

@@ -20,6 +20,14 @@ from hvd_spark._internal.data.store import VAL_COL, Store
 logger = logging.getLogger(__name__)
 
 
+def made_on_driver(df) -> bool:
+    """Whether ``df``'s optimized plan is a ``LocalRelation``: rows the driver holds (classic sessions)."""
+    try:
+        return df._jdf.queryExecution().optimizedPlan().getClass().getSimpleName() == "LocalRelation"
+    except Exception:  # noqa: BLE001 - Spark Connect, or no plan to read
+        return False
+
+
 def local_rows(prepared, row_bytes: int) -> int | None:
     """The rows of ``prepared`` when its optimized plan is a ``LocalRelation`` (the driver holds them) of
     at most ``HVD_SPARK_LOCAL_COPY_BYTES`` (at ``row_bytes`` a row); None otherwise (a plan that reads
@@ -27,11 +35,10 @@ def local_rows(prepared, row_bytes: int) -> int | None:
     limit = settings.LOCAL_COPY_BYTES.get(conf=prepared.sparkSession.conf)
     if not limit or not hasattr(prepared, "toArrow") or not hasattr(prepared, "_jdf"):
         return None
+    if not made_on_driver(prepared):
+        return None
     try:
-        plan = prepared._jdf.queryExecution().optimizedPlan()
-        if plan.getClass().getSimpleName() != "LocalRelation":
-            return None
-        rows = int(plan.data().size())
+        rows = int(prepared._jdf.queryExecution().optimizedPlan().data().size())
     except Exception as e:  # noqa: BLE001 - no plan to read: the Spark writer is always correct
         logger.debug("the DataFrame's plan could not be read (%s): written by a Spark job", e)
         return None
