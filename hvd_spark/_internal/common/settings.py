@@ -64,8 +64,8 @@ def parse_count(name: str, value) -> int:
     return number
 
 
-def parse_bytes_or_off(name: str, value) -> int:
-    """Parses a size in bytes that may be 0 (the feature it bounds is off)."""
+def parse_count_or_off(name: str, value) -> int:
+    """Parses a count or a size in bytes that may be 0 (the feature it bounds is off)."""
     if str(value).strip() == "0" and not isinstance(value, bool):
         return 0
     return parse_count(name, value)
@@ -108,7 +108,8 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "seconds": parse_seconds,
     "count": parse_count,
     "bytes": parse_count,
-    "bytes (0: off)": parse_bytes_or_off,
+    "bytes (0: off)": parse_count_or_off,
+    "count (0: off)": parse_count_or_off,
     "seconds (0: off)": parse_stall_timeout,
     "path": lambda name, value: str(value),
     "host or slot": parse_layout,
@@ -338,6 +339,13 @@ LOCAL_COPY_BYTES = _setting(
     64 * 1024 * 1024, ("driver",),
     "A DataFrame made on the driver (a local relation, e.g. from pandas) of at most this many bytes is "
     "copied to the store by the driver itself, without a Spark job; 0 always uses the Spark job.",
+)  # fmt: skip
+DRIVER_TRANSFORM_ROWS = _setting(
+    "driver_transform_rows", "HVD_SPARK_DRIVER_TRANSFORM_ROWS", "spark.hvd_spark.driverTransformRows",
+    "count (0: off)", 10_000, ("driver",),
+    "`transform` of a DataFrame made on the driver (a local relation, e.g. from pandas) of at most this many "
+    "rows is predicted by the driver, with the model loaded there once, instead of Spark's Python UDF "
+    "workers; 0 always uses the UDF.",
 )  # fmt: skip
 STORE_RETRY_WINDOW = _setting(
     "store_retry_window", "HVD_SPARK_STORE_RETRY_WINDOW", None, "seconds", 120.0, ("driver", "rank"),

@@ -31,6 +31,7 @@ from hvd_spark._internal.infer.batching import (
 )
 from hvd_spark._internal.infer.cache import load_cached, load_uncached, model_version
 from hvd_spark._internal.infer.device import GPU_BATCH_SIZE, on_device, task_device
+from hvd_spark._internal.ml.driver_transform import PREDICTIONS, DriverPredictor, driver_rows, predicted
 from hvd_spark._internal.ml.expressions import (
     arrow_udfs_available,
     feature_status,
@@ -197,6 +198,7 @@ class TFTransformer(
         self._storage_options: dict = {}
         self.setStorageOptions(storage_options)
         self._keras_model = None
+        self._driver_model = DriverPredictor()  # a small local frame's predictions (driver_transform.py)
         self._fit_summary: FitSummary | None = None
 
     # --- storage options: a plain attribute, not a Param (credentials are never saved or shown) ---
@@ -379,15 +381,21 @@ class TFTransformer(
         inputs, outputs = self._inputs(), self._outputs()
         entries = stack_for_single_input(self.getFeatureCols(), inputs)
         output_cols = self.getOutputCols()
-        udf, infos, arrow = self._prediction_udf(dataset, entries, inputs, outputs, keep=invalid == "keep")
+        udf, infos, arrow, on_driver = self._prediction_udf(dataset, entries, inputs, outputs, keep=invalid == "keep")
         names = [f"_f{i}" for i in range(len(entries))]
         exprs = [feature_expr(info) for info in infos]
         fields = [e.alias(n) for e, n in zip(exprs, names)]
-        if not arrow:  # pandas turns a null into NaN: Spark says which rows are null (or hold null elements)
-            fields += [feature_status(info, e).alias(f"_s{i}") for i, (info, e) in enumerate(zip(infos, exprs))]
-        packed = F.struct(*fields)
         if invalid == "skip":
             dataset = dataset.where(_all_valid(infos, exprs))
+        # a small frame the driver holds is predicted by the driver, unless a UDF was asked for by name
+        local = self.getOrDefault(self.inference_udf) == "auto" and driver_rows(dataset) is not None
+        if local:
+            dataset = predicted(dataset, F.struct(*fields), self._output_type(), on_driver)
+            prediction, arrow = F.col(PREDICTIONS), True
+        else:
+            if not arrow:  # pandas turns a null into NaN: Spark says which rows are null (or hold null elements)
+                fields += [feature_status(info, e).alias(f"_s{i}") for i, (info, e) in enumerate(zip(infos, exprs))]
+            prediction = udf(F.struct(*fields))
 
         def nan_back(column, spec):  # the pandas UDF's list outputs hold their NaNs as null elements
             if arrow or is_scalar(spec):
@@ -406,10 +414,11 @@ class TFTransformer(
             return frame.withColumn(output_cols[i], F.when(c.isNull(), F.lit(None)).otherwise(vector))
 
         if len(output_cols) == 1:
-            result = dataset.withColumn(output_cols[0], nan_back(udf(packed), outputs[0]))
+            result = dataset.withColumn(output_cols[0], nan_back(prediction, outputs[0]))
+            result = result.drop(PREDICTIONS) if local else result
             return typed(self._with_classifier_cols(result, output_cols[0]), 0)
-        tmp = "__hvd_spark_pred"
-        out = dataset.withColumn(tmp, udf(packed))
+        tmp = PREDICTIONS if local else "__hvd_spark_pred"
+        out = dataset if local else dataset.withColumn(tmp, prediction)
         fields = [nan_back(F.col(tmp).getField(c), spec).alias(c) for c, spec in zip(output_cols, outputs)]
         result = out.select("*", *fields).drop(tmp)
         for i in range(len(output_cols)):
@@ -418,9 +427,11 @@ class TFTransformer(
 
     def _prediction_udf(self, dataset, entries, inputs, outputs, *, keep: bool):
         """The UDF that predicts in Spark's Python workers (Arrow or pandas), with the feature columns'
-        infos and whether it is an Arrow UDF. Its closure holds plain values only: the model's URL and
+        infos, whether it is an Arrow UDF, and the driver's predictions of an Arrow StructArray of the
+        features (``driver_transform.py``). The UDF's closure holds plain values only: the model's URL and
         version, the pickled custom objects and ``transformation_fn``, the batch size, the threads."""
         import cloudpickle
+        import pyarrow as pa
         from pyspark.sql.functions import pandas_udf
 
         from hvd_spark._internal.data.materialize import column_info
@@ -445,8 +456,24 @@ class TFTransformer(
         def transformation():
             return column_transformation(cloudpickle.loads(fn_bytes), infos, inputs) if fn_bytes else None
 
+        def on_driver(struct):
+            model = self._driver_model.get(key, url, opts, co_bytes)
+            arrays = list(
+                predict_arrow_batches(
+                    model,
+                    iter([struct]),
+                    inputs,
+                    outputs,
+                    feature_cols,
+                    output_cols,
+                    batch_size,
+                    keep,
+                    transformation(),
+                )
+            )
+            return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
         if arrow:
-            import pyarrow as pa
             from pyspark.sql.functions import arrow_udf
 
             def predict_arrow(structs: Iterator[pa.Array]) -> Iterator[pa.Array]:
@@ -462,7 +489,7 @@ class TFTransformer(
 
             # pyspark's stubs type returnType as a DataType literal; a StructType / ArrayType works.
             udf = arrow_udf(predict_arrow, returnType=self._output_type())  # type: ignore[call-overload]
-            return udf, infos, arrow
+            return udf, infos, arrow, on_driver
 
         def predict(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
             device = task_device()
@@ -475,7 +502,8 @@ class TFTransformer(
                     )
                 )
 
-        return pandas_udf(predict, returnType=self._output_type(True)), infos, arrow  # type: ignore[call-overload]
+        udf = pandas_udf(predict, returnType=self._output_type(True))  # type: ignore[call-overload]
+        return udf, infos, arrow, on_driver
 
     def _with_classifier_cols(self, df, out: str):
         """Adds a classifier's prediction (class index, double), probability and rawPrediction (Vectors)
