@@ -75,9 +75,10 @@ def job_arguments(description: str) -> argparse.ArgumentParser:
     return p
 
 
-def job_session(a, app_name: str):
+def job_session(a, app_name: str, prewarm: bool | int = True):
     """Logging for a person watching, and the local Spark session: ``--master``, with at least
-    ``--num-proc`` task slots for ``local[*]`` on a machine with fewer cores."""
+    ``--num-proc`` task slots for ``local[*]`` on a machine with fewer cores; ``prewarm`` as
+    ``hvd_spark.local_session``'s (the num_proc of the fits to come: their ranks' warm server)."""
     import hvd_spark
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -86,7 +87,7 @@ def job_session(a, app_name: str):
     master = a.master
     if master == "local[*]" and (os.cpu_count() or 1) < a.num_proc:
         master = f"local[{a.num_proc}]"
-    spark = hvd_spark.local_session(master, app_name=app_name)
+    spark = hvd_spark.local_session(master, app_name=app_name, prewarm=prewarm)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -106,7 +107,7 @@ def main():
 
     from hvd_spark import HorovodEstimator, TFTransformer
 
-    spark = job_session(a, "hvd_spark-digits")
+    spark = job_session(a, "hvd_spark-digits", prewarm=a.num_proc)
     try:
         train_df, test_df = digits_frames(spark)
         est = HorovodEstimator(

@@ -5,7 +5,11 @@ import sys
 
 
 def local_session(
-    master: str = "local[*]", *, app_name: str = "hvd_spark", conf: dict[str, str] | None = None, prewarm: bool = True
+    master: str = "local[*]",
+    *,
+    app_name: str = "hvd_spark",
+    conf: dict[str, str] | None = None,
+    prewarm: bool | int = True,
 ):
     """Returns a SparkSession on this machine (or the active one, if any).
 
@@ -21,9 +25,20 @@ def local_session(
         conf: extra Spark conf entries.
         prewarm: a new session's executors start the warm server that a default ``fit``'s ranks
             fork from, in the background, as that ``fit`` would: TensorFlow's import (a few seconds)
-            overlaps with what the caller does before ``fit``. ``HVD_SPARK_WARM=0`` turns warm
-            servers off, this one too.
+            overlaps with what the caller does before ``fit``. A number: the ``num_proc`` of the fits
+            to come, whose ranks fork from another server when it changes their threads (on
+            ``local[2]``, ``num_proc=2`` gives each rank 1 thread, the default one rank 2). False: none.
+            ``HVD_SPARK_WARM=0`` turns warm servers off, this one too.
     """
+    if isinstance(prewarm, bool):
+        num_proc = None
+    elif isinstance(prewarm, int) and prewarm >= 1:
+        num_proc = prewarm
+    else:
+        raise ValueError(
+            "prewarm must be True, False or the num_proc of the fits to come (a positive integer). "
+            f"Received: prewarm={prewarm!r}."
+        )
     from hvd_spark._internal.common.requirements import require
 
     require("local_session", spark=True)
@@ -50,11 +65,11 @@ def local_session(
     existing = SparkSession.getActiveSession()
     spark = builder.getOrCreate()
     if prewarm and existing is None:
-        _prewarm(spark)
+        _prewarm(spark, num_proc)
     return spark
 
 
-def _prewarm(spark) -> None:
+def _prewarm(spark, num_proc: int | None) -> None:
     """Starts, in the background, the warm server a default fit's ranks would fork from. Best effort."""
     import logging
 
@@ -62,6 +77,6 @@ def _prewarm(spark) -> None:
     from hvd_spark._internal.driver.prewarm import prewarm
 
     try:
-        prewarm(spark, resolve_launch_options(spark, num_proc=None), background=True)
+        prewarm(spark, resolve_launch_options(spark, num_proc=num_proc), background=True)
     except Exception as e:  # noqa: BLE001 - the first fit starts its warm server itself
         logging.getLogger(__name__).debug("no warm server started with the session: %s", e)

@@ -90,7 +90,8 @@ def test_the_driver_predicts_what_the_udf_predicts(spark, two_outputs, invalid):
     t = _transformer(two_outputs, handleInvalid=invalid)
     assert driver_rows(df) == 40
     ours = t.transform(df)
-    assert "EvalPython" not in ours._jdf.queryExecution().executedPlan().toString()  # no UDF ran
+    plan = ours._jdf.queryExecution().executedPlan().toString()
+    assert "EvalPython" not in plan and "LocalTableScan" in plan  # no UDF: a local relation again
     udf_df, theirs = _by_udf(spark, t, df)
     assert "EvalPython" in udf_df._jdf.queryExecution().executedPlan().toString()
     assert ours.schema == udf_df.schema
@@ -120,3 +121,37 @@ def test_only_small_frames_made_on_the_driver_and_auto_udf(spark, two_outputs):
         spark.conf.unset("spark.hvd_spark.driverTransformRows")
     named = _transformer(two_outputs, inference_udf="pandas").transform(df)  # a UDF asked for by name
     assert "EvalPython" in named._jdf.queryExecution().executedPlan().toString()
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    """A saved 3-class softmax model on one array input of 4 values."""
+    import keras
+
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    path = str(tmp_path_factory.mktemp("driver_transform") / "cls.keras")
+    model.save(path)
+    return path, model
+
+
+def test_a_classifier_with_its_spark_columns(spark, classifier):
+    path, model = classifier
+    inputs, outputs = model_specs(model)
+    t = TFTransformer(
+        model_url="file://" + path,
+        feature_cols=["x"],
+        output_cols=["probs"],
+        input_specs=specs_to_dicts(inputs),
+        output_specs=specs_to_dicts(outputs),
+        task="multiclass",
+    )
+    df = _frame(spark, bad=False)
+    ours = t.transform(df)
+    assert "EvalPython" not in ours._jdf.queryExecution().executedPlan().toString()
+    udf_df, theirs = _by_udf(spark, t, df)
+    assert ours.schema == udf_df.schema and {"prediction", "probability"} <= set(ours.columns)
+    mine = _rows(ours)
+    for i, row in theirs.items():
+        assert all(_same(mine[i][k], v) for k, v in row.items()), (i, mine[i], row)
+    assert {r["prediction"] for r in mine.values()} <= {0.0, 1.0, 2.0}

@@ -2,6 +2,8 @@
 relation) is written by the driver, without a Spark job, and gives what the Spark job gives: the same
 rows in each split, the same statistics, files the ranks read alike. Real Spark, real Parquet."""
 
+import re
+
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
@@ -63,14 +65,17 @@ def _jobs(spark):
     return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
 
 
-@pytest.mark.parametrize("bad", [False, True])
-def test_driver_copy_equals_the_spark_job(spark, tmp_path, bad):
+@pytest.mark.parametrize("bad, validation", [(False, 0.3), (False, None), (True, 0.3)])
+def test_driver_copy_equals_the_spark_job(spark, tmp_path, bad, validation):
     df = _frame(spark, bad=bad)
     store = Store(str(tmp_path))
-    by_spark = _copy(spark, df, store, "spark", local=False)
+    by_spark = _copy(spark, df, store, "spark", local=False, validation=validation)
     before = _jobs(spark)
-    by_driver = _copy(spark, df, store, "driver", local=True)
+    by_driver = _copy(spark, df, store, "driver", local=True, validation=validation)
     assert _jobs(spark) - before <= 1  # at most toArrow's collection: no writing stage
+    files = by_driver["train_files"] + by_driver["val_files"]
+    assert all(re.search(r"/(train|val)/part-\d{5}\.snappy\.parquet$", u) for u, _ in files), files  # the driver's
+    assert all("=false/" in u or "=true/" in u for u, _ in by_spark["train_files"] + by_spark["val_files"])
     if bad:  # the rows a fit refuses, counted alike (the ranges of the other rows are not compared)
         for name, s in by_spark["stats"]["columns"].items():
             assert by_driver["stats"]["columns"][name]["bad"] == s["bad"], name
@@ -78,12 +83,12 @@ def test_driver_copy_equals_the_spark_job(spark, tmp_path, bad):
         return
     assert by_driver["stats"] == by_spark["stats"]
     assert by_driver["stats"]["columns"]["ids"]["max"] > 2**39  # 64-bit ids kept whole
-    for split in ("train", "val"):
+    for split in ("train", "val") if validation else ("train",):
         assert by_driver[f"{split}_rows"] == by_spark[f"{split}_rows"] > 0
         (ours, our_schemas), (theirs, their_schemas) = _rows(by_driver, split), _rows(by_spark, split)
         pd.testing.assert_frame_equal(ours, theirs)
         assert {str(s.remove_metadata()) for s in our_schemas} <= {str(s.remove_metadata()) for s in their_schemas}
-    assert len(by_driver["train_files"]) == 3
+    assert len(by_driver["train_files"]) == 3 and (validation or by_driver["val_files"] == [])
     counts = [r for _, r in by_driver["train_files"]]
     assert max(counts) - min(counts) <= 1  # dealt round robin
 

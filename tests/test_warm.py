@@ -227,9 +227,12 @@ def test_a_transform_after_a_fit_predicts_in_the_warm_servers_children(spark, tm
     np.testing.assert_allclose(probs2[order2], probs[order], rtol=1e-5, atol=1e-6)
 
 
-def test_servers_end_when_idle_and_with_the_application(tmp_path):
+@pytest.mark.parametrize("prewarm", [True, 2])
+def test_servers_end_when_idle_and_with_the_application(tmp_path, prewarm):
     """A separate application (its own driver process): local_session starts the server of a default
-    fit; an idle server ends after HVD_SPARK_WARM_IDLE seconds; busy ones end when the application stops."""
+    fit (one rank on both cores), or with ``prewarm=2`` that of 2-rank jobs, which a later 2-rank job
+    forks from instead of starting its own; an idle server ends after HVD_SPARK_WARM_IDLE seconds;
+    busy ones end when the application stops."""
     script = tmp_path / "app.py"
     script.write_text(
         textwrap.dedent(
@@ -240,7 +243,7 @@ def test_servers_end_when_idle_and_with_the_application(tmp_path):
             from test_warm import probe, _servers
             import cloudpickle, test_warm
             cloudpickle.register_pickle_by_value(test_warm)
-            spark = hvd_spark.local_session("local[2]")  # starts the warm server of a default fit
+            spark = hvd_spark.local_session("local[2]", prewarm={prewarm!r})  # starts a warm server
             import psutil
 
             def app_of(p):  # a server or starter may exit between the listing and this read
@@ -290,9 +293,10 @@ def test_servers_end_when_idle_and_with_the_application(tmp_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(result["prewarmed"]) == 1, "local_session started no warm server (or several)"
     assert result["idle_gone"], "an idle warm server outlived HVD_SPARK_WARM_IDLE"
-    assert len(result["busy"]) == 1
+    # a 2-rank job forks from the session's server when it was started for 2 ranks, else from its own
+    assert len(result["busy"]) == (0 if prewarm == 2 else 1), result
     assert result["left"] == [], "a warm server outlived its application"
-    assert not psutil.pid_exists(result["busy"][0]) or psutil.Process(result["busy"][0]).status() == "zombie"
+    assert all(not psutil.pid_exists(p) or psutil.Process(p).status() == "zombie" for p in result["busy"])
 
 
 APP_STOPPED_EARLY = """

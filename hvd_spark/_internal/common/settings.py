@@ -66,9 +66,16 @@ def parse_count(name: str, value) -> int:
 
 def parse_count_or_off(name: str, value) -> int:
     """Parses a count or a size in bytes that may be 0 (the feature it bounds is off)."""
-    if str(value).strip() == "0" and not isinstance(value, bool):
+    try:
+        zero = not isinstance(value, bool) and int(str(value).strip()) == 0
+    except ValueError:
+        zero = False
+    if zero:
         return 0
-    return parse_count(name, value)
+    try:
+        return parse_count(name, value)
+    except ValueError:
+        raise ValueError(f"{name} must be 0 (off) or a positive integer. Received: {value!r}.") from None
 
 
 MIN_STALL_TIMEOUT = 5.0
@@ -337,8 +344,9 @@ ROW_GROUP_BYTES = _setting(
 LOCAL_COPY_BYTES = _setting(
     "local_copy_bytes", "HVD_SPARK_LOCAL_COPY_BYTES", "spark.hvd_spark.localCopyBytes", "bytes (0: off)",
     64 * 1024 * 1024, ("driver",),
-    "A DataFrame made on the driver (a local relation, e.g. from pandas) of at most this many bytes is "
-    "copied to the store by the driver itself, without a Spark job; 0 always uses the Spark job.",
+    "A DataFrame made on the driver (a local relation, e.g. from pandas) of at most this many bytes (4 a "
+    "value, 64 a string) is copied to the store by the driver itself, not by a Spark job of Parquet "
+    "writers; 0 always uses the Spark job.",
 )  # fmt: skip
 DRIVER_TRANSFORM_ROWS = _setting(
     "driver_transform_rows", "HVD_SPARK_DRIVER_TRANSFORM_ROWS", "spark.hvd_spark.driverTransformRows",

@@ -1,7 +1,7 @@
 """The copy of a small local DataFrame (one made on the driver, e.g. ``spark.createDataFrame(pandas_df)``)
 written by the driver itself: its rows already live in the driver's memory (a ``LocalRelation``), so
-collecting them costs less than the Spark job that would write them (a stage, its tasks' Python workers,
-the commit protocol), which dominates the fit of a few thousand rows.
+collecting them as Arrow (one small Spark job: no Python worker, no Parquet writer, no commit protocol)
+costs less than the Spark job that would write them, which dominates the fit of a few thousand rows.
 
 The rows are those of the same projected DataFrame the Spark writer evaluates (``materialize.prepare``:
 stored names and types, the split flag), so the files, their split and the statistics (computed here
@@ -30,7 +30,8 @@ def made_on_driver(df) -> bool:
 
 def local_rows(prepared, row_bytes: int) -> int | None:
     """The rows of ``prepared`` when its optimized plan is a ``LocalRelation`` (the driver holds them) of
-    at most ``HVD_SPARK_LOCAL_COPY_BYTES`` (at ``row_bytes`` a row); None otherwise (a plan that reads
+    at most ``HVD_SPARK_LOCAL_COPY_BYTES`` (estimated at ``row_bytes`` a row: 4 bytes a value, 64 a
+    string); None otherwise (a plan that reads
     files or an RDD, a Spark Connect session, a pyspark without ``DataFrame.toArrow``)."""
     limit = settings.LOCAL_COPY_BYTES.get(conf=prepared.sparkSession.conf)
     if not limit or not hasattr(prepared, "toArrow") or not hasattr(prepared, "_jdf"):
@@ -46,10 +47,10 @@ def local_rows(prepared, row_bytes: int) -> int | None:
 
 
 def write_local(prepared, store: Store, path: str, n_files: int, group_bytes: int, row_bytes: int):
-    """Collects ``prepared`` (a local relation: no Spark task runs) and writes each split's rows dealt
-    round robin to at most ``n_files`` Parquet files under ``path/train`` and ``path/val``, through the
-    store's filesystem. Returns ``(written, table)``: ``(url, rows)`` per file and split, as the Spark
-    writer's, and the collected table (for :func:`table_stats`)."""
+    """Collects ``prepared`` (a local relation: one small Spark job, no Python worker) and writes each
+    split's rows dealt round robin to at most ``n_files`` Parquet files under ``path/train`` and
+    ``path/val``, through the store's filesystem. Returns ``(written, table)``: ``(url, rows)`` per
+    file and split, as the Spark writer's, and the collected table (for :func:`table_stats`)."""
     import numpy as np
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -59,7 +60,9 @@ def write_local(prepared, store: Store, path: str, n_files: int, group_bytes: in
     data = table.drop_columns([VAL_COL])
     group_rows = max(1, group_bytes // max(row_bytes, 1))
     written: dict[str, list[tuple[str, int]]] = {"train": [], "val": []}
-    for split, mask in (("train", pc.invert(pc.fill_null(flag, False))), ("val", pc.fill_null(flag, False))):
+    # a null flag (a validation column's, which the statistics count and the fit refuses) is in no split,
+    # as with the Spark writers
+    for split, mask in (("train", pc.invert(flag)), ("val", flag)):
         rows = data.filter(mask)
         if rows.num_rows == 0:
             continue
@@ -86,8 +89,8 @@ def _plain_types(table):
             return pa.string()
         if pa.types.is_large_binary(t):
             return pa.binary()
-        if pa.types.is_large_list(t) or pa.types.is_list(t):
-            return pa.list_(plain(t.value_type))
+        if pa.types.is_large_list(t) or pa.types.is_list(t):  # the element's name and nullability kept
+            return pa.list_(t.value_field.with_type(plain(t.value_type)))
         return t
 
     schema = pa.schema([f.with_type(plain(f.type)) for f in table.schema])

@@ -1,7 +1,8 @@
 """Driver side of the data path: check a DataFrame against the model, write it to the store.
 
 Everything here runs Spark jobs; nothing is collected to the driver but counts and
-per-column statistics, so data larger than the driver's memory works.
+per-column statistics, so data larger than the driver's memory works. The exception is a small
+DataFrame whose rows the driver holds already (a local relation): ``local_copy.py`` writes it.
 """
 
 import contextlib
@@ -327,7 +328,9 @@ def materialize(
     files each (default ``num_proc``); the statistics of ``infos`` (:func:`stats_aggs`) are computed
     in the same pass and kept in the metadata (``"stats"``). ``check(stats)`` raises for data that
     cannot be trained on: it runs on reused data's statistics, and on new data before publication,
-    whose files are then removed. Row counts are those of the files written.
+    whose files are then removed. Row counts are those of the files written. A small ``prepared``
+    whose rows the driver holds (a local relation) is written by the driver (``local_copy.py``): the
+    same files per split, the same statistics.
 
     Safe when several fits (threads, processes, other drivers) materialize into one store:
 
@@ -470,8 +473,9 @@ def _write_attempt(
         # ranks that read a row group whole, at a memory independent of the data's size (256 MB row
         # groups ran the 1 GiB heap of a local session out of memory at 20M rows).
         group_bytes = settings.ROW_GROUP_BYTES.get(conf=prepared.sparkSession.conf)
-        if local_rows(prepared, row_bytes) is not None:  # rows the driver holds: written without a Spark job
-            written, table = write_local(prepared, store, path, n_files, group_bytes, row_bytes)
+        if local_rows(prepared, row_bytes) is not None:  # rows the driver holds: written by the driver
+            with spark_job("collecting the training data on the driver"):
+                written, table = write_local(prepared, store, path, n_files, group_bytes, row_bytes)
             return _finish(store, key, path, table_stats(table, infos), written, num_proc, check, replace, t0)
         # Rows are dealt round robin (a local sort first makes that deterministic on a retry), and the
         # statistics are observed in the writing stage itself: one evaluation of the input.

@@ -3,22 +3,22 @@ relation), predicted by the driver itself.
 
 The UDF path's first call on an application costs Spark's Python UDF workers (their start and
 imports, 1.5 s on 2 cores) and the model's load in each of them; for a few hundred rows that is
-twenty times the prediction. The driver holds such a frame's rows already: it predicts them with
-the same batching code as the Arrow UDF (``infer/batching.py``'s ``predict_arrow_batches``: the same
-checks of invalid features, ``handleInvalid``, ``transformation_fn``, batches of ``batch_size``), its
-model loaded once per transformer and model file version, and returns a DataFrame of the same rows
-with the predictions. Driver side.
+twenty times the prediction. The driver holds such a frame's rows already: it collects them as Arrow
+(one small Spark job, no Python worker), predicts them with the same batching code as the Arrow UDF
+(``infer/batching.py``'s ``predict_arrow_batches``: the same checks of invalid features,
+``handleInvalid``, ``transformation_fn``, batches of ``batch_size``), its model loaded once per
+transformer and model file version, and returns a local relation of the same rows with the
+predictions. Driver side.
 """
 
 import logging
+import threading
 from typing import Any
 
 from hvd_spark._internal.common import settings
 from hvd_spark._internal.data.local_copy import made_on_driver
 
 logger = logging.getLogger(__name__)
-
-PREDICTIONS = "__hvd_spark_driver_pred"  # the predictions' column until the outputs are taken from it
 
 
 def driver_rows(dataset) -> int | None:
@@ -37,33 +37,51 @@ def driver_rows(dataset) -> int | None:
 
 class DriverPredictor:
     """The model a transformer predicts with on the driver: loaded once per model file version, with the
-    driver's thread pools left as they are."""
+    driver's thread pools left as they are. Threads may share it (a CrossValidator's ``parallelism``)."""
 
     def __init__(self) -> None:
-        self._key: str | None = None
-        self._model: Any = None
+        self._lock = threading.Lock()
+        self._loaded: tuple[str, Any] | None = None
 
     def get(self, key: str, url: str, opts: dict, custom_objects_bytes: bytes | None):
         from hvd_spark._internal.infer.cache import load_model
 
-        if self._key != key:
-            self._model = load_model(url, opts, custom_objects_bytes, 0)  # 0: the driver's threads as they are
-            self._key = key
-        return self._model
+        with self._lock:
+            if self._loaded is None or self._loaded[0] != key:
+                # 0 threads: the driver's pools as they are
+                self._loaded = (key, load_model(url, opts, custom_objects_bytes, 0))
+            return self._loaded[1]
 
 
-def predicted(dataset, packed, output_type, predict_struct) -> Any:
-    """``dataset``'s rows with a column ``PREDICTIONS`` of ``output_type``: ``predict_struct(struct)``'s
-    values for the rows' feature struct ``packed`` (an Arrow StructArray in, an Arrow array out)."""
+def free_name(base: str, taken) -> str:
+    """``base``, or ``base`` with a number, that is not among the names ``taken``."""
+    taken, name, i = set(taken), base, 0
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def predicted(dataset, packed, name: str, output_type, predict_struct) -> Any:
+    """``dataset``'s rows with a column ``name`` of ``output_type``: ``predict_struct(struct)``'s values
+    for the rows' feature struct ``packed`` (an Arrow StructArray in, an Arrow array out), or None when
+    the rows do not convert to Arrow and back (the UDF predicts them then). The rows go through Arrow
+    both ways (``toArrow``, ``createDataFrame`` of an Arrow table: a local relation again), never
+    through Python objects, so every column comes back as it was (timestamps included)."""
     import pyarrow as pa
     from pyspark.sql import types as T
 
-    rows = dataset.collect()
-    struct = dataset.select(packed.alias("features")).toArrow().column("features").combine_chunks()
-    if len(struct) != len(rows):  # the same local relation evaluated twice: never expected to differ
-        raise RuntimeError(f"the DataFrame gave {len(rows)} rows, then {len(struct)}: predicted by the UDF instead")
-    values = predict_struct(struct)
+    features = free_name("__hvd_spark_features", dataset.columns)
+    try:
+        table = dataset.select("*", packed.alias(features)).toArrow()
+    except Exception as e:  # noqa: BLE001 - a column Arrow cannot hold: the UDF path reads it as Spark does
+        logger.debug("the DataFrame did not convert to Arrow (%s): the UDF predicts", e)
+        return None
+    values = predict_struct(table.column(features).combine_chunks())  # its errors are the user's
     values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    schema = T.StructType([*dataset.schema.fields, T.StructField(PREDICTIONS, output_type, True)])
-    out = [(*row, value) for row, value in zip(rows, values.to_pylist())]
-    return dataset.sparkSession.createDataFrame(out, schema, verifySchema=False)
+    schema = T.StructType([*dataset.schema.fields, T.StructField(name, output_type, True)])
+    try:
+        return dataset.sparkSession.createDataFrame(table.drop_columns([features]).append_column(name, values), schema)
+    except Exception as e:  # noqa: BLE001 - as above
+        logger.debug("the predictions did not convert back from Arrow (%s): the UDF predicts", e)
+        return None

@@ -31,7 +31,7 @@ from hvd_spark._internal.infer.batching import (
 )
 from hvd_spark._internal.infer.cache import load_cached, load_uncached, model_version
 from hvd_spark._internal.infer.device import GPU_BATCH_SIZE, on_device, task_device
-from hvd_spark._internal.ml.driver_transform import PREDICTIONS, DriverPredictor, driver_rows, predicted
+from hvd_spark._internal.ml.driver_transform import DriverPredictor, driver_rows, free_name, predicted
 from hvd_spark._internal.ml.expressions import (
     arrow_udfs_available,
     feature_status,
@@ -388,10 +388,12 @@ class TFTransformer(
         if invalid == "skip":
             dataset = dataset.where(_all_valid(infos, exprs))
         # a small frame the driver holds is predicted by the driver, unless a UDF was asked for by name
-        local = self.getOrDefault(self.inference_udf) == "auto" and driver_rows(dataset) is not None
-        if local:
-            dataset = predicted(dataset, F.struct(*fields), self._output_type(), on_driver)
-            prediction, arrow = F.col(PREDICTIONS), True
+        local = None
+        if self.getOrDefault(self.inference_udf) == "auto" and driver_rows(dataset) is not None:
+            tmp = free_name("__hvd_spark_pred", dataset.columns)
+            local = predicted(dataset, F.struct(*fields), tmp, self._output_type(), on_driver)
+        if local is not None:
+            dataset, prediction, arrow = local, F.col(tmp), True
         else:
             if not arrow:  # pandas turns a null into NaN: Spark says which rows are null (or hold null elements)
                 fields += [feature_status(info, e).alias(f"_s{i}") for i, (info, e) in enumerate(zip(infos, exprs))]
@@ -415,10 +417,10 @@ class TFTransformer(
 
         if len(output_cols) == 1:
             result = dataset.withColumn(output_cols[0], nan_back(prediction, outputs[0]))
-            result = result.drop(PREDICTIONS) if local else result
+            result = result.drop(tmp) if local is not None else result
             return typed(self._with_classifier_cols(result, output_cols[0]), 0)
-        tmp = PREDICTIONS if local else "__hvd_spark_pred"
-        out = dataset if local else dataset.withColumn(tmp, prediction)
+        tmp = free_name("__hvd_spark_pred", dataset.columns) if local is None else tmp
+        out = dataset if local is not None else dataset.withColumn(tmp, prediction)
         fields = [nan_back(F.col(tmp).getField(c), spec).alias(c) for c, spec in zip(output_cols, outputs)]
         result = out.select("*", *fields).drop(tmp)
         for i in range(len(output_cols)):
@@ -567,6 +569,7 @@ class TFTransformer(
     def copy(self, extra=None):
         that = super().copy(extra)
         that._keras_model = self._keras_model
+        that._driver_model = DriverPredictor()  # its own: the copy may be given another model file
         that._storage_options = dict(self._storage_options)
         return that
 
