@@ -76,14 +76,28 @@ def _digits_arrays():
     return train_test_split(X, y, test_size=0.2, random_state=7, stratify=y)
 
 
-def _keras_fit(X, y, epochs: int, lr: float, validation: float, callbacks=()):
+MODEL = "cnn"  # the job's model (--model): digits_model(), or an MLP (the issue's first measurement)
+
+
+def _model():
+    """``digits_model()`` (a small CNN), or with ``--model mlp`` an MLP on the same input: 64-64-10."""
     import keras
 
     sys.path.insert(0, EXAMPLES)
     from digits import digits_model
 
+    if MODEL == "cnn":
+        return digits_model()
+    inputs = keras.Input(shape=(8, 8, 1), name="pixels")
+    x = keras.layers.Dense(64, activation="relu")(keras.layers.Flatten()(inputs))
+    return keras.Model(inputs, keras.layers.Dense(10, activation="softmax", name="digit")(x))
+
+
+def _keras_fit(X, y, epochs: int, lr: float, validation: float, callbacks=()):
+    import keras
+
     keras.utils.set_random_seed(SEED)
-    m = digits_model()
+    m = _model()
     m.compile(optimizer=keras.optimizers.Adam(lr), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     m.fit(X, y, batch_size=2 * BATCH, epochs=epochs, validation_split=validation, verbose=0, callbacks=list(callbacks))
     return m
@@ -224,14 +238,13 @@ def copy_parts(clock: _StepClock, b: float, e: float) -> dict:
 
 def _estimator(store: str, marks: str, epochs: int, validation: float = VALIDATION):
     import keras
-    from digits import digits_model
 
     from hvd_spark import HorovodEstimator
 
     return HorovodEstimator(
         num_proc=2,
         store=store,
-        model=digits_model(),
+        model=_model(),
         optimizer=keras.optimizers.Adam(learning_rate=LR),
         loss="sparse_categorical_crossentropy",
         metrics=["accuracy"],
@@ -358,6 +371,7 @@ def tuning(train, store: str, grid_epochs) -> dict:
 def run_job(kind: str, epochs: int, grid_epochs, tuning_on: bool = False) -> dict:
     """One job in a fresh process (its own session); its JSON result, with its launch and whole time."""
     cmd = [sys.executable, "-m", "benchmarks.bench_small_fits", "--job", kind, "--epochs", str(epochs)]
+    cmd += ["--model", MODEL]
     cmd += ["--grid-epochs", *map(str, grid_epochs)] + (["--tuning"] if tuning_on else [])
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     for k in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS"):
@@ -540,6 +554,7 @@ def main(quick: bool, repeats: int, tuning_on: bool) -> dict:
         "quick": quick,
         "repeats": repeats,
         "epochs": epochs,
+        "model": MODEL,
         "tuning_grid": {"epochs": list(grid_epochs), "learning_rate": list(GRID_LR), "folds": FOLDS},
         "runs": {"plain": plain, "hvd_spark": hvd, "tuning_plain": tune_plain, "tuning_hvd_spark": tune_hvd},
         "horovod_spark_keras_estimator": (
@@ -553,7 +568,7 @@ def main(quick: bool, repeats: int, tuning_on: bool) -> dict:
     print(table(out))
     from benchmarks.common import write
 
-    print(f"wrote {write('small_fits', out)}")
+    print(f"wrote {write('small_fits' if MODEL == 'cnn' else f'small_fits_{MODEL}', out)}")
     return out
 
 
@@ -563,7 +578,10 @@ def _job_main(argv: list[str]) -> None:
     p.add_argument("--epochs", type=int, default=EPOCHS)
     p.add_argument("--grid-epochs", type=int, nargs="+", default=list(GRID_EPOCHS))
     p.add_argument("--tuning", action="store_true")
+    p.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
     a = p.parse_args(argv)
+    global MODEL
+    MODEL = a.model
     jobs = {"plain": job_plain, "hvd": job_hvd, "plain_tuning": job_plain_tuning}
     print(json.dumps(jobs[a.job](a)), flush=True)
 
@@ -577,5 +595,13 @@ if __name__ == "__main__":
     ap.add_argument("--quick", action="store_true", help="3 epochs (tuning: 1 and 2), a smoke test")
     ap.add_argument("--repeats", type=int, default=1, help="runs of each job, alternated (default 1)")
     ap.add_argument("--no-tuning", action="store_true", help="leave out the CrossValidator part (about 2 minutes)")
+    ap.add_argument(
+        "--model",
+        choices=("cnn", "mlp"),
+        default="cnn",
+        help="cnn: the README job's digits_model() (results/small_fits.json); mlp: 64-64-10, as the issue first "
+        "measured (results/small_fits_mlp.json)",
+    )
     args = ap.parse_args()
+    MODEL = args.model
     main(args.quick, args.repeats, not args.no_tuning)

@@ -104,7 +104,7 @@ def test_the_driver_predicts_what_the_udf_predicts(spark, two_outputs, invalid):
     assert len(mine[0]["cls_out"]) == 3 and math.isclose(sum(mine[0]["cls_out"]), 1.0, rel_tol=1e-5)
 
 
-def test_an_invalid_row_is_refused_before_any_job(spark, two_outputs):
+def test_an_invalid_row_is_refused_by_transform_itself(spark, two_outputs):
     df = _frame(spark, bad=True)
     with pytest.raises(InvalidFeatureError, match="'x'"):
         _transformer(two_outputs).transform(df)
