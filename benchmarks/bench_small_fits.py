@@ -36,15 +36,12 @@ copy <= 1 s, tuning <= 1.5x.
 """
 
 import argparse
-import contextlib
 import json
 import logging
 import os
 import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -376,23 +373,14 @@ def run_job(kind: str, epochs: int, grid_epochs, tuning_on: bool = False) -> dic
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     for k in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS"):
         env.pop(k, None)
+    from benchmarks.common import run_in_group
+
     t0 = time.time()
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=JOB_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        out, err = "", f"timeout after {JOB_TIMEOUT_S:g} s"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    whole = time.time() - t0
+    out, err, returncode, whole = run_in_group(cmd, env, JOB_TIMEOUT_S)
     found = [line for line in out.splitlines() if line.startswith("{")]
     if not found:
         tail = "\n".join((err or "").strip().splitlines()[-12:])
-        return {"outcome": "failed", "error": f"exit {proc.returncode}; stderr tail:\n{tail}", "whole_s": whole}
+        return {"outcome": "failed", "error": f"exit {returncode}; stderr tail:\n{tail}", "whole_s": whole}
     return dict(json.loads(found[-1]), outcome="ok", t_launch=t0, whole_s=whole)
 
 

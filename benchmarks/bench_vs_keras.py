@@ -46,14 +46,12 @@ import logging
 import math
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from benchmarks.common import RESULTS, stats, write
+from benchmarks.common import RESULTS, run_in_group, stats, write
 
 FEATURES = 32
 HIDDEN = 256
@@ -325,26 +323,14 @@ def run_job(kind: str, table: str, rows: int, batch: int, *, epochs: int = EPOCH
     env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE), TF_CPP_MIN_LOG_LEVEL="2")
     for k in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS"):  # TF's defaults
         env.pop(k, None)
-    t0 = time.time()
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=JOB_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        out, err = "", f"timeout after {JOB_TIMEOUT_S:g} s"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    whole = time.time() - t0
+    out, err, returncode, whole = run_in_group(cmd, env, JOB_TIMEOUT_S)
     shutil.rmtree(marks, ignore_errors=True)
     found = [line for line in out.splitlines() if line.startswith("{")]
     if not found:
         tail = "\n".join((err or "").strip().splitlines()[-8:])
         return {
             "outcome": "failed",
-            "error": f"no result (exit {proc.returncode}); stderr tail:\n{tail}",
+            "error": f"no result (exit {returncode}); stderr tail:\n{tail}",
             "whole_s": whole,
         }
     result = json.loads(found[-1])

@@ -36,19 +36,16 @@ hvd_spark's TorchEstimator) marked met or missed.
 """
 
 import argparse
-import contextlib
 import json
 import math
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from benchmarks.common import stats, write
+from benchmarks.common import run_in_group, stats, write
 
 FEATURES = 32
 HIDDEN = 256
@@ -384,25 +381,13 @@ def run_job(job: str, table: str, rows: int, batch: int, num_proc: int) -> dict:
     env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE), HVD_SPARK_WARM="0", SPARK_LOCAL_IP="127.0.0.1")
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # torch's defaults in the plain process
         env.pop(k, None)
-    t0 = time.time()
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=JOB_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        out, err = "", f"timeout after {JOB_TIMEOUT_S:g} s"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the job's leftovers (a JVM, torchrun, ranks)
-        proc.wait()
-    whole = time.time() - t0
+    out, err, returncode, whole = run_in_group(cmd, env, JOB_TIMEOUT_S)
     found = [line for line in out.splitlines() if line.startswith("{")]
     if not found:
         tail = "\n".join((err or "").strip().splitlines()[-12:])
         return {
             "outcome": "failed",
-            "error": f"no result (exit {proc.returncode}); stderr tail:\n{tail}",
+            "error": f"no result (exit {returncode}); stderr tail:\n{tail}",
             "whole_s": whole,
         }
     return dict(json.loads(found[-1]), outcome="ok", whole_s=whole)

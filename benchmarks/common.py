@@ -81,3 +81,26 @@ def cli(main) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
     main(p.parse_args().quick)
+
+
+def run_in_group(cmd: list[str], env: dict, timeout: float) -> tuple[str, str, int | None, float]:
+    """Runs ``cmd`` in a session (process group) of its own and kills the whole group when it ends or
+    after ``timeout`` seconds (a job's leftovers: a JVM, torchrun, ranks). Returns its stdout, stderr
+    (or the timeout's message), exit code and wall time seen from here."""
+    import contextlib
+    import signal
+    import subprocess
+
+    t0 = time.time()
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out, err = "", f"timeout after {timeout:g} s"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return out, err, proc.returncode, time.time() - t0
