@@ -16,15 +16,20 @@ starts cold too) and records:
 2. the warm fit: a second fit of the same configuration (a new run_id) in the same process;
 3. each fit's phases: timestamps around the driver's steps (``ml/steps.py``'s functions wrapped in
    this process, no library code changed), the fit summary (``materialize_seconds``,
-   ``train_job_seconds``, each rank's ``startup`` phases and ``train_seconds``) and a callback on the
-   ranks (train begin, first step's end, train end);
+   ``train_job_seconds``, each rank's ``startup`` phases, ``first_step`` among them, and
+   ``train_seconds``) and a callback on the ranks with an ``on_train_end`` only (a user callback with
+   code at steps or epochs makes the ranks agree on ``model.stop_training`` there, an allreduce each);
 4. the copy of the DataFrame to the store (the ``materialize`` step) of each fit;
 5. ``transform`` of the 360 held-out rows (``.transform(df).collect()``), twice;
 6. a ``CrossValidator``, 3 folds x 4 parameter maps (epochs x learning_rate), and its
    refit on all the rows, against the same 13 fits by plain Keras in one fresh process (about 2
    minutes of the run; ``--no-tuning`` leaves it out);
 7. horovod.spark's ``KerasEstimator`` (its venv, ``benchmarks/baselines/setup.sh``): run by
-   ``bench_overhead.py`` only; recorded here as not run, with the reason.
+   ``bench_overhead.py`` only; recorded here as not run, with the reason;
+8. the floor of two ranks on this machine, with nothing of the estimator's (``hvd_spark.run``, 2
+   ranks): plain Keras ``fit`` on in-memory arrays with ``hvd_spark.keras.make_distributed`` (the same
+   steps: each rank's half of the rows at batch 32, its half of the validation rows each epoch), then
+   the same steps in a bare ``tf.function`` loop with one grouped allreduce a step, and without it.
 
 Targets (issue 49): the cold fit's wall time <= 1.3x the plain process's (the issue's measure; the
 hvd_spark process from its launch to the cold fit's return is given beside it), warm fit <= 2.0 s,
@@ -101,8 +106,13 @@ def _keras_fit(X, y, epochs: int, lr: float, validation: float, callbacks=()):
 
 
 def _marks_callback(folder: str, who: str | None = None):
-    """A Keras callback writing ``folder/<who>.json``: wall times of train begin, the first step's end
-    and train end. Built here so that it pickles by value (the ranks cannot import this folder)."""
+    """A Keras callback writing ``folder/<who>.json``: the wall time of train end, and for plain Keras
+    (``who`` given) of train begin and the first step's end. Built here so that it pickles by value (the
+    ranks cannot import this folder). On the ranks it has no other hook: a user callback with code at
+    steps makes the ranks agree on ``model.stop_training`` after every step, one with code at epochs
+    (``on_train_begin`` too) at every epoch (an allreduce each), which this benchmark would then
+    measure. A rank's train begin is its train end less its ``train_seconds`` (the time around its
+    ``model.fit``), its first step the rank's ``startup["first_step"]``."""
     import keras
 
     class Marks(keras.callbacks.Callback):
@@ -110,19 +120,20 @@ def _marks_callback(folder: str, who: str | None = None):
             super().__init__()
             self.rec: dict = {}
 
-        def on_train_begin(self, logs=None):
-            self.rec["train_begin"] = time.time()
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.rec.setdefault("first_step_end", time.time())
-
         def on_train_end(self, logs=None):
             self.rec["train_end"] = time.time()
             name = who or f"rank-{os.environ.get('HVD_SPARK_RANK', '0')}"
             with open(os.path.join(folder, f"{name}.json"), "w") as f:
                 json.dump(self.rec, f)
 
-    return Marks()
+    class PlainMarks(Marks):
+        def on_train_begin(self, logs=None):
+            self.rec["train_begin"] = time.time()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.rec.setdefault("first_step_end", time.time())
+
+    return PlainMarks() if who else Marks()
 
 
 def job_plain(a) -> dict:
@@ -262,7 +273,9 @@ def fit_phases(clock: _StepClock, t0: float, t_ret: float, summary, marks: str) 
     ranks = {}
     for r in summary.ranks:
         with open(os.path.join(marks, f"rank-{r.rank}.json")) as f:
-            ranks[r.rank] = dict(json.load(f), startup=r.startup or {}, train_seconds=r.train_seconds)
+            marks_of = json.load(f)
+        marks_of["train_begin"] = marks_of["train_end"] - r.train_seconds
+        ranks[r.rank] = dict(marks_of, startup=r.startup or {}, train_seconds=r.train_seconds)
     r0, st = ranks[0], ranks[0]["startup"]
     train_b, train_e = s["train_with_restarts"]
     before_fit = sum(st.get(k, 0.0) for k in ("horovod_init", "model", "data"))
@@ -281,8 +294,8 @@ def fit_phases(clock: _StepClock, t0: float, t_ret: float, summary, marks: str) 
         "rendezvous_horovod_init": st.get("horovod_init"),
         "rank_model": st.get("model"),
         "rank_readers": st.get("data"),
-        "first_step": r0["first_step_end"] - r0["train_begin"],
-        "training_after_first_step": r0["train_end"] - r0["first_step_end"],
+        "first_step": st.get("first_step"),  # from the readers' opening to the first step's end
+        "training_after_first_step": r0["train_end"] - r0["train_begin"] - st.get("first_step", 0.0),
         "final_model_and_job_end": train_e - r0["train_end"],
         "verify_and_build": s["verify_and_build"][1] - s["verify_and_build"][0],
         "return": t_ret - s["verify_and_build"][1],
@@ -340,6 +353,7 @@ def job_hvd(a) -> dict:
             out[k] = time.time() - t0
         out["transform_rows"] = len(rows)
         out["accuracy"] = sum(int(r["prediction"]) == r["label"] for r in rows) / len(rows)
+        out["floor"] = floor(a.epochs)
         if a.tuning:
             out["tuning"] = tuning(train, store, a.grid_epochs)
     finally:
@@ -347,6 +361,81 @@ def job_hvd(a) -> dict:
         shutil.rmtree(store, ignore_errors=True)
         shutil.rmtree(marks, ignore_errors=True)
     return out
+
+
+def _floor_rank(epochs: int) -> dict:
+    """One rank of the floor job (``hvd_spark.run``, 2 ranks): the fit's training with nothing of the
+    estimator around it. Plain Keras ``fit`` on in-memory arrays: the rank's half of the training rows
+    (every other row of what ``validation_split`` leaves), batch 32, 12 epochs, the rank's half of the
+    validation rows evaluated each epoch (Keras' own evaluation: not summed over the ranks), the
+    gradients averaged by ``hvd_spark.keras.make_distributed`` (one fused allreduce a step), rank 0's
+    starting state broadcast. Returns its first step and the training after it, in seconds."""
+    import math
+
+    import horovod.tensorflow as hvd
+    import keras
+
+    import hvd_spark.keras as hk
+
+    hvd.init()
+    X, _, y, _ = _digits_arrays()
+    cut = int(math.ceil(len(X) * (1 - VALIDATION)))  # Keras' validation_split: the last rows
+    r, n = hvd.rank(), hvd.size()
+    keras.utils.set_random_seed(SEED)
+    m = _model()
+    m.compile(optimizer=hk.make_distributed(keras.optimizers.Adam(LR)), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])  # fmt: skip
+    folder = tempfile.mkdtemp(prefix="small_fits-floor-")
+    marks = _marks_callback(folder, f"floor-{r}")
+    m.fit(X[:cut][r::n], y[:cut][r::n], batch_size=BATCH, epochs=epochs, validation_data=(X[cut:][r::n], y[cut:][r::n]),
+          verbose=0, shuffle=False, callbacks=[hk.BroadcastStateCallback(), marks])  # fmt: skip
+    rec = marks.rec
+    shutil.rmtree(folder, ignore_errors=True)
+    steps = epochs * math.ceil(len(X[:cut][r::n]) / BATCH)
+    return {"rank": r, "first_step_s": rec["first_step_end"] - rec["train_begin"],
+            "training_after_first_step_s": rec["train_end"] - rec["first_step_end"], "steps": steps,
+            "bare_loop_s": _bare_loop(m, X[:cut][r::n], y[:cut][r::n], steps, True),
+            "bare_loop_no_allreduce_s": _bare_loop(m, X[:cut][r::n], y[:cut][r::n], steps, False)}  # fmt: skip
+
+
+def _bare_loop(m, X, y, steps: int, allreduce: bool) -> float:
+    """Seconds of ``steps`` training steps after the first (traced) one, in a loop with nothing else: a
+    ``tf.function`` of the forward and backward pass, one grouped allreduce of the gradients (or none:
+    each rank's compute alone, both ranks busy), the optimizer's update; the batches made beforehand."""
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    opt, loss_fn = keras.optimizers.Adam(LR), keras.losses.SparseCategoricalCrossentropy()
+    batches = [(tf.constant(X[i : i + BATCH]), tf.constant(y[i : i + BATCH])) for i in range(0, len(X), BATCH)]
+
+    @tf.function
+    def step(x, t):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(t, m(x, training=True))
+        grads = tape.gradient(loss, m.trainable_variables)
+        if allreduce:
+            grads = hvd.grouped_allreduce(grads, op=hvd.Average)
+        opt.apply(grads, m.trainable_variables)
+        return loss
+
+    step(*batches[0]).numpy()
+    hvd.allreduce(tf.constant(0.0), name=f"floor.sync.{allreduce}")  # both ranks start together
+    t0 = time.time()
+    for i in range(1, steps):
+        loss = step(*batches[i % len(batches)])
+    loss.numpy()
+    return time.time() - t0
+
+
+def floor(epochs: int) -> dict:
+    """The floor job on 2 ranks (the session's warm server, as the fits): rank 0's figures."""
+    import hvd_spark
+
+    t0 = time.time()
+    ranks = hvd_spark.run(_floor_rank, args=(epochs,), num_proc=2, verbose=0)
+    r0 = next(r for r in ranks if r["rank"] == 0)
+    return dict(r0, run_s=time.time() - t0)
 
 
 def tuning(train, store: str, grid_epochs) -> dict:
@@ -421,6 +510,7 @@ def hvd_figures(r: dict) -> dict:
         "transform_second_s": r["transform_second_s"],
         "transform_rows": r["transform_rows"],
         "accuracy": r["accuracy"],
+        "floor": r.get("floor"),
     }
 
 
@@ -454,6 +544,11 @@ def summarize(plain: list[dict], hvd: list[dict], tune_plain: list[dict], tune_h
         "transform_second_s": _med(hvd, "transform_second_s"),
         "tuning_hvd_s": _med(tune_hvd, "wall_s"),
         "tuning_plain_process_s": _med(tune_plain, "whole_s"),
+        "floor_first_step_s": _med(hvd, "floor", "first_step_s"),
+        "floor_training_after_first_step_s": _med(hvd, "floor", "training_after_first_step_s"),
+        "floor_run_s": _med(hvd, "floor", "run_s"),
+        "floor_bare_loop_s": _med(hvd, "floor", "bare_loop_s"),
+        "floor_bare_loop_no_allreduce_s": _med(hvd, "floor", "bare_loop_no_allreduce_s"),
     }
     for fit in ("cold_fit", "warm_fit"):
         keys = (hvd[0].get(fit) or {}).get("phases_s", {}) if hvd else {}
@@ -514,6 +609,11 @@ def table(s: dict) -> str:
         lines.append(_row(f"{fit} checks: waited for the executors' check", m[f"{fit}_waited_for_executors_s"]))
     for k, v in m["plain_phases_s"].items():
         lines.append(_row(f"plain phase: {k}", None, v))
+    lines.append(_row("floor (2 ranks, Keras fit + Horovod alone): first step", m["floor_first_step_s"]))
+    lines.append(_row("floor: training after the first step", m["floor_training_after_first_step_s"]))
+    lines.append(_row("floor: the whole hvd_spark.run", m["floor_run_s"]))
+    lines.append(_row("floor: the same steps, a bare loop with one allreduce a step", m["floor_bare_loop_s"]))
+    lines.append(_row("floor: the bare loop without the allreduce", m["floor_bare_loop_no_allreduce_s"]))
     for t in s["targets"]:
         lines.append(f"target {t['target']}: {t['value']} (<= {t['limit']}): {t['met']} {t['note']}")
     return "\n".join(lines)

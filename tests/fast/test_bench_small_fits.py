@@ -39,9 +39,9 @@ def test_a_fits_phases_add_up_to_its_wall_time(bench, tmp_path):
         ("check", 200.0, 201.0),  # a later fit's: not this one's
     ]
     for rank in (0, 1):
-        marks = {"train_begin": 104.0, "first_step_end": 104.5, "train_end": 105.8}
+        marks = {"train_end": 105.8}  # train_begin: 105.8 - train_seconds
         (tmp_path / f"rank-{rank}.json").write_text(json.dumps(marks))
-    startup = {"process": 0.1, "horovod_init": 0.2, "model": 0.3, "data": 0.1, "warm": 1.0}
+    startup = {"process": 0.1, "horovod_init": 0.2, "model": 0.3, "data": 0.1, "first_step": 0.5, "warm": 1.0}
     summary = SimpleNamespace(
         ranks=[SimpleNamespace(rank=r, startup=startup, train_seconds=1.8) for r in (0, 1)],
         materialize_seconds=1.95,

@@ -355,6 +355,13 @@ DRIVER_TRANSFORM_ROWS = _setting(
     "rows is predicted by the driver, with the model loaded there once, instead of Spark's Python UDF "
     "workers; 0 always uses the UDF.",
 )  # fmt: skip
+KEEP_VALIDATION_BYTES = _setting(
+    "keep_validation_bytes", "HVD_SPARK_KEEP_VALIDATION_BYTES", None, "bytes (0: off)", 64 * 1024 * 1024,
+    ("rank",),
+    "A rank's validation rows of at most this many bytes (as the model's input tensors) are read once, at "
+    "the first validation, and kept in its memory: later epochs' validations read no file. 0 reads them at "
+    "every validation; `inmemory_cache_all` keeps them whatever their size; never with a `transformation_fn`.",
+)  # fmt: skip
 STORE_RETRY_WINDOW = _setting(
     "store_retry_window", "HVD_SPARK_STORE_RETRY_WINDOW", None, "seconds", 120.0, ("driver", "rank"),
     "Seconds an operation on the store (checkpoints, listings, leases, the final model, a rank's reads "

@@ -522,9 +522,10 @@ def verify_and_build(c: Checked, w: Written, cfg: RunConfig, trained: controller
     start = results[0].get("startup") or {}
     if start:
         logger.info(
-            "rank 0 started %s: process %.2fs, horovod init %.2fs, model %.2fs, data %.2fs; first epoch %.2fs",
+            "rank 0 started %s: process %.2fs, horovod init %.2fs, model %.2fs, data %.2fs; first step %.2fs, "
+            "the rest of the first epoch %.2fs",
             "warm (forked)" if start.get("warm") else "cold (fresh process)",
-            *(start.get(k, 0.0) for k in ("process", "horovod_init", "model", "data", "first_epoch")),
+            *(start.get(k, 0.0) for k in ("process", "horovod_init", "model", "data", "first_step", "first_epoch")),
         )
     logger.info(
         "fit of run '%s' took %.1fs (materialize %.1fs, training job %.1fs)",

@@ -5,6 +5,7 @@ events for the driver."""
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -93,12 +94,18 @@ class ExactValidationCallback(keras.callbacks.Callback):
         batches: the number of batches ``dataset`` holds, when known (else counted on first use).
         callbacks: callbacks for the evaluation (progress ticks).
         freq: Keras ``fit``'s ``validation_freq``: every N epochs, or after the listed epochs (1-based).
+        keep_bytes: when every validation evaluates all the batches and they take at most this many
+            bytes, the first validation reads them into memory and every validation evaluates those
+            (:func:`kept_batches`); 0: ``dataset`` is read at each validation.
     """
 
-    def __init__(self, dataset, steps: int | None = None, callbacks=(), *, batches: int | None = None, freq=1):
+    def __init__(
+        self, dataset, steps: int | None = None, callbacks=(), *, batches: int | None = None, freq=1, keep_bytes=0
+    ):
         super().__init__()
         self.dataset, self.steps, self.callbacks = dataset, steps, list(callbacks)
-        self.batches, self.freq = batches, freq
+        self.batches, self.freq, self.keep_bytes = batches, freq, keep_bytes
+        self.kept: Any = None  # the batches in memory once read (False: they are read at each validation)
 
     def _due(self, epoch: int) -> bool:
         if isinstance(self.freq, int):
@@ -116,7 +123,7 @@ class ExactValidationCallback(keras.callbacks.Callback):
         model = self.model
         steps = self._steps() if self.dataset is not None else 0
         if steps:
-            model.evaluate(self.dataset, steps=steps, verbose=0, callbacks=self.callbacks)
+            model.evaluate(self._source(steps), steps=steps, verbose=0, callbacks=self.callbacks)
         else:
             model.reset_metrics()
         sum_metric_states(model, "hvd_spark.val_metrics")
@@ -124,6 +131,38 @@ class ExactValidationCallback(keras.callbacks.Callback):
         if logs is not None:
             logs.update({f"val_{k}": float(v) for k, v in results.items() if is_number(v)})
         model.reset_metrics()
+
+    def _source(self, steps: int):
+        """What this validation evaluates: the batches kept in memory, else ``dataset``."""
+        if self.kept is None and self.keep_bytes and steps == self.batches:
+            self.kept = kept_batches(self.dataset, steps, self.keep_bytes) or False  # False: read each time
+        return self.kept or self.dataset
+
+
+def kept_batches(dataset, steps: int, budget: int):
+    """The first ``steps`` batches of ``dataset`` read into memory, as a dataset yielding the same
+    batches (the same tensors, in the same order); None when they take more than ``budget`` bytes, hold
+    other than dense numeric tensors, or their sizes are not those of whole batches and a last part."""
+    batches, size = [], 0
+    for batch in dataset.take(steps):
+        parts = tf.nest.flatten(batch)
+        if not all(isinstance(t, tf.Tensor) and t.dtype != tf.string and t.shape.rank for t in parts):
+            return None
+        size += sum(t.shape.num_elements() * t.dtype.size for t in parts)
+        if size > budget:
+            return None
+        batches.append(batch)
+    if not batches:
+        return None
+    lengths = [int(tf.nest.flatten(b)[0].shape[0]) for b in batches]
+    if (
+        any(int(t.shape[0]) != n for b, n in zip(batches, lengths) for t in tf.nest.flatten(b))
+        or any(n != lengths[0] for n in lengths[:-1])
+        or lengths[-1] > lengths[0]
+    ):
+        return None
+    rows = tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *batches)
+    return tf.data.Dataset.from_tensor_slices(rows).batch(lengths[0])
 
 
 class StopAgreementCallback(keras.callbacks.Callback):
@@ -135,11 +174,16 @@ class StopAgreementCallback(keras.callbacks.Callback):
     one allreduce of a flag: any rank's request stops all of them there (a request made at an epoch's
     start, or in ``on_train_begin``, stops every rank after that epoch's first step, as Keras stops one
     process). Put it after the user's callbacks.
+
+    Only callbacks set ``model.stop_training`` (Keras' fit loop never does): without ``batch_hooks``
+    (no user callback acts on steps: :func:`acts_on_steps`) there is no agreement after steps, and
+    without ``epoch_hooks`` (:func:`acts_on_epochs`) none at epochs either: nothing could have asked to
+    stop there. Both flags must be the same on every rank.
     """
 
-    def __init__(self, batch_hooks: bool):
+    def __init__(self, batch_hooks: bool, epoch_hooks: bool = True):
         super().__init__()
-        self.batch_hooks = batch_hooks
+        self.batch_hooks, self.epoch_hooks = batch_hooks, epoch_hooks
 
     def _agree(self) -> None:
         import horovod.tensorflow as hvd
@@ -161,10 +205,12 @@ class StopAgreementCallback(keras.callbacks.Callback):
             self._agree()
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._agree()
+        if self.epoch_hooks:
+            self._agree()
 
     def on_epoch_end(self, epoch, logs=None):
-        self._agree()
+        if self.epoch_hooks:
+            self._agree()
 
 
 def stop_reason(callbacks) -> Callable[[int, dict], str]:
@@ -182,17 +228,39 @@ def stop_reason(callbacks) -> Callable[[int, dict], str]:
 
 
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
+_EPOCH_HOOKS = (
+    "on_train_begin",
+    "on_epoch_begin",
+    "on_epoch_end",
+    "on_test_begin",
+    "on_test_end",
+    "on_test_batch_begin",
+    "on_test_batch_end",
+)
 
 
 def acts_on_steps(callbacks) -> bool:
     """Whether any of ``callbacks`` has code of its own that runs at training steps (where it may set
     ``model.stop_training``): a hook overridden by its class or set on the object (LambdaCallback).
     Keras' own file writers (:data:`FILE_WRITERS`, not subclasses) act on steps but never stop training."""
+    return _acts_on(callbacks, _BATCH_HOOKS)
+
+
+def acts_on_epochs(callbacks) -> bool:
+    """Whether any of ``callbacks`` has code of its own that runs at the start of training or at an
+    epoch's start or end (validation included), where it may set ``model.stop_training`` on one rank
+    and not on another; as :func:`acts_on_steps`. Keras' callbacks that decide from the epoch's logs
+    alone (:data:`DECIDE_FROM_LOGS`, not subclasses) decide the same on every rank: every rank's logs
+    are the same numbers (metrics from states summed over the ranks, other values averaged)."""
+    return _acts_on([cb for cb in callbacks if type(cb) not in DECIDE_FROM_LOGS], _EPOCH_HOOKS)
+
+
+def _acts_on(callbacks, hooks) -> bool:
     base = keras.callbacks.Callback
     for cb in callbacks:
         if type(cb) in FILE_WRITERS:
             continue
-        for name in _BATCH_HOOKS:
+        for name in hooks:
             if name in vars(cb) or getattr(type(cb), name, None) is not getattr(base, name):
                 return True
     return False
@@ -244,6 +312,15 @@ class UpdateCheckCallback(keras.callbacks.Callback):
 # Keras callbacks that write files: on rank 0 only (every rank sees the same averaged logs), where a
 # relative path lands in the run's outputs/ folder in the store (OutputsSync).
 FILE_WRITERS = (keras.callbacks.TensorBoard, keras.callbacks.CSVLogger, keras.callbacks.ModelCheckpoint)
+
+
+# Keras callbacks whose epoch hooks decide from the logs and the epoch number alone (EarlyStopping's stop).
+DECIDE_FROM_LOGS = (
+    keras.callbacks.EarlyStopping,
+    keras.callbacks.ReduceLROnPlateau,
+    keras.callbacks.History,
+    keras.callbacks.ProgbarLogger,
+)
 
 
 def rank_callbacks(callbacks, rank: int) -> list:

@@ -23,8 +23,9 @@ class Startup(keras.callbacks.Callback):
     """Where a rank's start went, in seconds per phase: ``process`` (from the task asking for the
     rank's process to ``train``: Python's start and imports for a fresh rank, the wait for its warm
     server and the fork for a warm one; 0 under MPI),
-    ``horovod_init``, ``model`` (built or loaded, compiled), ``data`` (readers opened) and
-    ``first_epoch`` (its steps, with Keras' tracing of the train step); ``warm`` says how it started."""
+    ``horovod_init``, ``model`` (built or loaded, compiled), ``data`` (readers opened), ``first_step``
+    (Keras' tracing of the train step and the step), ``first_epoch`` (the rest of the first epoch, its
+    validation and checkpoint); ``warm`` says how it started."""
 
     def __init__(self, t_entry: float):
         super().__init__()
@@ -40,6 +41,10 @@ class Startup(keras.callbacks.Callback):
         now = time.time()
         self.phases[phase] = now - self._last
         self._last = now
+
+    def on_train_batch_end(self, batch, logs=None):
+        if "first_step" not in self.phases:
+            self.mark("first_step")
 
     def on_epoch_end(self, epoch, logs=None):
         if "first_epoch" not in self.phases:

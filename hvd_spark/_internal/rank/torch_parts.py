@@ -14,7 +14,7 @@ import numpy as np
 
 from hvd_spark._internal.common.contracts import DataSpec, RunConfig
 from hvd_spark._internal.common.torch_files import FORMAT
-from hvd_spark._internal.rank.epochs import data_trace
+from hvd_spark._internal.rank.epochs import data_trace, kept_validation_bytes
 from hvd_spark._internal.rank.torch_losses import GlobalLoss, ValSums
 
 _STEPS = 0x70C4  # the rank's generator seeds, apart from the data order's
@@ -78,6 +78,8 @@ class TorchSetup:
         self.metrics = list(parts.get("metrics") or [])
         self.output_names = list(parts["output_names"])
         self.class_indices = list(parts["class_indices"])
+        self._val_budget = kept_validation_bytes(cfg)
+        self._val_kept: list | None = None  # the validation batches, once read (_val_batches)
         self.minibatch_fn = parts.get("train_minibatch_fn")
         self.callbacks = list(parts.get("callbacks") or [])  # rank/torch_callbacks.py
         self.k = max(1, int(cfg.training.backward_passes_per_step))
@@ -205,7 +207,7 @@ class TorchSetup:
         self.model.eval()
         try:
             with torch.no_grad():
-                for batch in val_batches(self.cfg, rank, size):
+                for batch in self._val_batches(rank, size):
                     xs, ys, w = batch_tensors(batch, self.cfg.data, self.class_indices)
                     out = self.model(*xs)
                     outs = list(out) if isinstance(out, (list, tuple)) else [out]
@@ -214,6 +216,22 @@ class TorchSetup:
         finally:
             self.model.train()
         return {f"val_{k}": v for k, v in {**losses.result(_all_sum), **metrics.result()}.items()}
+
+    def _val_batches(self, rank: int, size: int):
+        """This rank's validation batches: read at the first validation and kept in memory when they take
+        at most ``kept_validation_bytes`` (then every later validation evaluates those), else read anew."""
+        if self._val_kept is not None:
+            yield from self._val_kept
+            return
+        kept: list | None = [] if self._val_budget else None
+        nbytes = 0
+        for batch in val_batches(self.cfg, rank, size):
+            if kept is not None:
+                sizes = [_plain_nbytes(v) for v in batch.values()]
+                nbytes += sum(n or 0 for n in sizes)
+                kept = kept + [batch] if None not in sizes and nbytes <= self._val_budget else None
+            yield batch
+        self._val_kept = kept  # reached once the batches were read to their end (validate reads them all)
 
     # --- files ---
     def save_checkpoint(self, local: str) -> None:
@@ -404,6 +422,13 @@ def shaped(values, shape, dtype: str, n: int) -> np.ndarray:
     if len(dims) == len(shape) and int(np.prod(dims, dtype=np.int64)) * n == arr.size:
         arr = arr.reshape((n, *dims))
     return arr.astype(np.dtype(dtype), order="C", copy=True)
+
+
+def _plain_nbytes(values) -> int | None:
+    """The bytes of a batch's column when it is a plain numeric array, else None (not kept)."""
+    if isinstance(values, np.ndarray) and values.dtype != object:
+        return int(values.nbytes)
+    return None
 
 
 def val_batches(cfg: RunConfig, rank: int, size: int):

@@ -26,6 +26,7 @@ from hvd_spark._internal.common import settings
 from hvd_spark._internal.common.contracts import RunConfig
 from hvd_spark._internal.common.events import busy, send_event
 from hvd_spark._internal.rank.carried import CarriedState, capture
+from hvd_spark._internal.rank.epochs import kept_validation_bytes
 from hvd_spark._internal.rank.fit_callbacks import (
     CheckpointCallback,
     FirstStep,
@@ -221,6 +222,7 @@ def _callbacks(r: _Rank, startup: Startup, val_ds, data: "DataPlan | None", tmp:
         RankRandomnessCallback,
         StopAgreementCallback,
         UpdateCheckCallback,
+        acts_on_epochs,
         acts_on_steps,
         rank_callbacks,
     )
@@ -245,14 +247,15 @@ def _callbacks(r: _Rank, startup: Startup, val_ds, data: "DataPlan | None", tmp:
     if cfg.shares.val_files is not None:  # every validation row once per evaluation, metrics summed over ranks
         steps = None if cfg.reading.validation_exact else cfg.shares.validation_steps
         batches = val_batches(cfg, rank, r.size)
-        callbacks.append(
-            ExactValidationCallback(val_ds, steps, [ticks], batches=batches, freq=cfg.training.validation_freq)
-        )
+        keep = kept_validation_bytes(cfg)
+        freq = cfg.training.validation_freq
+        callbacks.append(ExactValidationCallback(val_ds, steps, [ticks], batches=batches, freq=freq, keep_bytes=keep))
     carried = CarriedState(
         r.user_callbacks, cfg.start.callback_states, lambda e: checkpoint_weights(cfg, r.custom_objects, e)
     )
     callbacks += [carried.guard, *user_callbacks, carried]  # their state across attempts and fit calls
-    callbacks.append(StopAgreementCallback(step_stops))  # any rank's stop stops all
+    epoch_stops = acts_on_epochs(r.user_callbacks)
+    callbacks.append(StopAgreementCallback(step_stops, epoch_stops))  # any rank's stop stops all
     ckpt_cb = best = None
     if rank == 0:  # after the user's callbacks: what they wrote this epoch
         firsts, ckpt_cb, best = _rank0_callbacks(r, data, tmp, outputs)
