@@ -358,9 +358,9 @@ DRIVER_TRANSFORM_ROWS = _setting(
 KEEP_VALIDATION_BYTES = _setting(
     "keep_validation_bytes", "HVD_SPARK_KEEP_VALIDATION_BYTES", None, "bytes (0: off)", 64 * 1024 * 1024,
     ("rank",),
-    "A rank's validation rows of at most this many bytes (as the model's input tensors) are read once, at "
-    "the first validation, and kept in its memory: later epochs' validations read no file. 0 reads them at "
-    "every validation; `inmemory_cache_all` keeps them whatever their size; never with a `transformation_fn`.",
+    "A rank's validation rows of at most this many bytes (decoded: Keras' input tensors, torch's arrays) are "
+    "read once, at the first validation, and kept in its memory: later epochs' validations read no file. 0 "
+    "reads them at every validation, as does a fit with a `transformation_fn`.",
 )  # fmt: skip
 STORE_RETRY_WINDOW = _setting(
     "store_retry_window", "HVD_SPARK_STORE_RETRY_WINDOW", None, "seconds", 120.0, ("driver", "rank"),

@@ -94,17 +94,27 @@ class ExactValidationCallback(keras.callbacks.Callback):
         batches: the number of batches ``dataset`` holds, when known (else counted on first use).
         callbacks: callbacks for the evaluation (progress ticks).
         freq: Keras ``fit``'s ``validation_freq``: every N epochs, or after the listed epochs (1-based).
-        keep_bytes: when every validation evaluates all the batches and they take at most this many
-            bytes, the first validation reads them into memory and every validation evaluates those
-            (:func:`kept_batches`); 0: ``dataset`` is read at each validation.
+        keep_bytes: when every validation evaluates all the batches and they can take at most this
+            many bytes (``batch_size`` rows each), the first validation reads them into memory and every
+            validation evaluates those (:func:`kept_batches`); 0: ``dataset`` is read at each validation.
+        batch_size: the rows of a validation batch (the last one may have fewer).
     """
 
     def __init__(
-        self, dataset, steps: int | None = None, callbacks=(), *, batches: int | None = None, freq=1, keep_bytes=0
+        self,
+        dataset,
+        steps: int | None = None,
+        callbacks=(),
+        *,
+        batches: int | None = None,
+        freq=1,
+        keep_bytes: int = 0,
+        batch_size: int = 0,
     ):
         super().__init__()
         self.dataset, self.steps, self.callbacks = dataset, steps, list(callbacks)
-        self.batches, self.freq, self.keep_bytes = batches, freq, keep_bytes
+        self.batches, self.freq = batches, freq
+        self.keep_bytes, self.batch_size = keep_bytes, batch_size
         self.kept: Any = None  # the batches in memory once read (False: they are read at each validation)
 
     def _due(self, epoch: int) -> bool:
@@ -134,35 +144,39 @@ class ExactValidationCallback(keras.callbacks.Callback):
 
     def _source(self, steps: int):
         """What this validation evaluates: the batches kept in memory, else ``dataset``."""
-        if self.kept is None and self.keep_bytes and steps == self.batches:
-            self.kept = kept_batches(self.dataset, steps, self.keep_bytes) or False  # False: read each time
-        return self.kept or self.dataset
+        if self.kept is None and self.keep_bytes and self.batch_size and steps == self.batches:
+            self.kept = kept_batches(self.dataset, steps, self.batch_size, self.keep_bytes) or False
+        return self.kept or self.dataset  # False: read at each validation
 
 
-def kept_batches(dataset, steps: int, budget: int):
-    """The first ``steps`` batches of ``dataset`` read into memory, as a dataset yielding the same
-    batches (the same tensors, in the same order); None when they take more than ``budget`` bytes, hold
-    other than dense numeric tensors, or their sizes are not those of whole batches and a last part."""
-    batches, size = [], 0
-    for batch in dataset.take(steps):
-        parts = tf.nest.flatten(batch)
-        if not all(isinstance(t, tf.Tensor) and t.dtype != tf.string and t.shape.rank for t in parts):
-            return None
-        size += sum(t.shape.num_elements() * t.dtype.size for t in parts)
-        if size > budget:
-            return None
-        batches.append(batch)
-    if not batches:
+def kept_batches(dataset, steps: int, batch_size: int, budget: int):
+    """The first ``steps`` batches of ``dataset`` (of ``batch_size`` rows, the last one maybe fewer) read
+    into memory, as a dataset yielding the same batches: the same tensors, in the same order. None, decided
+    before anything is read (a reader is never left half read), when they could take more than ``budget``
+    bytes (``steps x batch_size`` rows at the row size of ``dataset.element_spec``) or hold other than dense
+    numeric tensors of a known row shape; None after reading when their sizes are not whole batches and a
+    last part (then each validation reads ``dataset`` as before)."""
+    from hvd_spark._internal.rank.reader import sliced, without_autotune_model
+
+    specs = tf.nest.flatten(dataset.element_spec)
+    plain = all(
+        isinstance(s, tf.TensorSpec) and s.dtype != tf.string and s.shape.rank and s.shape[1:].is_fully_defined()
+        for s in specs
+    )
+    if not plain or steps * batch_size * sum(s.shape[1:].num_elements() * s.dtype.size for s in specs) > budget:
         return None
+    batches = list(dataset.take(steps))
     lengths = [int(tf.nest.flatten(b)[0].shape[0]) for b in batches]
+    whole = all(n == lengths[0] for n in lengths[:-1]) and 0 < lengths[-1] <= lengths[0]
     if (
-        any(int(t.shape[0]) != n for b, n in zip(batches, lengths) for t in tf.nest.flatten(b))
-        or any(n != lengths[0] for n in lengths[:-1])
-        or lengths[-1] > lengths[0]
+        not batches
+        or not whole
+        or any(int(t.shape[0]) != n for b, n in zip(batches, lengths) for t in tf.nest.flatten(b))
     ):
         return None
     rows = tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *batches)
-    return tf.data.Dataset.from_tensor_slices(rows).batch(lengths[0])
+    del batches
+    return without_autotune_model(sliced(rows, lengths[0]))  # one slice per batch, as the reader cuts them
 
 
 class StopAgreementCallback(keras.callbacks.Callback):
@@ -176,14 +190,15 @@ class StopAgreementCallback(keras.callbacks.Callback):
     process). Put it after the user's callbacks.
 
     Only callbacks set ``model.stop_training`` (Keras' fit loop never does): without ``batch_hooks``
-    (no user callback acts on steps: :func:`acts_on_steps`) there is no agreement after steps, and
-    without ``epoch_hooks`` (:func:`acts_on_epochs`) none at epochs either: nothing could have asked to
-    stop there. Both flags must be the same on every rank.
+    (no user callback acts on steps: :func:`acts_on_steps`) there is no agreement after steps, without
+    ``begin_hooks`` (:func:`acts_at_epoch_starts`) none at epochs' starts, without ``end_hooks``
+    (:func:`acts_at_epoch_ends`) none at their ends: nothing could have asked to stop there. The flags
+    must be the same on every rank.
     """
 
-    def __init__(self, batch_hooks: bool, epoch_hooks: bool = True):
+    def __init__(self, batch_hooks: bool, begin_hooks: bool = True, end_hooks: bool = True):
         super().__init__()
-        self.batch_hooks, self.epoch_hooks = batch_hooks, epoch_hooks
+        self.batch_hooks, self.begin_hooks, self.end_hooks = batch_hooks, begin_hooks, end_hooks
 
     def _agree(self) -> None:
         import horovod.tensorflow as hvd
@@ -205,11 +220,11 @@ class StopAgreementCallback(keras.callbacks.Callback):
             self._agree()
 
     def on_epoch_begin(self, epoch, logs=None):
-        if self.epoch_hooks:
+        if self.begin_hooks:
             self._agree()
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.epoch_hooks:
+        if self.end_hooks:
             self._agree()
 
 
@@ -228,15 +243,8 @@ def stop_reason(callbacks) -> Callable[[int, dict], str]:
 
 
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
-_EPOCH_HOOKS = (
-    "on_train_begin",
-    "on_epoch_begin",
-    "on_epoch_end",
-    "on_test_begin",
-    "on_test_end",
-    "on_test_batch_begin",
-    "on_test_batch_end",
-)
+_BEGIN_HOOKS = ("on_train_begin", "on_epoch_begin")
+_END_HOOKS = ("on_epoch_end", "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end")
 
 
 def acts_on_steps(callbacks) -> bool:
@@ -246,13 +254,22 @@ def acts_on_steps(callbacks) -> bool:
     return _acts_on(callbacks, _BATCH_HOOKS)
 
 
-def acts_on_epochs(callbacks) -> bool:
-    """Whether any of ``callbacks`` has code of its own that runs at the start of training or at an
-    epoch's start or end (validation included), where it may set ``model.stop_training`` on one rank
-    and not on another; as :func:`acts_on_steps`. Keras' callbacks that decide from the epoch's logs
-    alone (:data:`DECIDE_FROM_LOGS`, not subclasses) decide the same on every rank: every rank's logs
-    are the same numbers (metrics from states summed over the ranks, other values averaged)."""
-    return _acts_on([cb for cb in callbacks if type(cb) not in DECIDE_FROM_LOGS], _EPOCH_HOOKS)
+def acts_at_epoch_starts(callbacks) -> bool:
+    """Whether any of ``callbacks`` has code of its own at the start of training or of an epoch, where it
+    may set ``model.stop_training``; as :func:`acts_on_steps`. The start hooks of Keras' callbacks in
+    :data:`RESET_AT_START` (not subclasses, not hooks set on the object) only reset their state."""
+    return _acts_on([cb for cb in callbacks if type(cb) not in RESET_AT_START or _own_hooks(cb)], _BEGIN_HOOKS)
+
+
+def acts_at_epoch_ends(callbacks) -> bool:
+    """Whether any of ``callbacks`` has code of its own at an epoch's end (its validation included), where
+    it may set ``model.stop_training`` (EarlyStopping does); as :func:`acts_on_steps`."""
+    return _acts_on(callbacks, _END_HOOKS)
+
+
+def _own_hooks(cb) -> bool:
+    """Whether hooks were set on the object itself (a LambdaCallback's, or one patched by the user)."""
+    return any(name.startswith("on_") for name in vars(cb))
 
 
 def _acts_on(callbacks, hooks) -> bool:
@@ -314,8 +331,8 @@ class UpdateCheckCallback(keras.callbacks.Callback):
 FILE_WRITERS = (keras.callbacks.TensorBoard, keras.callbacks.CSVLogger, keras.callbacks.ModelCheckpoint)
 
 
-# Keras callbacks whose epoch hooks decide from the logs and the epoch number alone (EarlyStopping's stop).
-DECIDE_FROM_LOGS = (
+# Keras callbacks whose start hooks (on_train_begin, on_epoch_begin) only reset their own state.
+RESET_AT_START = (
     keras.callbacks.EarlyStopping,
     keras.callbacks.ReduceLROnPlateau,
     keras.callbacks.History,

@@ -6,7 +6,6 @@ the Keras ranks (``cursor.py``'s callbacks, ``train.py``) and the torch ranks (`
 import logging
 import os
 import socket
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -124,11 +123,9 @@ class DataPlan:
 
 def kept_validation_bytes(cfg: RunConfig) -> int:
     """How many bytes of its validation rows a rank keeps in memory after reading them once
-    (``KEEP_VALIDATION_BYTES``; all of them with ``inmemory_cache_all``; none with a ``transformation_fn``,
-    which may draw at random: its rows are made anew at each validation, as one process would)."""
-    if cfg.reading.transformation_fn:
-        return 0
-    return sys.maxsize if cfg.reading.cache_all else settings.KEEP_VALIDATION_BYTES.get()
+    (``KEEP_VALIDATION_BYTES``); none with a ``transformation_fn``, which may draw at random: its rows
+    are made anew at each validation, as one process would."""
+    return 0 if cfg.reading.transformation_fn else settings.KEEP_VALIDATION_BYTES.get()
 
 
 def data_trace(rank: int, seg: Segment, size: int):

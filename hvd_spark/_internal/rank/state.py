@@ -10,50 +10,50 @@ through each Keras variable's backing TF value.
 import keras
 import tensorflow as tf
 
-# dtypes Horovod sums as they are (its allreduce's types)
-_SUMMED = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
+_CHUNK_BYTES = 64 * 1024 * 1024  # the variables of one grouped allreduce at most (then the next)
 
 
 def broadcast_variables(variables, root_rank: int = 0) -> None:
     """Sets every variable to its value on ``root_rank`` (Keras 3 variables included), bit for bit.
 
-    The values travel in one grouped allreduce per dtype (Horovod fuses each into one collective,
-    where a broadcast per variable costs a round trip each): ``root_rank`` gives its values, the others
-    zeros, negative ones for floats, which leave every value as it was (``x + -0.0`` is ``x`` for every
-    float, ``-0.0`` and NaN included). A dtype Horovod cannot sum travels as its bytes (``bfloat16``, which
-    Horovod neither sums nor broadcasts, ``int16``, ...), ``bool`` as ``uint8``; a string variable is
-    broadcast alone."""
+    The values travel as their bytes (``uint8``) in grouped allreduces of up to 64 MiB each, whatever their
+    dtypes (Horovod fuses each group into one collective, where a broadcast per variable costs a round trip
+    each): ``root_rank`` gives its bytes, the others zeros, and a byte plus zeros is that byte, on every
+    backend (a float sum could change a NaN's payload). ``bool`` travels as ``uint8``; a string variable is
+    broadcast alone. Every rank must call it with the same variables, in the same order."""
     import horovod.tensorflow as hvd
 
     variables = list(variables)
     values = [tf.convert_to_tensor(v.value if hasattr(v, "value") else v) for v in variables]
-    wires = [_on_the_wire(t) for t in values]
     mine = hvd.rank() == root_rank
-    for dtype in sorted({w.dtype.name for w, _ in wires if w is not None}):  # an op takes one dtype
-        group = [i for i, (w, _) in enumerate(wires) if w is not None and w.dtype.name == dtype]
-        parts = [wires[i][0] if mine else _negative_zeros(wires[i][0]) for i in group]
-        for i, value in zip(group, hvd.grouped_allreduce(parts, op=hvd.Sum, name=f"hvd_spark.broadcast.{dtype}")):
-            variables[i].assign(wires[i][1](value))
-    for i in (i for i, (w, _) in enumerate(wires) if w is None):
-        v = variables[i]
-        name = f"bcast.{v.path if hasattr(v, 'path') else v.name}".replace(":", "_")
-        v.assign(hvd.broadcast(values[i], root_rank=root_rank, name=name))
+    group: list[int] = []
+    size = chunk = 0
+    for i, t in enumerate(values):
+        if t.dtype == tf.string:
+            v = variables[i]
+            name = f"bcast.{v.path if hasattr(v, 'path') else v.name}".replace(":", "_")
+            v.assign(hvd.broadcast(t, root_rank=root_rank, name=name))
+        elif t.shape.num_elements():
+            group.append(i)
+            size += t.shape.num_elements() * t.dtype.size
+            if size >= _CHUNK_BYTES:
+                _sum_bytes(variables, values, group, mine, f"hvd_spark.broadcast.{chunk}")
+                group, size, chunk = [], 0, chunk + 1
+    if group:
+        _sum_bytes(variables, values, group, mine, f"hvd_spark.broadcast.{chunk}")
 
 
-def _on_the_wire(t):
-    """``t`` as a tensor Horovod sums, and the function giving ``t``'s dtype back; (None, None): neither."""
-    if t.dtype.name in _SUMMED:
-        return t, lambda w: w
-    if t.dtype == tf.bool:
-        return tf.cast(t, tf.uint8), lambda w: tf.cast(w, tf.bool)
-    if t.dtype.is_floating or t.dtype.is_integer or t.dtype.is_complex:
-        return tf.bitcast(t, tf.uint8), lambda w, dtype=t.dtype: tf.bitcast(w, dtype)
-    return None, None
+def _sum_bytes(variables, values, group: list[int], mine: bool, name: str) -> None:
+    """One grouped allreduce of the bytes of ``values[i]`` for ``i`` in ``group`` (zeros unless ``mine``)."""
+    import horovod.tensorflow as hvd
 
+    def as_bytes(t):
+        return tf.cast(t, tf.uint8) if t.dtype == tf.bool else tf.bitcast(t, tf.uint8)
 
-def _negative_zeros(t):
-    """Zeros shaped as ``t``: negative ones for floats."""
-    return tf.fill(tf.shape(t), tf.constant(-0.0 if t.dtype.is_floating else 0, t.dtype))
+    parts = [as_bytes(values[i]) if mine else tf.zeros_like(as_bytes(values[i])) for i in group]
+    for i, summed in zip(group, hvd.grouped_allreduce(parts, op=hvd.Sum, name=name)):
+        dtype = values[i].dtype
+        variables[i].assign(tf.cast(summed, tf.bool) if dtype == tf.bool else tf.bitcast(summed, dtype))
 
 
 def reconcile_variables(variables, *, name: str = "state") -> int:

@@ -218,8 +218,9 @@ class TorchSetup:
         return {f"val_{k}": v for k, v in {**losses.result(_all_sum), **metrics.result()}.items()}
 
     def _val_batches(self, rank: int, size: int):
-        """This rank's validation batches: read at the first validation and kept in memory when they take
-        at most ``kept_validation_bytes`` (then every later validation evaluates those), else read anew."""
+        """This rank's validation batches: read at the first validation and kept in memory (compact copies)
+        when they take at most ``kept_validation_bytes``, then every later validation evaluates those; else
+        read anew each time."""
         if self._val_kept is not None:
             yield from self._val_kept
             return
@@ -229,7 +230,10 @@ class TorchSetup:
             if kept is not None:
                 sizes = [_plain_nbytes(v) for v in batch.values()]
                 nbytes += sum(n or 0 for n in sizes)
-                kept = kept + [batch] if None not in sizes and nbytes <= self._val_budget else None
+                if None in sizes or nbytes > self._val_budget:
+                    kept = None
+                else:  # copies: a batch may be a view of a whole row group read for it
+                    kept.append({k: np.array(v, copy=True) for k, v in batch.items()})
             yield batch
         self._val_kept = kept  # reached once the batches were read to their end (validate reads them all)
 

@@ -222,7 +222,8 @@ def _callbacks(r: _Rank, startup: Startup, val_ds, data: "DataPlan | None", tmp:
         RankRandomnessCallback,
         StopAgreementCallback,
         UpdateCheckCallback,
-        acts_on_epochs,
+        acts_at_epoch_ends,
+        acts_at_epoch_starts,
         acts_on_steps,
         rank_callbacks,
     )
@@ -249,13 +250,18 @@ def _callbacks(r: _Rank, startup: Startup, val_ds, data: "DataPlan | None", tmp:
         batches = val_batches(cfg, rank, r.size)
         keep = kept_validation_bytes(cfg)
         freq = cfg.training.validation_freq
-        callbacks.append(ExactValidationCallback(val_ds, steps, [ticks], batches=batches, freq=freq, keep_bytes=keep))
+        rows = cfg.reading.val_batch_size
+        callbacks.append(
+            ExactValidationCallback(
+                val_ds, steps, [ticks], batches=batches, freq=freq, keep_bytes=keep, batch_size=rows
+            )
+        )
     carried = CarriedState(
         r.user_callbacks, cfg.start.callback_states, lambda e: checkpoint_weights(cfg, r.custom_objects, e)
     )
     callbacks += [carried.guard, *user_callbacks, carried]  # their state across attempts and fit calls
-    epoch_stops = acts_on_epochs(r.user_callbacks)
-    callbacks.append(StopAgreementCallback(step_stops, epoch_stops))  # any rank's stop stops all
+    starts, ends = acts_at_epoch_starts(r.user_callbacks), acts_at_epoch_ends(r.user_callbacks)
+    callbacks.append(StopAgreementCallback(step_stops, starts, ends))  # any rank's stop stops all
     ckpt_cb = best = None
     if rank == 0:  # after the user's callbacks: what they wrote this epoch
         firsts, ckpt_cb, best = _rank0_callbacks(r, data, tmp, outputs)
