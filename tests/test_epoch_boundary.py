@@ -41,6 +41,19 @@ class _OnTrainBegin(keras.callbacks.Callback):
         pass
 
 
+class _StepTimer(keras.callbacks.Callback):
+    may_stop_training = False
+
+    def on_train_begin(self, logs=None):
+        pass
+
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+    def on_epoch_end(self, epoch, logs=None):
+        pass
+
+
 class _OwnEarlyStopping(keras.callbacks.EarlyStopping):
     """A subclass: it may decide from more than the logs."""
 
@@ -59,6 +72,7 @@ class _OwnEarlyStopping(keras.callbacks.EarlyStopping):
         (lambda: [keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, logs: None)], True, False, False),
         (lambda: [keras.callbacks.TerminateOnNaN()], False, False, True),
         (lambda: [keras.callbacks.LambdaCallback(on_batch_end=lambda b, logs: None)], False, False, True),
+        (lambda: [_StepTimer()], False, False, False),  # says it never stops training
     ],
 )
 def test_the_ranks_agree_on_a_stop_where_a_callback_could_ask_for_one(make, at_starts, at_ends, at_steps):

@@ -44,7 +44,11 @@ def make_callback_class():
     import keras
 
     class TimesCallback(keras.callbacks.Callback):
-        """Rank 0's timestamps into a JSON file; rank 1 kills itself once after epoch K."""
+        """Rank 0's timestamps into a JSON file; rank 1 kills itself once after epoch K. It never sets
+        ``model.stop_training`` and says so: its step hooks would otherwise make the ranks agree on a stop
+        after every step (an allreduce each), which the other systems' runs do not pay."""
+
+        may_stop_training = False
 
         def __init__(self, path, kill_after_epoch=None):
             super().__init__()

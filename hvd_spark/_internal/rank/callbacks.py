@@ -250,7 +250,8 @@ _END_HOOKS = ("on_epoch_end", "on_test_begin", "on_test_end", "on_test_batch_beg
 def acts_on_steps(callbacks) -> bool:
     """Whether any of ``callbacks`` has code of its own that runs at training steps (where it may set
     ``model.stop_training``): a hook overridden by its class or set on the object (LambdaCallback).
-    Keras' own file writers (:data:`FILE_WRITERS`, not subclasses) act on steps but never stop training."""
+    Keras' own file writers (:data:`FILE_WRITERS`, not subclasses) act on steps but never stop training,
+    nor does a callback that says so with ``may_stop_training = False`` (a logger, a timer)."""
     return _acts_on(callbacks, _BATCH_HOOKS)
 
 
@@ -275,7 +276,7 @@ def _own_hooks(cb) -> bool:
 def _acts_on(callbacks, hooks) -> bool:
     base = keras.callbacks.Callback
     for cb in callbacks:
-        if type(cb) in FILE_WRITERS:
+        if type(cb) in FILE_WRITERS or getattr(cb, "may_stop_training", True) is False:
             continue
         for name in hooks:
             if name in vars(cb) or getattr(type(cb), name, None) is not getattr(base, name):
