@@ -23,7 +23,8 @@ starts cold too) and records:
 5. ``transform`` of the 360 held-out rows (``.transform(df).collect()``), twice;
 6. a ``CrossValidator``, 3 folds x 4 parameter maps (epochs x learning_rate), and its
    refit on all the rows, against the same 13 fits by plain Keras in one fresh process (about 2
-   minutes of the run; ``--no-tuning`` leaves it out);
+   minutes of the run; ``--no-tuning`` leaves it out), with the 13 fits' checks, copies and training
+   jobs (the ranks' start, training and exit) added up;
 7. horovod.spark's ``KerasEstimator`` (its venv, ``benchmarks/baselines/setup.sh``): run by
    ``bench_overhead.py`` only; recorded here as not run, with the reason;
 8. the floor of two ranks on this machine, with nothing of the estimator's (``hvd_spark.run``, 2
@@ -61,6 +62,7 @@ LEGACY_PY = os.path.join(CACHE, "bench", "horovod-spark", "bin", "python")
 EPOCHS, BATCH, LR, VALIDATION, SEED = 12, 32, 0.002, 0.1, 1
 FOLDS, GRID_EPOCHS, GRID_LR = 3, (3, 6), (1e-3, 3e-3)
 JOB_TIMEOUT_S = 1200.0
+TUNING_PARTS = ("check", "materialize", "train_with_restarts")  # the fits' steps added up over the tuning
 TARGETS = {"cold_over_plain": 1.3, "warm_fit_s": 2.0, "copy_s": 1.0, "tuning_over_plain": 1.5}
 
 
@@ -355,7 +357,7 @@ def job_hvd(a) -> dict:
         out["accuracy"] = sum(int(r["prediction"]) == r["label"] for r in rows) / len(rows)
         out["floor"] = floor(a.epochs)
         if a.tuning:
-            out["tuning"] = tuning(train, store, a.grid_epochs)
+            out["tuning"] = tuning(train, store, a.grid_epochs, clock)
     finally:
         spark.stop()
         shutil.rmtree(store, ignore_errors=True)
@@ -439,7 +441,7 @@ def floor(epochs: int) -> dict:
     return dict(r0, run_s=time.time() - t0)
 
 
-def tuning(train, store: str, grid_epochs) -> dict:
+def tuning(train, store: str, grid_epochs, clock: "_StepClock | None" = None) -> dict:
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator
     from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
@@ -449,7 +451,11 @@ def tuning(train, store: str, grid_epochs) -> dict:
     cv = CrossValidator(estimator=est, estimatorParamMaps=grid, evaluator=ev, numFolds=FOLDS, seed=SEED)
     t0 = time.time()
     model = cv.fit(train)
-    return {"wall_s": time.time() - t0, "fits": len(grid) * FOLDS + 1, "avg_metrics": list(model.avgMetrics)}
+    t1 = time.time()
+    out = {"wall_s": t1 - t0, "fits": len(grid) * FOLDS + 1, "avg_metrics": list(model.avgMetrics)}
+    if clock is not None:  # where the 13 fits' time went: the ranks' training jobs, the copies, the rest
+        out["parts_s"] = {k: clock.total(k, t0, t1) for k in TUNING_PARTS}
+    return out
 
 
 # --- the parent: every job in a fresh process ------------------------------------------------------
@@ -545,6 +551,9 @@ def summarize(plain: list[dict], hvd: list[dict], tune_plain: list[dict], tune_h
         "transform_second_s": _med(hvd, "transform_second_s"),
         "tuning_hvd_s": _med(tune_hvd, "wall_s"),
         "tuning_plain_process_s": _med(tune_plain, "whole_s"),
+        "tuning_hvd_parts_s": {
+            k: _med(tune_hvd, "parts_s", k) for k in ("check", "materialize", "train_with_restarts")
+        },
         "floor_first_step_s": _med(hvd, "floor", "first_step_s"),
         "floor_training_after_first_step_s": _med(hvd, "floor", "training_after_first_step_s"),
         "floor_run_s": _med(hvd, "floor", "run_s"),
@@ -600,6 +609,8 @@ def table(s: dict) -> str:
     lines.append(_row("transform of 360 rows, first / plain predict", m["transform_first_s"], m["plain_predict_360_s"]))
     lines.append(_row("transform of 360 rows, second", m["transform_second_s"]))
     lines.append(_row("tuning: CrossValidator 3x4 (+ refit)", m["tuning_hvd_s"], m["tuning_plain_process_s"]))
+    for k, v in m["tuning_hvd_parts_s"].items():
+        lines.append(_row(f"tuning: the 13 fits' {k}", v))
     for k, v in m["hvd_process_before_fit_s"].items():
         lines.append(_row(f"driver process before the cold fit: {k}", v))
     for fit in ("cold_fit", "warm_fit"):
