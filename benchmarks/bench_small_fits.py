@@ -20,7 +20,8 @@ starts cold too) and records:
    ``train_seconds``) and a callback on the ranks with an ``on_train_end`` only (a user callback with
    code at steps or epochs makes the ranks agree on ``model.stop_training`` there, an allreduce each);
 4. the copy of the DataFrame to the store (the ``materialize`` step) of each fit;
-5. ``transform`` of the 360 held-out rows (``.transform(df).collect()``), twice;
+5. ``transform`` of the 360 held-out rows (``.transform(df).collect()``), twice, and what the driver's
+   transform does to them but the prediction (``toArrow``, ``createDataFrame``, ``collect``);
 6. a ``CrossValidator``, 3 folds x 4 parameter maps (epochs x learning_rate), and its
    refit on all the rows, against the same 13 fits by plain Keras in one fresh process (about 2
    minutes of the run; ``--no-tuning`` leaves it out), with the 13 fits' checks, copies and training
@@ -355,6 +356,7 @@ def job_hvd(a) -> dict:
             out[k] = time.time() - t0
         out["transform_rows"] = len(rows)
         out["accuracy"] = sum(int(r["prediction"]) == r["label"] for r in rows) / len(rows)
+        out["spark_round_trip_s"] = spark_round_trip(spark, test)
         out["floor"] = floor(a.epochs)
         if a.tuning:
             out["tuning"] = tuning(train, store, a.grid_epochs, clock)
@@ -363,6 +365,14 @@ def job_hvd(a) -> dict:
         shutil.rmtree(store, ignore_errors=True)
         shutil.rmtree(marks, ignore_errors=True)
     return out
+
+
+def spark_round_trip(spark, df) -> float:
+    """Seconds of what a driver ``transform`` does but the prediction, on the held-out rows: ``toArrow``,
+    ``createDataFrame`` of the Arrow table, and the caller's ``collect`` (the floor of a second transform)."""
+    t0 = time.time()
+    spark.createDataFrame(df.toArrow()).collect()
+    return time.time() - t0
 
 
 def _floor_rank(epochs: int) -> dict:
@@ -517,6 +527,7 @@ def hvd_figures(r: dict) -> dict:
         "transform_second_s": r["transform_second_s"],
         "transform_rows": r["transform_rows"],
         "accuracy": r["accuracy"],
+        "spark_round_trip_s": r.get("spark_round_trip_s"),
         "floor": r.get("floor"),
     }
 
@@ -549,6 +560,7 @@ def summarize(plain: list[dict], hvd: list[dict], tune_plain: list[dict], tune_h
         "warm_copy_s": _med(hvd, "warm_fit", "phases_s", "data_copy"),
         "transform_first_s": _med(hvd, "transform_first_s"),
         "transform_second_s": _med(hvd, "transform_second_s"),
+        "spark_round_trip_s": _med(hvd, "spark_round_trip_s"),
         "tuning_hvd_s": _med(tune_hvd, "wall_s"),
         "tuning_plain_process_s": _med(tune_plain, "whole_s"),
         "tuning_hvd_parts_s": {
@@ -608,6 +620,7 @@ def table(s: dict) -> str:
     lines.append(_row("warm fit (second, same application)", m["warm_fit_s"], m["plain_fit_s"]))
     lines.append(_row("transform of 360 rows, first / plain predict", m["transform_first_s"], m["plain_predict_360_s"]))
     lines.append(_row("transform of 360 rows, second", m["transform_second_s"]))
+    lines.append(_row("the same rows' toArrow, createDataFrame and collect (no prediction)", m["spark_round_trip_s"]))
     lines.append(_row("tuning: CrossValidator 3x4 (+ refit)", m["tuning_hvd_s"], m["tuning_plain_process_s"]))
     for k, v in m["tuning_hvd_parts_s"].items():
         lines.append(_row(f"tuning: the 13 fits' {k}", v))

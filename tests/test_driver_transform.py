@@ -1,7 +1,7 @@
-"""``transform`` of a small DataFrame made on the driver (a local relation) is predicted by the driver
-(``ml/driver_transform.py``): no Python UDF in its plan, and the same rows, columns, types and values as
-the UDF gives (``HVD_SPARK_DRIVER_TRANSFORM_ROWS=0``), under every ``handleInvalid``. Transformers are
-built on a small saved model (no fit); real Spark."""
+"""``transform`` of a small DataFrame made on the driver (a local relation) or in a filled cache is
+predicted by the driver (``ml/driver_transform.py``): no Python UDF in its plan, and the same rows,
+columns, types and values as the UDF gives (``HVD_SPARK_DRIVER_TRANSFORM_ROWS=0``), under every
+``handleInvalid``. Transformers are built on a small saved model (no fit); real Spark."""
 
 import datetime
 import math
@@ -121,6 +121,33 @@ def test_only_small_frames_made_on_the_driver_and_auto_udf(spark, two_outputs):
         spark.conf.unset("spark.hvd_spark.driverTransformRows")
     named = _transformer(two_outputs, inference_udf="pandas").transform(df)  # a UDF asked for by name
     assert "EvalPython" in named._jdf.queryExecution().executedPlan().toString()
+
+
+def test_a_filled_cache_is_predicted_by_the_driver(spark, two_outputs):
+    """A cached frame (a CrossValidator's fold) once an action filled its cache: its rows and size are
+    exact then. Not before, nor when the cache is larger than HVD_SPARK_LOCAL_COPY_BYTES."""
+    df = _frame(spark, bad=False).repartition(2).cache()
+    try:
+        t = _transformer(two_outputs)
+        assert driver_rows(df) is None  # not filled: its size is an estimate
+        assert df.count() == 40
+        assert driver_rows(df) == 40
+        ours = t.transform(df)
+        assert "EvalPython" not in ours._jdf.queryExecution().executedPlan().toString()
+        udf_df, theirs = _by_udf(spark, t, df)
+        assert ours.schema == udf_df.schema
+        mine = _rows(ours)
+        assert mine.keys() == theirs.keys() == set(range(40))
+        for i, row in theirs.items():
+            assert all(_same(mine[i][k], v) for k, v in row.items()), (i, mine[i], row)
+        assert driver_rows(df.select("id", "x", "s")) is None  # a plan over the cache: the UDF predicts
+        spark.conf.set("spark.hvd_spark.localCopyBytes", "100")
+        try:
+            assert driver_rows(df) is None  # a cache larger than the bound
+        finally:
+            spark.conf.unset("spark.hvd_spark.localCopyBytes")
+    finally:
+        df.unpersist()
 
 
 @pytest.fixture(scope="module")

@@ -351,9 +351,10 @@ LOCAL_COPY_BYTES = _setting(
 DRIVER_TRANSFORM_ROWS = _setting(
     "driver_transform_rows", "HVD_SPARK_DRIVER_TRANSFORM_ROWS", "spark.hvd_spark.driverTransformRows",
     "count (0: off)", 10_000, ("driver",),
-    "`transform` of a DataFrame made on the driver (a local relation, e.g. from pandas) of at most this many "
-    "rows is predicted by the driver, with the model loaded there once, instead of Spark's Python UDF "
-    "workers; 0 always uses the UDF.",
+    "`transform` of a DataFrame made on the driver (a local relation, e.g. from pandas), or of a cached one "
+    "whose cache is filled (of at most `HVD_SPARK_LOCAL_COPY_BYTES`), of at most this many rows is predicted "
+    "by the driver, with the model loaded there once, instead of Spark's Python UDF workers; 0 always uses "
+    "the UDF.",
 )  # fmt: skip
 KEEP_VALIDATION_BYTES = _setting(
     "keep_validation_bytes", "HVD_SPARK_KEEP_VALIDATION_BYTES", None, "bytes (0: off)", 64 * 1024 * 1024,

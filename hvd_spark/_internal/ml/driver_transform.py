@@ -1,14 +1,14 @@
 """``transform`` of a small DataFrame made on the driver (``spark.createDataFrame(pandas_df)``: a local
-relation), predicted by the driver itself.
+relation) or held in a filled cache, predicted by the driver itself.
 
 The UDF path's first call on an application costs Spark's Python UDF workers (their start and
 imports, 1.5 s on 2 cores) and the model's load in each of them; for a few hundred rows that is
-twenty times the prediction. The driver holds such a frame's rows already: it collects them as Arrow
-(one small Spark job, no Python worker), predicts them with the same batching code as the Arrow UDF
-(``infer/batching.py``'s ``predict_arrow_batches``: the same checks of invalid features,
-``handleInvalid``, ``transformation_fn``, batches of ``batch_size``), its model loaded once per
-transformer and model file version, and returns a local relation of the same rows with the
-predictions. Driver side.
+twenty times the prediction. The driver holds such a frame's rows already, or a small cache holds
+them: it collects them as Arrow (one small Spark job, no Python worker), predicts them with the same
+batching code as the Arrow UDF (``infer/batching.py``'s ``predict_arrow_batches``: the same checks of
+invalid features, ``handleInvalid``, ``transformation_fn``, batches of ``batch_size``), its model
+loaded once per transformer and model file version, and returns a local relation of the same rows
+with the predictions. Driver side.
 """
 
 import logging
@@ -16,23 +16,44 @@ import threading
 from typing import Any
 
 from hvd_spark._internal.common import settings
-from hvd_spark._internal.data.local_copy import made_on_driver
 
 logger = logging.getLogger(__name__)
 
 
 def driver_rows(dataset) -> int | None:
-    """The rows of ``dataset`` when the driver predicts them: a local relation (a classic session, a
-    pyspark with ``DataFrame.toArrow``) of at most ``HVD_SPARK_DRIVER_TRANSFORM_ROWS`` rows; else None."""
-    limit = settings.DRIVER_TRANSFORM_ROWS.get(conf=dataset.sparkSession.conf)
-    if not limit or not hasattr(dataset, "toArrow") or not made_on_driver(dataset):
+    """The rows of ``dataset`` when the driver predicts them, else None: a local relation (a classic
+    session, a pyspark with ``DataFrame.toArrow``), or a cached DataFrame whose cache is filled (its row
+    count and size are then exact: a ``CrossValidator``'s fold after its first evaluation, a ``df.cache()``
+    an action filled) of at most ``HVD_SPARK_LOCAL_COPY_BYTES``; either of at most
+    ``HVD_SPARK_DRIVER_TRANSFORM_ROWS`` rows."""
+    conf = dataset.sparkSession.conf
+    limit = settings.DRIVER_TRANSFORM_ROWS.get(conf=conf)
+    if not limit or not hasattr(dataset, "toArrow") or not hasattr(dataset, "_jdf"):
         return None
     try:
-        rows = int(dataset._jdf.queryExecution().optimizedPlan().data().size())
-    except Exception as e:  # noqa: BLE001 - no plan to read: the UDF predicts
+        plan = dataset._jdf.queryExecution().optimizedPlan()
+        kind = plan.getClass().getSimpleName()
+        if kind == "LocalRelation":
+            rows: int | None = int(plan.data().size())
+        elif kind == "InMemoryRelation":
+            rows = _cached_rows(plan, settings.LOCAL_COPY_BYTES.get(conf=conf))
+        else:
+            return None
+    except Exception as e:  # noqa: BLE001 - no plan to read (Spark Connect, another JVM API): the UDF predicts
         logger.debug("the DataFrame's plan could not be read (%s): the UDF predicts", e)
         return None
-    return rows if rows <= limit else None
+    return rows if rows is not None and rows <= limit else None
+
+
+def _cached_rows(relation, max_bytes: int) -> int | None:
+    """The rows of a filled cache (an ``InMemoryRelation``'s statistics, exact once its buffers are
+    built) of at most ``max_bytes``; None when it is not filled yet or larger."""
+    if not max_bytes or not relation.cacheBuilder().isCachedColumnBuffersLoaded():
+        return None
+    stats = relation.computeStats()
+    if not stats.rowCount().isDefined() or int(str(stats.sizeInBytes())) > max_bytes:  # BigInts: a py4j int or not
+        return None
+    return int(str(stats.rowCount().get()))
 
 
 class DriverPredictor:
