@@ -202,6 +202,9 @@ def _inference_processes() -> dict[int, int]:
 
 
 def test_a_transform_after_a_fit_predicts_in_the_warm_servers_children(spark, tmp_path, monkeypatch):
+    # the UDF path, whatever the frame: a small local relation or filled cache (another module's cache of the
+    # same rows stands in for them) would be predicted on the driver
+    monkeypatch.setenv("HVD_SPARK_DRIVER_TRANSFORM_ROWS", "0")
     train, test = digits_frames(spark)
     model = _digits_fit(train.cache(), str(tmp_path / "store"), 11, _mlp, True, monkeypatch)
     before = set(_inference_processes())
